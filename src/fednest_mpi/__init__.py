@@ -1,0 +1,13 @@
+"""fednest-mpi: an MPI simulator for federated bilevel, minimax and compositional optimisation.
+
+The package is layered (see ``docs/design.md``):
+
+* :mod:`fednest_mpi.problems`  -- per-client oracles on flat vectors, batched over a block of clients; no MPI.
+* :mod:`fednest_mpi.federation` -- placement of clients on ranks, client sampling, and the counted
+  ``Allreduce`` aggregation; the only module that talks to MPI collectives.
+* :mod:`fednest_mpi.algorithms` -- FedNest family written once against those two primitives.
+* :mod:`fednest_mpi.io`         -- the only place that touches HDF5.
+* :mod:`fednest_mpi.cli`        -- the only place that parses command lines.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,12 @@
+"""Federated bilevel algorithms, written against :mod:`fednest_mpi.federation` and the problem oracles."""
+
+from fednest_mpi.algorithms.fednest import VARIANTS, FedNestFamily, Variant, neumann_series, rounds_per_iteration
+
+ALGORITHMS = {name: FedNestFamily for name in VARIANTS}
+
+__all__ = ["ALGORITHMS", "VARIANTS", "FedNestFamily", "Variant", "neumann_series", "rounds_per_iteration"]
+
+
+def build_algorithm(cfg, problem, fed, seed: int):
+    """The algorithm named by ``cfg.name``."""
+    return ALGORITHMS[cfg.name](cfg, problem, fed, seed)

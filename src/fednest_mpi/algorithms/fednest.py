@@ -1,0 +1,257 @@
+"""The FedNest family (Tarzanagh et al., ICML 2022), written once against two primitives.
+
+Primitives: a problem's batched client oracles (:mod:`fednest_mpi.problems`) and the counted
+aggregation of :class:`~fednest_mpi.federation.Federation`. The paper's variants (Table 2,
+appendix H.1) are configurations of :class:`Variant`, not copies of code:
+
+==================  ===================  ===================  ====================
+name                outer optimiser      inner optimiser      rounds per outer step
+==================  ===================  ===================  ====================
+fednest             FedOut (Alg. 2+3)    FedInn SVRG (Alg. 4)  2T + N + 3
+fednest_sgd         FedOut (Alg. 2+3)    LFedInn SGD (Alg. 6)  T + N + 3
+lfednest            LFedOut (Alg. 5)     LFedInn SGD (Alg. 6)  T + 1
+lfednest_svrg       LFedOut (Alg. 5)     FedInn SVRG (Alg. 4)  2T + 1
+lfednest_nonalt     LFedOut on local y   LFedInn SGD (Alg. 6)  T (y and x fused)
+==================  ===================  ===================  ====================
+
+(with ``ihgp_mode = "randomized"`` FedIHGP uses N' <= N - 1 rounds instead of N.)
+
+Every random choice comes from a counter-based key ``(seed, purpose, k, ...)``: client sets,
+minibatches and the truncation N' are the same on any number of ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fednest_mpi import rng
+from fednest_mpi.federation import Federation, Participants
+from fednest_mpi.problems.base import BilevelProblem
+
+P = rng.Purpose
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Which optimiser runs each level (paper Table 2)."""
+
+    inner_variance_reduction: bool  # FedInn with SVRG correction (Alg. 4) or plain local SGD (Alg. 6)
+    global_outer: bool  # FedOut with federated FedIHGP (Alg. 2-3) or LFedOut with local IHGP (Alg. 5)
+    alternating: bool = True  # False: LFedNest-NonAlt, y and x trained by the same clients in one round
+
+
+VARIANTS = {
+    "fednest": Variant(inner_variance_reduction=True, global_outer=True),
+    "fednest_sgd": Variant(inner_variance_reduction=False, global_outer=True),
+    "lfednest": Variant(inner_variance_reduction=False, global_outer=False),
+    "lfednest_svrg": Variant(inner_variance_reduction=True, global_outer=False),
+    "lfednest_nonalt": Variant(inner_variance_reduction=False, global_outer=False, alternating=False),
+}
+
+
+def rounds_per_iteration(name: str, inner_rounds: int, neumann_steps: int) -> int:
+    """Communication rounds of one outer iteration in truncated FedIHGP mode (paper Table 2)."""
+    v = VARIANTS[name]
+    if not v.alternating:
+        return inner_rounds
+    inner = (2 if v.inner_variance_reduction else 1) * inner_rounds
+    return inner + (neumann_steps + 3 if v.global_outer else 1)
+
+
+def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str, n_prime=None) -> torch.Tensor:
+    """Approximate H^{-1} v with products (I - eta H) r only (eta = ``scale`` ~ 1/l_{g,1}).
+
+    ``mode="truncated"``: eta * sum_{k=0..N} (I - eta H)^k v, error
+    ||H^-1 v - p|| <= (1 - eta mu)^{N+1} ||v|| / mu for eta <= 1/L.
+    ``mode="randomized"``: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (6b)/(10b)),
+    whose expectation is the truncated series with N - 1 terms. ``n_prime`` is an int (one N'
+    for all rows, as in FedIHGP) or an integer tensor of shape (B, 1) (one per client, as in
+    LFedOut; rows stop multiplying once their own N' is reached).
+
+    ``step(n, r)`` returns (I - eta H_n) r for the n-th product (n = 1, 2, ...); FedIHGP passes a
+    step that aggregates over a client set (one round each), LFedOut a purely local one.
+    """
+    if mode == "truncated":
+        r, acc = v, v
+        for n in range(1, n_terms + 1):
+            r = step(n, r)
+            acc = acc + r
+        return scale * acc
+    per_row = torch.is_tensor(n_prime)
+    r = v
+    for n in range(1, (int(n_prime.max()) if per_row else int(n_prime)) + 1):
+        nxt = step(n, r)
+        r = torch.where(n <= n_prime, nxt, r) if per_row else nxt
+    return (n_terms * scale) * r
+
+
+class FedNestFamily:
+    """One outer iteration of Algorithm 1 for any :class:`Variant`.
+
+    Parameters
+    ----------
+    cfg : :class:`~fednest_mpi.config.AlgorithmConfig`.
+    problem : the rank's problem (oracles for the clients it hosts).
+    fed : the federation (sampling, aggregation).
+    seed : run seed; with ``k`` and the purpose it keys every random stream.
+    """
+
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
+        self.cfg = cfg
+        self.variant = VARIANTS[cfg.name]
+        self.problem = problem
+        self.fed = fed
+        self.seed = seed
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def key(self, purpose: rng.Purpose, *counters):
+        return rng.key(self.seed, int(purpose), *counters)
+
+    def sample_clients(self, purpose: rng.Purpose, *counters) -> Participants:
+        return self.fed.sample(self.key(purpose, *counters), self.cfg.clients_per_round)
+
+    @staticmethod
+    def _rows(vector: torch.Tensor, n: int) -> torch.Tensor:
+        return vector.expand(n, vector.shape[0])
+
+    # -- Algorithm 1 -----------------------------------------------------------------------------
+    def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Outer iteration k: T inner rounds then one outer update; returns (x+, y+, diagnostics)."""
+        v, T = self.variant, self.cfg.inner_rounds
+        if not v.alternating:
+            for t in range(T - 1):
+                y = self.fed_inn(k, t, x, y)
+            return self.nonalternating_round(k, T - 1, x, y)
+        for t in range(T):
+            y = self.fed_inn(k, t, x, y)
+        if v.global_outer:
+            x, diag = self.fed_out(k, x, y)
+        else:
+            x, diag = self.lfed_out(k, x, y)
+        return x, y, diag
+
+    # -- inner level ----------------------------------------------------------------------------
+    def _inner_local(self, S: Participants, k: int, t: int, x, y) -> torch.Tensor:
+        """Local steps of FedInn (Alg. 4, with SVRG) or LFedInn (Alg. 6); returns the local y_i rows.
+
+        Alg. 4: q_{i,nu} = G_i(y_{i,nu}; zeta_{i,nu}) - G_i(y; zeta_{i,nu}) + q,  q = mean_S G_i(y)
+        (one round for q; the anchor G_i(y) uses the client's whole local data, as in SVRG/FedLin).
+        """
+        ids, prob, lr = S.local_ids, self.problem, self.cfg.inner_lr
+        n = ids.size
+        X, Y0 = self._rows(x, n), self._rows(y, n)
+        if self.variant.inner_variance_reduction:
+            (q,) = self.fed.mean(S, [prob.grad_y_inner(ids, X, Y0, None)])
+        Y = Y0
+        for nu in range(self.cfg.inner_local_steps):
+            s = self.key(P.INNER_SAMPLE, k, t, nu)
+            d = prob.grad_y_inner(ids, X, Y, s)
+            if self.variant.inner_variance_reduction:
+                d = d - prob.grad_y_inner(ids, X, Y0, s) + q
+            Y = Y - lr * d
+        return Y
+
+    def fed_inn(self, k: int, t: int, x, y) -> torch.Tensor:
+        """FedInn (Alg. 4) or LFedInn (Alg. 6): y+ = mean_S y_{i,tau}. Rounds: 2 (SVRG) or 1."""
+        S = self.sample_clients(P.INNER_CLIENTS, k, t)
+        (y_new,) = self.fed.mean(S, [self._inner_local(S, k, t, x, y)])
+        return y_new
+
+    # -- outer level, global (FedOut + FedIHGP) -------------------------------------------------
+    def fed_ihgp(self, k: int, x, y, S_out: Participants) -> torch.Tensor:
+        """FedIHGP (Alg. 3): p ~ [nabla^2_yy g]^{-1} nabla_y f with the **global** Hessian.
+
+        p_0 = mean_{S_0} nabla_y f_i (one round); then each of the N (or N') products
+        p_n = mean_{S_n} (I - eta nabla^2_yy g_i) p_{n-1} is one round over a fresh client set S_n
+        (``ihgp_resample_clients``; otherwise FedOut's set). Returns the truncated sum or the
+        randomized single power (see :func:`neumann_series`).
+        """
+        cfg, prob = self.cfg, self.problem
+
+        def clients(n):
+            return self.sample_clients(P.IHGP_CLIENTS, k, n) if cfg.ihgp_resample_clients else S_out
+
+        S0 = clients(0)
+        n0 = S0.local_ids.size
+        (v,) = self.fed.mean(S0, [prob.grad_y_outer(S0.local_ids, self._rows(x, n0), self._rows(y, n0), self.key(P.OUTER_SAMPLE, k, -1))])
+
+        def step(n, r):
+            S = clients(n)
+            ids, m = S.local_ids, S.local_ids.size
+            R = self._rows(r, m)
+            Hr = prob.hvp_yy_inner(ids, self._rows(x, m), self._rows(y, m), R, self.key(P.HVP_SAMPLE, k, n))
+            (r_next,) = self.fed.mean(S, [R - cfg.neumann_scale * Hr])
+            return r_next
+
+        n_prime = rng.integer(self.key(P.IHGP_LENGTH, k), 0, cfg.neumann_steps) if cfg.ihgp_mode == "randomized" else None
+        return neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
+
+    def fed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
+        """FedOut (Alg. 2): x+ = mean_S x_{i,tau}, with eq. (8):
+
+        h_i = nabla_x f_i(x; xi_i) - nabla^2_xy g_i(x, y+; zeta_i) p,  h = mean_S h_i  (one round)
+        x_{i,nu+1} = x_{i,nu} - alpha (nabla_x f_i(x_{i,nu}; xi) - nabla_x f_i(x; xi) + h)
+
+        Rounds: 1 + N (FedIHGP) + 1 (h) + 1 (x). At nu = 0, x_{i,0} = x, so the correction is
+        exactly zero and the step is x - alpha h; those two oracle calls are skipped.
+        """
+        cfg, prob = self.cfg, self.problem
+        S = self.sample_clients(P.OUTER_CLIENTS, k)
+        p = self.fed_ihgp(k, x, y, S)
+        ids, n = S.local_ids, S.local_ids.size
+        X, Y = self._rows(x, n), self._rows(y, n)
+        direct = prob.grad_x_outer(ids, X, Y, self.key(P.OUTER_SAMPLE, k, 0))
+        indirect = prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), self.key(P.HVP_SAMPLE, k, cfg.neumann_steps + 1))
+        (h,) = self.fed.mean(S, [direct - indirect])
+        Xi = X - cfg.outer_lr * h
+        for nu in range(1, cfg.outer_local_steps):
+            s = self.key(P.OUTER_SAMPLE, k, nu)
+            Xi = Xi - cfg.outer_lr * (prob.grad_x_outer(ids, Xi, Y, s) - prob.grad_x_outer(ids, X, Y, s) + h)
+        (x_new,) = self.fed.mean(S, [Xi])
+        return x_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(h))}
+
+    # -- outer level, local (LFedOut) -----------------------------------------------------------
+    def _outer_local(self, S: Participants, k: int, x, Y) -> torch.Tensor:
+        """Local steps of LFedOut (Alg. 5): every client uses its own Hessian and Jacobian.
+
+        h_{i,nu} = nabla_x f_i(x_{i,nu}, y) - nabla^2_xy g_i(x_{i,nu}, y) p_i,
+        p_i = local Neumann approximation of [nabla^2_yy g_i]^{-1} nabla_y f_i(x_{i,nu}, y).
+        ``Y`` holds one y row per local client (the global y, or the client's own in NonAlt).
+        """
+        cfg, prob = self.cfg, self.problem
+        ids, n = S.local_ids, S.local_ids.size
+        Xi = self._rows(x, n)
+        for nu in range(cfg.outer_local_steps):
+            s = self.key(P.OUTER_SAMPLE, k, nu)
+            v = prob.grad_y_outer(ids, Xi, Y, s)
+            n_prime = None
+            if cfg.ihgp_mode == "randomized":
+                draws = rng.uniform(self.key(P.IHGP_LENGTH, k, nu, ids.astype(np.int64)), 1)[:, 0]
+                n_prime = torch.as_tensor(np.floor(draws * cfg.neumann_steps).astype(np.int64), device=x.device)[:, None]
+
+            def step(j, r, Xi=Xi, nu=nu):
+                return r - cfg.neumann_scale * prob.hvp_yy_inner(ids, Xi, Y, r, self.key(P.HVP_SAMPLE, k, nu, j))
+
+            p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
+            h = prob.grad_x_outer(ids, Xi, Y, s) - prob.jvp_xy_inner(ids, Xi, Y, p, self.key(P.HVP_SAMPLE, k, nu, cfg.neumann_steps + 1))
+            Xi = Xi - cfg.outer_lr * h
+        return Xi
+
+    def lfed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
+        """LFedOut (Alg. 5): x+ = mean_S x_{i,tau}; one round."""
+        S = self.sample_clients(P.OUTER_CLIENTS, k)
+        Xi = self._outer_local(S, k, x, self._rows(y, S.local_ids.size))
+        (x_new,) = self.fed.mean(S, [Xi])
+        return x_new, {}
+
+    def nonalternating_round(self, k: int, t: int, x, y) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """LFedNest-NonAlt (appendix H.1): one client set trains y locally, then x on its own y_i;
+        y and x are averaged together in one fused aggregation (one round)."""
+        S = self.sample_clients(P.INNER_CLIENTS, k, t)
+        Yi = self._inner_local(S, k, t, x, y)
+        Xi = self._outer_local(S, k, x, Yi)
+        x_new, y_new = self.fed.mean(S, [Xi, Yi])
+        return x_new, y_new, {}

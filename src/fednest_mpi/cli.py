@@ -1,0 +1,120 @@
+"""Command line: ``fednest-mpi run | config-doc`` (also ``python -m fednest_mpi``).
+
+Exit codes: 0 success, 1 failure of the run, 2 usage error (bad arguments, config or output
+path). Usage errors are detected identically on every rank before any collective and printed
+once (by rank 0). An exception during the run prints ``rank r/P`` and its cause, and aborts the
+whole MPI job, so no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+
+from fednest_mpi import __version__
+from fednest_mpi.errors import UsageError
+
+EPILOG_RUN = """\
+example:
+  mpiexec -n 4 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
+      --output runs/quadratic.h5 --overwrite
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fednest-mpi",
+        description="MPI simulator for federated bilevel optimisation (FedNest family).",
+        epilog="example: mpiexec -n 2 fednest-mpi run configs/quadratic.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"fednest-mpi {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run a simulation (under mpiexec for several ranks)", epilog=EPILOG_RUN,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("config", help="TOML config file (see docs/config.md)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                     help="override a config field, e.g. --set algorithm.outer_lr=0.05 (repeatable)")
+    run.add_argument("--output", "-o", help="HDF5 output path (run.output)")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing output file (run.overwrite)")
+    run.add_argument("--quiet", "-q", action="store_true", help="warnings only")
+    sub.add_parser("config-doc", help="print the config reference (Markdown) generated from the config definitions",
+                   epilog="example: fednest-mpi config-doc > docs/config.md")
+    return parser
+
+
+def _run(args) -> int:
+    from fednest_mpi.federation import MPI  # imports mpi4py after the thread-level setting
+
+    from fednest_mpi import config as configuration
+    from fednest_mpi.io.h5 import RunWriter, check_output_path
+    from fednest_mpi.logs import setup_logging
+    from fednest_mpi.runner import Progress, Simulation
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    log = setup_logging(rank, size, logging.WARNING if args.quiet else logging.INFO)
+
+    # ---- validation: deterministic on every rank, before any collective
+    try:
+        overrides = list(args.overrides)
+        if args.output:
+            overrides.append(f"run.output={configuration.json.dumps(args.output)}")
+        if args.overwrite:
+            overrides.append("run.overwrite=true")
+        cfg = configuration.load(args.config, overrides)
+        configuration.validate_world(cfg, size)
+        check_output_path(cfg.run.output, cfg.run.overwrite)
+    except UsageError as exc:
+        if rank == 0:
+            print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 2
+
+    # ---- the run: any exception on any rank aborts the whole job
+    writer = progress = None
+    last = {"k": None}
+    try:
+        log.info("fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d", __version__, cfg.algorithm.name,
+                 cfg.problem.name, cfg.problem.n_clients, size, cfg.seed)
+        sim = Simulation(cfg, comm)
+        if rank == 0:
+            attrs = {"mpi_size": size, "seed": cfg.seed, "problem": cfg.problem.name,
+                     "algorithm": cfg.algorithm.name, "config_json": cfg.to_json()}
+            writer = RunWriter(cfg.run.output, attrs, sim.columns())
+            progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every)
+
+        def on_iteration(k, row):
+            last["k"] = k
+            if progress is not None:
+                progress(k, row)
+
+        sim.run(writer=writer, progress=on_iteration)
+    except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
+        where = f" after iteration {last['k']}" if last["k"] is not None else ""
+        print(f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if not isinstance(exc, FloatingPointError):
+            traceback.print_exc(file=sys.stderr)
+        if writer is not None:
+            writer.close()
+        if size > 1:
+            comm.Abort(1)
+        return 1
+    finally:
+        if progress is not None:
+            progress.close()
+    if writer is not None:
+        writer.close()
+        print(f"output: {cfg.run.output}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "config-doc":
+        from fednest_mpi.config import reference_markdown
+
+        print(reference_markdown())
+        return 0
+    return _run(args)

@@ -1,0 +1,323 @@
+"""Run configuration: typed, documented, validated before any collective.
+
+A config is a TOML file (or a dict) with the sections of :class:`RunConfig`. The ``[problem]``
+section is a union over problem kinds, chosen by its ``name`` (see :data:`PROBLEM_CONFIGS`).
+Command-line overrides ``--set section.field=value`` are applied before validation.
+
+Every field carries its meaning, default and allowed values in its metadata, so the reference
+table in ``docs/config.md`` is generated from this module (``fednest-mpi config-doc``) and
+cannot drift. Validation is a pure function of the config, so every MPI rank reaches the same
+verdict and raises the same :class:`~fednest_mpi.errors.ConfigError` before any communication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fednest_mpi.errors import ConfigError
+
+
+def spec(default, help: str, *, choices=None, low=None, high=None, low_open=False):
+    """A dataclass field with its documentation and its allowed values."""
+    meta = {"help": help, "choices": choices, "low": low, "high": high, "low_open": low_open}
+    return field(default=default, metadata=meta)
+
+
+# ----------------------------------------------------------------------------------------------
+# Problems
+
+
+@dataclass(frozen=True)
+class QuadraticConfig:
+    """Heterogeneous quadratic bilevel problem with closed-form solution (tests, quickstart)."""
+
+    name: str = spec("quadratic", "problem kind", choices=("quadratic",))
+    n_clients: int = spec(100, "number of clients M", low=1)
+    dim_x: int = spec(10, "outer dimension d1", low=1)
+    dim_y: int = spec(20, "inner dimension d2", low=1)
+    strong_convexity: float = spec(1.0, "lower bound mu of every client's inner Hessian eigenvalues", low=0.0, low_open=True)
+    smoothness: float = spec(4.0, "upper bound L of every client's inner Hessian eigenvalues (>= strong_convexity)", low=0.0, low_open=True)
+    heterogeneity: float = spec(1.0, "scale of client-to-client differences in g_i and f_i (0 = identical clients)", low=0.0)
+    gradient_noise: float = spec(0.0, "std of the additive Gaussian noise of every stochastic gradient oracle (0 = exact)", low=0.0)
+    outer_regularization: float = spec(0.1, "weight of the (lambda/2)||x||^2 term in every f_i", low=0.0)
+
+
+PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig}
+
+# ----------------------------------------------------------------------------------------------
+# Algorithm
+
+ALGORITHM_NAMES = ("fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """FedNest family (paper Table 2) and its step sizes; defaults are the paper's appendix H."""
+
+    name: str = spec("fednest", "variant of Table 2 (lfednest_nonalt: appendix H.1)", choices=ALGORITHM_NAMES)
+    outer_iterations: int = spec(100, "outer iterations K of Algorithm 1", low=1)
+    inner_rounds: int = spec(1, "FedInn rounds T per outer iteration", low=1)
+    clients_per_round: int = spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
+    inner_lr: float = spec(0.01, "local inner step size beta_i of FedInn (Alg. 4/6)", low=0.0, low_open=True)
+    outer_lr: float = spec(0.01, "local outer step size alpha_i of FedOut (Alg. 2/5)", low=0.0, low_open=True)
+    inner_local_steps: int = spec(40, "local steps tau_i of FedInn per round", low=1)
+    outer_local_steps: int = spec(1, "local steps tau_i of FedOut per round", low=1)
+    neumann_steps: int = spec(5, "N: Hessian-vector rounds of FedIHGP (Alg. 3), terms of the local Neumann series (Alg. 5)", low=0)
+    neumann_scale: float = spec(0.01, "eta = 1/l_{g,1}: scale of the Neumann series (I - eta H)^k", low=0.0, low_open=True)
+    ihgp_mode: str = spec(
+        "truncated",
+        "truncated: eta * sum_{k=0..N} (I - eta H)^k v (N rounds, deterministic); "
+        "randomized: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (10b), N' rounds)",
+        choices=("truncated", "randomized"),
+    )
+    ihgp_resample_clients: bool = spec(True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of reusing FedOut's set")
+
+
+# ----------------------------------------------------------------------------------------------
+# Federation, run
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """How aggregation is done across ranks."""
+
+    reduction: str = spec(
+        "sum",
+        "sum: one Allreduce of the weighted local sums (fastest; rank-count invariant to ~1e-15 relative); "
+        "ordered: one Allreduce of per-participant slots summed in client order (bitwise rank-count invariant, "
+        "|S| times more bytes)",
+        choices=("sum", "ordered"),
+    )
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """Where and how the run executes."""
+
+    output: str = spec("runs/run.h5", "HDF5 output path")
+    overwrite: bool = spec(False, "replace an existing output file")
+    device: str = spec("cpu", "torch device", choices=("cpu", "cuda"))
+    dtype: str = spec("float64", "floating-point precision of iterates and oracles", choices=("float32", "float64"))
+    torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
+    log_every: int = spec(10, "one summary log line every k outer iterations (batch logs)", low=1)
+    progress: str = spec("auto", "progress bar on rank 0: auto (only on a terminal), always, never", choices=("auto", "always", "never"))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run."""
+
+    seed: int = spec(0, "seed of every random stream (sampling, minibatches, data, init)", low=0)
+    problem: Any = field(default_factory=QuadraticConfig, metadata={"help": "problem section; see the problem kinds"})
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"help": "algorithm section"})
+    federation: FederationConfig = field(default_factory=FederationConfig, metadata={"help": "federation section"})
+    run: RunSection = field(default_factory=RunSection, metadata={"help": "run section"})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+SECTIONS = {"algorithm": AlgorithmConfig, "federation": FederationConfig, "run": RunSection}
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _coerce(path: str, value: Any, typ: Any) -> Any:
+    """Check ``value`` against the annotated type; ints are accepted where floats are expected."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(f"{path}: expected a finite number, got {value!r}")
+            return float(value)
+        raise ConfigError(f"{path}: expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{path}: expected a string, got {value!r}")
+    raise TypeError(f"unsupported config type {typ!r}")
+
+
+def _check_range(path: str, value: Any, meta: dict) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}" + _did_you_mean(str(value), choices))
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None:
+        if meta.get("low_open") and not value > low:
+            raise ConfigError(f"{path}: must be > {low}, got {value!r}")
+        if not meta.get("low_open") and not value >= low:
+            raise ConfigError(f"{path}: must be >= {low}, got {value!r}")
+    if high is not None and not value <= high:
+        raise ConfigError(f"{path}: must be <= {high}, got {value!r}")
+
+
+def _build(cls: type, data: Any, path: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of fields, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in data:
+        if name not in fields:
+            raise ConfigError(f"{path}.{name}: unknown field" + _did_you_mean(name, fields) + f"; known fields: {', '.join(fields)}")
+    values = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        where = f"{path}.{name}"
+        values[name] = _coerce(where, data[name], hints[name])
+        _check_range(where, values[name], f.metadata)
+    return cls(**values)
+
+
+def _build_problem(data: Any):
+    if not isinstance(data, dict):
+        raise ConfigError(f"problem: expected a table of fields, got {data!r}")
+    name = data.get("name", "quadratic")
+    if name not in PROBLEM_CONFIGS:
+        raise ConfigError(f"problem.name: unknown problem {name!r}" + _did_you_mean(str(name), PROBLEM_CONFIGS) + f"; choose from {', '.join(PROBLEM_CONFIGS)}")
+    return _build(PROBLEM_CONFIGS[name], data, "problem")
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from plain data (TOML/JSON tables)."""
+    if not isinstance(data, dict):
+        raise ConfigError("config: expected a table at the top level")
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    for name in data:
+        if name not in known:
+            raise ConfigError(f"{name}: unknown section or field" + _did_you_mean(name, known) + f"; known: {', '.join(sorted(known))}")
+    kwargs = {}
+    if "seed" in data:
+        kwargs["seed"] = _coerce("seed", data["seed"], int)
+        _check_range("seed", kwargs["seed"], {"low": 0})
+    if "problem" in data:
+        kwargs["problem"] = _build_problem(data["problem"])
+    for name, cls in SECTIONS.items():
+        if name in data:
+            kwargs[name] = _build(cls, data[name], name)
+    cfg = RunConfig(**kwargs)
+    validate_relations(cfg)
+    return cfg
+
+
+def validate_relations(cfg: RunConfig) -> None:
+    """Checks that involve several fields."""
+    p, a = cfg.problem, cfg.algorithm
+    if a.clients_per_round > p.n_clients:
+        raise ConfigError(
+            f"algorithm.clients_per_round: {a.clients_per_round} is more than problem.n_clients = {p.n_clients}; "
+            "lower it or add clients"
+        )
+    if isinstance(p, QuadraticConfig) and p.smoothness < p.strong_convexity:
+        raise ConfigError(
+            f"problem.smoothness: {p.smoothness} is below problem.strong_convexity = {p.strong_convexity}; "
+            "the Hessian spectrum needs mu <= L"
+        )
+    if a.ihgp_mode == "randomized" and a.neumann_steps < 1:
+        raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
+
+
+def validate_world(cfg: RunConfig, world_size: int) -> None:
+    """Checks that depend on the MPI world; identical on every rank."""
+    if world_size > cfg.problem.n_clients:
+        raise ConfigError(
+            f"problem.n_clients: {cfg.problem.n_clients} clients cannot fill {world_size} MPI ranks; "
+            f"use at most {cfg.problem.n_clients} ranks (mpiexec -n) or more clients"
+        )
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value); the value is read as TOML (bare words become strings)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.field=value, e.g. --set algorithm.outer_lr=0.05")
+    keypath, raw = text.split("=", 1)
+    keys = [k.strip() for k in keypath.split(".")]
+    if not all(keys):
+        raise ConfigError(f"--set {text!r}: empty field name in {keypath!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return keys, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Return a copy of ``data`` with every ``--set`` override applied."""
+    data = json.loads(json.dumps(data))
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {k!r} is a field, not a section")
+        node[keys[-1]] = value
+    return data
+
+
+def load(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """Read a TOML (or JSON) config, apply overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml")
+        text = p.read_text()
+        try:
+            data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+    return from_dict(apply_overrides(data, list(overrides)))
+
+
+def reference_markdown() -> str:
+    """The config reference as Markdown, generated from the field metadata."""
+    lines = ["# Configuration reference", "", "Generated by `fednest-mpi config-doc` from `src/fednest_mpi/config.py`; do not edit by hand.", ""]
+
+    def table(cls, title):
+        lines.extend([f"## `{title}`", "", (cls.__doc__ or "").strip(), "", "| field | default | allowed | meaning |", "|---|---|---|---|"])
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+                continue
+            m = f.metadata
+            allowed = ", ".join(map(repr, m["choices"])) if m.get("choices") else ""
+            if m.get("low") is not None:
+                allowed = f"{'>' if m.get('low_open') else '>='} {m['low']}"
+            if m.get("high") is not None:
+                allowed += f", <= {m['high']}"
+            default = f.default if f.default is not dataclasses.MISSING else ""
+            lines.append(f"| `{f.name}` | `{json.dumps(default)}` | {allowed} | {m.get('help', '')} |")
+        lines.append("")
+
+    lines.append("## top level\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n| `seed` | `0` | >= 0 | seed of every random stream |\n")
+    for name, cls in PROBLEM_CONFIGS.items():
+        table(cls, f"[problem] name = \"{name}\"")
+    for name, cls in SECTIONS.items():
+        table(cls, f"[{name}]")
+    return "\n".join(lines)

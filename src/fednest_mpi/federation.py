@@ -1,0 +1,174 @@
+"""The MPI shell: where clients live, who takes part in a round, and counted aggregation.
+
+This is the only module that issues MPI collectives for the algorithms. Algorithms see two
+primitives (paper notation: S is a round's client set):
+
+* :meth:`Federation.sample` -- draw S uniformly without replacement from all M clients with a
+  counter-based key (the same set on every rank, no communication), and tell this rank which
+  members of S it evaluates;
+* :meth:`Federation.mean` -- the weighted mean over S of one or several flat vectors, fused into
+  **one** ``Allreduce`` of one contiguous buffer, counted as one communication round.
+
+Placement is a contiguous block of client ids per rank (:func:`block_range`; ranks may hold no
+client). The clients of S that a rank evaluates are those it hosts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fednest_mpi import rng
+
+os.environ.setdefault("MPI4PY_RC_THREAD_LEVEL", "single")  # see docs/performance.md: 3x lower latency
+from mpi4py import MPI  # noqa: E402
+
+
+def block_range(n_clients: int, size: int, rank: int) -> range:
+    """Client ids hosted by ``rank``: a contiguous block, block sizes differ by at most one."""
+    return range(rank * n_clients // size, (rank + 1) * n_clients // size)
+
+
+@dataclass(frozen=True)
+class Participants:
+    """A round's client set S as seen from one rank.
+
+    ``ids`` is the whole of S in increasing client-id order (identical on every rank); the
+    ``local_slots`` index into ``ids`` and select the members this rank evaluates.
+    """
+
+    ids: np.ndarray
+    local_slots: np.ndarray
+
+    @property
+    def local_ids(self) -> np.ndarray:
+        return self.ids[self.local_slots]
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.size)
+
+
+@dataclass
+class CommStats:
+    """Cumulative communication of the algorithm (one round = one aggregation)."""
+
+    rounds: int = 0
+    bytes: int = 0  # bytes of the reduced buffer, per rank (what each rank sends)
+    seconds: float = 0.0  # wall time spent inside Allreduce on this rank
+    per_round: list = field(default_factory=list)  # bytes of each round since the last reset_log()
+
+    def reset_log(self) -> None:
+        self.per_round = []
+
+
+class Federation:
+    """Placement, sampling and aggregation of clients on an MPI communicator.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator (``MPI.COMM_WORLD``, ``MPI.COMM_SELF`` or a sub-communicator).
+    n_clients : M, the number of clients.
+    reduction : ``"sum"`` or ``"ordered"`` (see :meth:`mean`).
+    """
+
+    def __init__(self, comm, n_clients: int, reduction: str = "sum"):
+        if reduction not in ("sum", "ordered"):
+            raise ValueError(f"reduction must be 'sum' or 'ordered', got {reduction!r}")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.n_clients = n_clients
+        self.reduction = reduction
+        self.block = block_range(n_clients, self.size, self.rank)
+        self.stats = CommStats()
+
+    # ---------------------------------------------------------------------------------------
+    def sample(self, key, size: int) -> Participants:
+        """Draw S (``size`` clients, uniformly without replacement) from the stream ``key``.
+
+        No communication: every rank derives the same S from the key.
+        """
+        ids = rng.sample_without_replacement(key, self.n_clients, size)
+        local = np.nonzero((ids >= self.block.start) & (ids < self.block.stop))[0]
+        return Participants(ids=ids, local_slots=local)
+
+    # ---------------------------------------------------------------------------------------
+    def mean(self, part: Participants, vectors: list[torch.Tensor], weights: np.ndarray | None = None) -> list[torch.Tensor]:
+        """Weighted mean over S of each of ``vectors``, in one counted ``Allreduce``.
+
+        Parameters
+        ----------
+        part : the round's client set.
+        vectors : tensors of shape ``(len(part.local_slots), d_k)``: row j belongs to client
+            ``part.local_ids[j]``. Several vectors aggregated in the same round are fused into one
+            contiguous buffer.
+        weights : per-member weights of S (shape ``(part.size,)``); uniform ``1/|S|`` when None,
+            as in the paper. They are normalised to sum to one.
+
+        Returns
+        -------
+        One tensor of shape ``(d_k,)`` per input vector, identical on every rank.
+
+        Notes
+        -----
+        **Collective**: every rank of ``comm`` calls it in the same order, also ranks that hold no
+        member of S (they contribute zeros). With ``reduction="sum"`` each rank adds its weighted
+        rows and one ``Allreduce(SUM)`` of ``sum(d_k)`` numbers combines the ranks: the result
+        depends on the number of ranks only through floating-point summation order. With
+        ``reduction="ordered"`` the buffer holds one slot per member of S (``|S| * sum(d_k)``
+        numbers, zeros where a rank has no member); after the ``Allreduce`` every entry holds a
+        single client's value exactly, and every rank sums the slots in client-id order, so the
+        result is bitwise independent of the number of ranks.
+        """
+        dims = [int(v.shape[1]) for v in vectors]
+        like = vectors[0]
+        m = part.size
+        w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / np.sum(weights)
+        w_t = torch.as_tensor(w, dtype=like.dtype, device=like.device)
+        local = torch.cat(vectors, dim=1) if len(vectors) > 1 else vectors[0]
+        slots = torch.as_tensor(part.local_slots, dtype=torch.long, device=like.device)
+        if self.reduction == "sum":
+            buf = w_t[slots] @ local if local.shape[0] else torch.zeros(sum(dims), dtype=like.dtype, device=like.device)
+            buf = buf.contiguous()
+            self._allreduce_(buf)
+            out = buf
+        else:
+            buf = torch.zeros((m, sum(dims)), dtype=like.dtype, device=like.device)
+            buf[slots] = local
+            self._allreduce_(buf)
+            out = buf[0] * w_t[0]
+            for s in range(1, m):
+                out = out + buf[s] * w_t[s]
+        return list(torch.split(out, dims))
+
+    def _allreduce_(self, buf: torch.Tensor) -> None:
+        """In-place SUM over ranks of a contiguous tensor; counted as one communication round."""
+        nbytes = buf.numel() * buf.element_size()
+        self.stats.rounds += 1
+        self.stats.bytes += nbytes
+        self.stats.per_round.append(nbytes)
+        if self.size == 1:
+            return
+        t0 = MPI.Wtime()
+        if buf.device.type == "cpu":
+            self.comm.Allreduce(MPI.IN_PLACE, buf.numpy())
+        else:  # through host memory; a CUDA-aware MPI could take the device pointer directly
+            host = buf.cpu()
+            self.comm.Allreduce(MPI.IN_PLACE, host.numpy())
+            buf.copy_(host)
+        self.stats.seconds += MPI.Wtime() - t0
+
+    # ---------------------------------------------------------------------------------------
+    def sum_uncounted(self, values: np.ndarray) -> np.ndarray:
+        """SUM over ranks of a small float64 array for bookkeeping (oracle counts, health flags).
+
+        Not an algorithm aggregation, so it is not counted in :attr:`stats`. **Collective**.
+        """
+        buf = np.ascontiguousarray(values, dtype=np.float64).copy()
+        if self.size > 1:
+            self.comm.Allreduce(MPI.IN_PLACE, buf)
+        return buf

@@ -1,0 +1,17 @@
+"""Problems: per-client oracles, no MPI. :func:`build_problem` maps a config to an instance."""
+
+from __future__ import annotations
+
+import torch
+
+from fednest_mpi.problems.base import ORACLES, BilevelProblem
+from fednest_mpi.problems.quadratic import QuadraticProblem
+
+PROBLEMS = {"quadratic": QuadraticProblem}
+
+__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "QuadraticProblem", "build_problem"]
+
+
+def build_problem(cfg, seed: int, clients: range, device: str = "cpu", dtype=torch.float64) -> BilevelProblem:
+    """The problem named by ``cfg.name``, hosting the client ids in ``clients``."""
+    return PROBLEMS[cfg.name](cfg, seed, clients, device=device, dtype=dtype)

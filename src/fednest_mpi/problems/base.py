@@ -1,0 +1,94 @@
+"""The oracle interface of a federated bilevel problem (paper eq. (1)); no MPI here.
+
+    min_x f(x) = (1/M) sum_i f_i(x, y*(x)),   y*(x) = argmin_y (1/M) sum_i g_i(x, y)
+
+Every oracle evaluates a **block** of clients in one call: ``clients`` is an integer array of B
+client ids, ``x`` is ``(B, d1)`` and ``y`` is ``(B, d2)`` (row b belongs to ``clients[b]``; a
+shared iterate is passed with ``Tensor.expand``, which copies nothing). ``sample`` is a
+counter-based key (``numpy.uint64``) naming the minibatch / noise draw; the problem combines it
+with each client id, so a client's sample does not depend on its block or rank. ``sample=None``
+means the client's whole local data set (exact local oracle).
+
+Subclasses implement the underscored methods; the public ones count oracle calls per client
+(``self.oracle_counts``), which the run records next to the communication counters.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+
+import numpy as np
+import torch
+
+ORACLES = ("grad_x_outer", "grad_y_outer", "grad_y_inner", "hvp_yy_inner", "jvp_xy_inner")
+
+
+class BilevelProblem(ABC):
+    """Per-client oracles f_i, g_i, their gradients and second-order products, batched over clients."""
+
+    dim_x: int
+    dim_y: int
+    n_clients: int
+
+    def __init__(self):
+        self.oracle_counts: Counter = Counter()
+
+    # -- initial point and metrics ------------------------------------------------------------
+    @abstractmethod
+    def initial_point(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x0, y0), identical on every rank."""
+
+    @abstractmethod
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """Metrics of the global iterate (objectives, distances to known solutions, accuracies)."""
+
+    @abstractmethod
+    def metric_info(self) -> dict[str, tuple[str, str]]:
+        """name -> (description, units) of every metric :meth:`evaluate` returns."""
+
+    # -- oracles (public: counted) ---------------------------------------------------------------
+    def grad_x_outer(self, clients, x, y, sample) -> torch.Tensor:
+        """Direct gradient nabla_x f_i(x, y; xi), shape (B, d1) -- eq. (5a)."""
+        self.oracle_counts["grad_x_outer"] += len(clients)
+        return self._grad_x_outer(clients, x, y, sample)
+
+    def grad_y_outer(self, clients, x, y, sample) -> torch.Tensor:
+        """nabla_y f_i(x, y; xi), shape (B, d2): the vector of FedIHGP (Alg. 3, p_{i,0})."""
+        self.oracle_counts["grad_y_outer"] += len(clients)
+        return self._grad_y_outer(clients, x, y, sample)
+
+    def grad_y_inner(self, clients, x, y, sample) -> torch.Tensor:
+        """nabla_y g_i(x, y; zeta), shape (B, d2): the FedInn direction (Alg. 4/6)."""
+        self.oracle_counts["grad_y_inner"] += len(clients)
+        return self._grad_y_inner(clients, x, y, sample)
+
+    def hvp_yy_inner(self, clients, x, y, v, sample) -> torch.Tensor:
+        """nabla^2_yy g_i(x, y; zeta) v, shape (B, d2) -- the products of eq. (10b)."""
+        self.oracle_counts["hvp_yy_inner"] += len(clients)
+        return self._hvp_yy_inner(clients, x, y, v, sample)
+
+    def jvp_xy_inner(self, clients, x, y, v, sample) -> torch.Tensor:
+        """nabla^2_xy g_i(x, y; zeta) v = nabla_x <nabla_y g_i, v>, shape (B, d1) -- eq. (10a)."""
+        self.oracle_counts["jvp_xy_inner"] += len(clients)
+        return self._jvp_xy_inner(clients, x, y, v, sample)
+
+    # -- to implement --------------------------------------------------------------------------
+    @abstractmethod
+    def _grad_x_outer(self, clients, x, y, sample): ...
+
+    @abstractmethod
+    def _grad_y_outer(self, clients, x, y, sample): ...
+
+    @abstractmethod
+    def _grad_y_inner(self, clients, x, y, sample): ...
+
+    @abstractmethod
+    def _hvp_yy_inner(self, clients, x, y, v, sample): ...
+
+    @abstractmethod
+    def _jvp_xy_inner(self, clients, x, y, v, sample): ...
+
+    def counts_vector(self) -> np.ndarray:
+        """Oracle counts in the fixed order of :data:`ORACLES` (for summing over ranks)."""
+        return np.array([self.oracle_counts[name] for name in ORACLES], dtype=np.float64)

@@ -1,0 +1,192 @@
+"""Heterogeneous quadratic bilevel problem with a closed-form solution.
+
+Client i (data drawn from the counter-based stream ``(seed, PROBLEM_DATA, i)``):
+
+    g_i(x, y) = 1/2 y^T G_i y - y^T (B_i x + c_i)                       (inner, mu-strongly convex)
+    f_i(x, y) = 1/2 (y - a_i)^T P_i (y - a_i) + lambda/2 ||x||^2 + e_i^T x  (outer)
+
+with G_i = (1-w) G_0 + w G~_i, P_i = (1-w) I + w P~_i, w = s/(1+s) for heterogeneity s, and
+B_i, c_i, a_i, e_i = shared part + s * client part. Every G_i has its spectrum in [mu, L], so the
+global Hessian G = mean_i G_i too. With bars for means over all M clients:
+
+    y*(x)   = G^-1 (B x + c)
+    grad h  = lambda x + e + B^T G^-1 (P y*(x) - Pa)          (Lemma 2.1, eqs. (5a)-(5b))
+    x*      = solve(lambda I + M^T P M, -e - M^T (P u - Pa)),  M = G^-1 B, u = G^-1 c
+
+where Pa = mean_i P_i a_i. The second-order oracles are exact: nabla^2_yy g_i = G_i and
+nabla^2_xy g_i v = -B_i^T v. With ``gradient_noise = sigma > 0`` every first-order oracle
+called with a sample key adds N(0, sigma^2 I) noise drawn from (sample, client, oracle), an
+unbiased stochastic oracle in the sense of Assumption B.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fednest_mpi import rng
+from fednest_mpi.problems.base import BilevelProblem
+
+_CHUNK = 1024  # clients per chunk when forming global means (fixed: keeps them rank-independent)
+_TAG = {"grad_x_outer": 1, "grad_y_outer": 2, "grad_y_inner": 3}
+
+
+def _orthogonal(keys: np.ndarray, d: int) -> np.ndarray:
+    q, r = np.linalg.qr(rng.normal(keys, d * d).reshape(-1, d, d))
+    return q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
+
+
+def _spd(keys: np.ndarray, d: int, low: float, high: float) -> np.ndarray:
+    q = _orthogonal(rng.key(keys, 1), d)
+    lam = low + (high - low) * rng.uniform(rng.key(keys, 2), d)
+    return np.einsum("bij,bj,bkj->bik", q, lam, q)
+
+
+class QuadraticProblem(BilevelProblem):
+    """See the module docstring. ``clients`` lists the client ids this instance hosts."""
+
+    def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float64):
+        super().__init__()
+        self.cfg = cfg
+        self.seed = seed
+        self.n_clients = cfg.n_clients
+        self.dim_x, self.dim_y = cfg.dim_x, cfg.dim_y
+        self.device, self.dtype = torch.device(device), dtype
+        self._base = self._client_arrays(np.array([-1]), base=True)
+        self._first = clients.start if len(clients) else 0
+        local = self._client_arrays(np.arange(clients.start, clients.stop)) if len(clients) else None
+        names = ("G", "B", "c", "P", "a", "e")
+        self._data = {k: self._t(local[k] if local else np.zeros((0,) + self._base[k].shape[1:])) for k in names}
+        self._global = self._global_means()
+
+    # -- data ----------------------------------------------------------------------------------
+    def _client_arrays(self, ids: np.ndarray, base: bool = False) -> dict[str, np.ndarray]:
+        c, dx, dy = self.cfg, self.dim_x, self.dim_y
+        k = rng.key(self.seed, rng.Purpose.PROBLEM_DATA, ids)
+        arrays = {
+            "G": _spd(rng.key(k, 1), dy, c.strong_convexity, c.smoothness),
+            "B": rng.normal(rng.key(k, 2), dy * dx).reshape(-1, dy, dx) / np.sqrt(dx),
+            "c": rng.normal(rng.key(k, 3), dy),
+            "P": _spd(rng.key(k, 4), dy, 0.5, 2.0),
+            "a": rng.normal(rng.key(k, 5), dy),
+            "e": rng.normal(rng.key(k, 6), dx),
+        }
+        if base:
+            return arrays
+        s = c.heterogeneity
+        w = s / (1.0 + s)
+        b = self._base
+        return {
+            "G": (1 - w) * b["G"] + w * arrays["G"],
+            "B": b["B"] + s * arrays["B"],
+            "c": b["c"] + s * arrays["c"],
+            "P": (1 - w) * np.eye(dy) + w * arrays["P"],
+            "a": b["a"] + s * arrays["a"],
+            "e": b["e"] + s * arrays["e"],
+        }
+
+    def _t(self, a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=self.dtype, device=self.device)
+
+    def _global_means(self) -> dict[str, torch.Tensor]:
+        """Means over all M clients, formed in fixed chunks on every rank (no communication)."""
+        sums = None
+        for start in range(0, self.n_clients, _CHUNK):
+            d = self._client_arrays(np.arange(start, min(start + _CHUNK, self.n_clients)))
+            part = {
+                "G": d["G"].sum(0), "B": d["B"].sum(0), "c": d["c"].sum(0), "P": d["P"].sum(0),
+                "Pa": np.einsum("bij,bj->i", d["P"], d["a"]),
+                "aPa": np.einsum("bi,bij,bj->", d["a"], d["P"], d["a"]), "e": d["e"].sum(0),
+            }
+            sums = part if sums is None else {k: sums[k] + part[k] for k in sums}
+        return {k: self._t(np.asarray(v) / self.n_clients) for k, v in sums.items()}
+
+    def _local(self, name: str, clients) -> torch.Tensor:
+        idx = torch.as_tensor(np.asarray(clients, dtype=np.int64) - self._first, device=self.device)
+        return self._data[name][idx]
+
+    def _noise(self, clients, sample, oracle: str, d: int) -> torch.Tensor | float:
+        if sample is None or self.cfg.gradient_noise == 0.0:
+            return 0.0
+        z = rng.normal(rng.key(sample, np.asarray(clients, dtype=np.int64), _TAG[oracle]), d)
+        return self.cfg.gradient_noise * self._t(z)
+
+    # -- oracles -------------------------------------------------------------------------------
+    def _grad_y_inner(self, clients, x, y, sample):
+        G, B, c = (self._local(k, clients) for k in "GBc")
+        g = torch.einsum("bij,bj->bi", G, y) - torch.einsum("bij,bj->bi", B, x) - c
+        return g + self._noise(clients, sample, "grad_y_inner", self.dim_y)
+
+    def _grad_y_outer(self, clients, x, y, sample):
+        P, a = self._local("P", clients), self._local("a", clients)
+        return torch.einsum("bij,bj->bi", P, y - a) + self._noise(clients, sample, "grad_y_outer", self.dim_y)
+
+    def _grad_x_outer(self, clients, x, y, sample):
+        return self.cfg.outer_regularization * x + self._local("e", clients) + self._noise(clients, sample, "grad_x_outer", self.dim_x)
+
+    def _hvp_yy_inner(self, clients, x, y, v, sample):
+        return torch.einsum("bij,bj->bi", self._local("G", clients), v)
+
+    def _jvp_xy_inner(self, clients, x, y, v, sample):
+        return -torch.einsum("bij,bi->bj", self._local("B", clients), v)
+
+    # -- closed forms --------------------------------------------------------------------------
+    @property
+    def global_hessian(self) -> torch.Tensor:
+        """nabla^2_yy g = mean_i G_i (the same for every x, y)."""
+        return self._global["G"]
+
+    def inner_solution(self, x: torch.Tensor) -> torch.Tensor:
+        """y*(x) = G^-1 (B x + c)."""
+        g = self._global
+        return torch.linalg.solve(g["G"], g["B"] @ x + g["c"])
+
+    def hypergradient(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """Surrogate nabla-bar f(x, y) of eq. (5) with the global Hessian; the true nabla h(x) when y = y*(x) (default)."""
+        g = self._global
+        y = self.inner_solution(x) if y is None else y
+        return self.cfg.outer_regularization * x + g["e"] + g["B"].T @ torch.linalg.solve(g["G"], g["P"] @ y - g["Pa"])
+
+    def solution(self) -> torch.Tensor:
+        """x* = argmin_x f(x, y*(x))."""
+        g = self._global
+        M = torch.linalg.solve(g["G"], g["B"])
+        u = torch.linalg.solve(g["G"], g["c"])
+        lhs = self.cfg.outer_regularization * torch.eye(self.dim_x, dtype=self.dtype, device=self.device) + M.T @ g["P"] @ M
+        return torch.linalg.solve(lhs, -g["e"] - M.T @ (g["P"] @ u - g["Pa"]))
+
+    def outer_objective(self, x, y) -> torch.Tensor:
+        """f(x, y) = mean_i f_i(x, y)."""
+        g = self._global
+        return 0.5 * y @ g["P"] @ y - y @ g["Pa"] + 0.5 * g["aPa"] + 0.5 * self.cfg.outer_regularization * x @ x + g["e"] @ x
+
+    def inner_objective(self, x, y) -> torch.Tensor:
+        """g(x, y) = mean_i g_i(x, y)."""
+        g = self._global
+        return 0.5 * y @ g["G"] @ y - y @ (g["B"] @ x + g["c"])
+
+    # -- run interface -------------------------------------------------------------------------
+    def initial_point(self):
+        return (torch.zeros(self.dim_x, dtype=self.dtype, device=self.device),
+                torch.zeros(self.dim_y, dtype=self.dtype, device=self.device))
+
+    def metric_info(self):
+        return {
+            "outer_objective": ("f(x, y*(x)): the bilevel objective at x", "1"),
+            "outer_loss": ("f(x, y) = mean_i f_i(x, y) at the current inner iterate", "1"),
+            "inner_loss": ("g(x, y) = mean_i g_i(x, y)", "1"),
+            "x_error": ("||x - x*||", "1"),
+            "y_error": ("||y - y*(x)||", "1"),
+            "hypergradient_norm": ("||grad f(x, y*(x))||, exact", "1"),
+        }
+
+    def evaluate(self, x, y):
+        y_star = self.inner_solution(x)
+        return {
+            "outer_objective": float(self.outer_objective(x, y_star)),
+            "outer_loss": float(self.outer_objective(x, y)),
+            "inner_loss": float(self.inner_objective(x, y)),
+            "x_error": float(torch.linalg.vector_norm(x - self.solution())),
+            "y_error": float(torch.linalg.vector_norm(y - y_star)),
+            "hypergradient_norm": float(torch.linalg.vector_norm(self.hypergradient(x))),
+        }
