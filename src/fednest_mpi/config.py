@@ -47,7 +47,7 @@ class QuadraticConfig:
     smoothness: float = spec(4.0, "upper bound L of every client's inner Hessian eigenvalues (>= strong_convexity)", low=0.0, low_open=True)
     heterogeneity: float = spec(1.0, "scale of client-to-client differences in g_i and f_i (0 = identical clients)", low=0.0)
     gradient_noise: float = spec(0.0, "std of the additive Gaussian noise of every stochastic gradient oracle (0 = exact)", low=0.0)
-    outer_regularization: float = spec(0.1, "weight of the (lambda/2)||x||^2 term in every f_i", low=0.0)
+    outer_regularization: float = spec(1.0, "weight of the (lambda/2)||x||^2 term in every f_i", low=0.0)
 
 
 PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig}

@@ -80,11 +80,17 @@ def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str,
             r = step(n, r)
             acc = acc + r
         return scale * acc
-    per_row = torch.is_tensor(n_prime)
-    r = v
-    for n in range(1, (int(n_prime.max()) if per_row else int(n_prime)) + 1):
-        nxt = step(n, r)
-        r = torch.where(n <= n_prime, nxt, r) if per_row else nxt
+    if not torch.is_tensor(n_prime):
+        r = v
+        for n in range(1, int(n_prime) + 1):
+            r = step(n, r)
+        return (n_terms * scale) * r
+    # one N' per row: only rows that have not reached their own N' are multiplied (and counted)
+    r = v.clone()
+    n_prime = n_prime.reshape(-1)
+    for n in range(1, int(n_prime.max()) + 1 if n_prime.numel() else 1):
+        rows = torch.nonzero(n <= n_prime).reshape(-1)
+        r[rows] = step(n, r[rows], rows)
     return (n_terms * scale) * r
 
 
@@ -189,23 +195,34 @@ class FedNestFamily:
         n_prime = rng.integer(self.key(P.IHGP_LENGTH, k), 0, cfg.neumann_steps) if cfg.ihgp_mode == "randomized" else None
         return neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
 
+    def hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
+        """Aggregated hypergradient estimate of FedOut (Alg. 2, lines 3-6; eqs. (8), (10a)):
+
+        h = mean_S [nabla_x f_i(x, y; xi_i) - nabla^2_xy g_i(x, y; zeta_i) p],  p = FedIHGP(x, y).
+
+        Rounds: 1 + N (FedIHGP) + 1.
+        """
+        p = self.fed_ihgp(k, x, y, S)
+        prob, ids, n = self.problem, S.local_ids, S.local_ids.size
+        X, Y = self._rows(x, n), self._rows(y, n)
+        direct = prob.grad_x_outer(ids, X, Y, self.key(P.OUTER_SAMPLE, k, 0))
+        indirect = prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), self.key(P.HVP_SAMPLE, k, self.cfg.neumann_steps + 1))
+        (h,) = self.fed.mean(S, [direct - indirect])
+        return h
+
     def fed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
-        """FedOut (Alg. 2): x+ = mean_S x_{i,tau}, with eq. (8):
+        """FedOut (Alg. 2): x+ = mean_S x_{i,tau}, with the local steps of eq. (7)-(8)
 
-        h_i = nabla_x f_i(x; xi_i) - nabla^2_xy g_i(x, y+; zeta_i) p,  h = mean_S h_i  (one round)
-        x_{i,nu+1} = x_{i,nu} - alpha (nabla_x f_i(x_{i,nu}; xi) - nabla_x f_i(x; xi) + h)
+        x_{i,nu+1} = x_{i,nu} - alpha (nabla_x f_i(x_{i,nu}; xi) - nabla_x f_i(x; xi) + h).
 
-        Rounds: 1 + N (FedIHGP) + 1 (h) + 1 (x). At nu = 0, x_{i,0} = x, so the correction is
-        exactly zero and the step is x - alpha h; those two oracle calls are skipped.
+        Rounds: N + 2 (:meth:`hypergradient`) + 1 (x). At nu = 0, x_{i,0} = x, so the correction
+        is exactly zero and the step is x - alpha h; those two oracle calls are skipped.
         """
         cfg, prob = self.cfg, self.problem
         S = self.sample_clients(P.OUTER_CLIENTS, k)
-        p = self.fed_ihgp(k, x, y, S)
+        h = self.hypergradient(k, x, y, S)
         ids, n = S.local_ids, S.local_ids.size
         X, Y = self._rows(x, n), self._rows(y, n)
-        direct = prob.grad_x_outer(ids, X, Y, self.key(P.OUTER_SAMPLE, k, 0))
-        indirect = prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), self.key(P.HVP_SAMPLE, k, cfg.neumann_steps + 1))
-        (h,) = self.fed.mean(S, [direct - indirect])
         Xi = X - cfg.outer_lr * h
         for nu in range(1, cfg.outer_local_steps):
             s = self.key(P.OUTER_SAMPLE, k, nu)
@@ -232,8 +249,9 @@ class FedNestFamily:
                 draws = rng.uniform(self.key(P.IHGP_LENGTH, k, nu, ids.astype(np.int64)), 1)[:, 0]
                 n_prime = torch.as_tensor(np.floor(draws * cfg.neumann_steps).astype(np.int64), device=x.device)[:, None]
 
-            def step(j, r, Xi=Xi, nu=nu):
-                return r - cfg.neumann_scale * prob.hvp_yy_inner(ids, Xi, Y, r, self.key(P.HVP_SAMPLE, k, nu, j))
+            def step(j, r, rows=None, Xi=Xi, nu=nu):
+                sub = slice(None) if rows is None else rows.numpy(force=True)
+                return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], Xi[sub], Y[sub], r, self.key(P.HVP_SAMPLE, k, nu, j))
 
             p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
             h = prob.grad_x_outer(ids, Xi, Y, s) - prob.jvp_xy_inner(ids, Xi, Y, p, self.key(P.HVP_SAMPLE, k, nu, cfg.neumann_steps + 1))

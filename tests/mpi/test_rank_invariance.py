@@ -1,0 +1,76 @@
+"""One seed, the same run on 1 rank (COMM_SELF) and on every rank of COMM_WORLD.
+
+Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4`` (``make test-mpi``).
+"""
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from fednest_mpi.federation import Federation, block_range
+from fednest_mpi.runner import simulate
+
+VARIANT_NAMES = ["fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt"]
+TIMING = {"wall_time", "algorithm_time", "evaluation_time", "comm_seconds"}
+
+
+def _compare(world, single, exact):
+    for key, values in single.items():
+        if key in TIMING:
+            continue
+        a, b = np.asarray(world[key]), np.asarray(single[key])
+        if exact:
+            np.testing.assert_array_equal(a, b, err_msg=key)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13, err_msg=key)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_ordered_reduction_is_bitwise_rank_count_invariant(small_config, name):
+    cfg = small_config(algorithm={"name": name, "ihgp_mode": "randomized"}, federation={"reduction": "ordered"},
+                       problem={"gradient_noise": 0.1})
+    world = simulate(cfg, MPI.COMM_WORLD)
+    single = simulate(cfg, MPI.COMM_SELF)
+    _compare(world.history, single.history, exact=True)
+    assert torch.equal(world.x, single.x) and torch.equal(world.y, single.y)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_sum_reduction_is_rank_count_invariant_to_rounding(small_config, name):
+    cfg = small_config(algorithm={"name": name}, problem={"gradient_noise": 0.1})
+    _compare(simulate(cfg, MPI.COMM_WORLD).history, simulate(cfg, MPI.COMM_SELF).history, exact=False)
+
+
+@pytest.mark.mpi
+def test_every_rank_holds_the_same_iterate(small_config):
+    cfg = small_config()
+    result = simulate(cfg, MPI.COMM_WORLD)
+    gathered = MPI.COMM_WORLD.allgather(torch.cat([result.x, result.y]).numpy())
+    for other in gathered:
+        np.testing.assert_array_equal(other, gathered[0])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("reduction", ["sum", "ordered"])
+def test_mean_with_ranks_that_hold_no_client(reduction):
+    comm = MPI.COMM_WORLD
+    n_clients = 3  # with 4 ranks, one rank holds nobody
+    fed = Federation(comm, n_clients, reduction)
+    S = fed.sample(7, 3)
+    values = torch.arange(3 * 2, dtype=torch.float64).reshape(3, 2) + 1.0
+    local = values[torch.as_tensor(S.local_ids)]
+    weights = np.array([1.0, 2.0, 3.0])
+    (mean,) = fed.mean(S, [local], weights)
+    torch.testing.assert_close(mean, (values * torch.tensor(weights)[:, None]).sum(0) / 6.0, rtol=1e-15, atol=0)
+    assert fed.stats.rounds == 1
+
+
+@pytest.mark.mpi
+def test_blocks_cover_every_client_once():
+    size = MPI.COMM_WORLD.Get_size()
+    for n in [1, 3, 4, 10, 101]:
+        ids = [i for r in range(size) for i in block_range(n, size, r)]
+        assert ids == list(range(n))

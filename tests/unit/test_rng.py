@@ -1,0 +1,38 @@
+import numpy as np
+
+from fednest_mpi import rng
+
+
+def test_key_is_a_pure_function_of_its_parts():
+    assert rng.key(1, 2, 3) == rng.key(1, 2, 3)
+    assert rng.key(1, 2, 3) != rng.key(1, 3, 2)
+    keys = rng.key(7, rng.Purpose.INNER_SAMPLE, np.arange(5))
+    assert keys.shape == (5,) and len(set(keys.tolist())) == 5
+    # an element's key does not depend on the other elements of the batch (rank-count invariance)
+    assert rng.key(7, rng.Purpose.INNER_SAMPLE, np.arange(2, 4))[1] == keys[3]
+
+
+def test_uniform_and_normal_moments():
+    u = rng.uniform(rng.key(0), 200_000)
+    assert 0.0 <= u.min() and u.max() < 1.0
+    assert abs(u.mean() - 0.5) < 5e-3
+    z = rng.normal(rng.key(1), 200_000)
+    assert abs(z.mean()) < 1e-2 and abs(z.std() - 1.0) < 1e-2
+
+
+def test_sample_without_replacement_is_uniform_and_distinct():
+    counts = np.zeros(20)
+    for r in range(4000):
+        s = rng.sample_without_replacement(rng.key(5, r), 20, 5)
+        assert len(set(s.tolist())) == 5 and np.all(np.diff(s) > 0)
+        counts[s] += 1
+    # each client is chosen with probability 5/20
+    assert np.allclose(counts / 4000, 0.25, atol=0.03)
+
+
+def test_permutation_is_a_permutation():
+    p = rng.permutation(rng.key(np.arange(3)), 10)
+    assert p.shape == (3, 10)
+    for row in p:
+        assert sorted(row.tolist()) == list(range(10))
+    assert not np.array_equal(p[0], p[1])
