@@ -96,6 +96,12 @@ class FederationConfig:
         "|S| times more bytes)",
         choices=("sum", "ordered"),
     )
+    wait: str = spec(
+        "auto",
+        "how ranks wait in a collective: block (MPI's busy-poll), poll (test and yield the core), "
+        "auto (poll when a node has more ranks than cores)",
+        choices=("auto", "block", "poll"),
+    )
 
 
 @dataclass(frozen=True)
@@ -303,8 +309,6 @@ def reference_markdown() -> str:
     def table(cls, title):
         lines.extend([f"## `{title}`", "", (cls.__doc__ or "").strip(), "", "| field | default | allowed | meaning |", "|---|---|---|---|"])
         for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
-                continue
             m = f.metadata
             allowed = ", ".join(map(repr, m["choices"])) if m.get("choices") else ""
             if m.get("low") is not None:
@@ -312,7 +316,8 @@ def reference_markdown() -> str:
             if m.get("high") is not None:
                 allowed += f", <= {m['high']}"
             default = f.default if f.default is not dataclasses.MISSING else ""
-            lines.append(f"| `{f.name}` | `{json.dumps(default)}` | {allowed} | {m.get('help', '')} |")
+            meaning = m.get("help", "").replace("|", "\\|")
+            lines.append(f"| `{f.name}` | `{json.dumps(default)}` | {allowed} | {meaning} |")
         lines.append("")
 
     lines.append("## top level\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n| `seed` | `0` | >= 0 | seed of every random stream |\n")

@@ -16,6 +16,7 @@ client). The clients of S that a rank evaluates are those it hosts.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,14 +74,25 @@ class Federation:
     comm : mpi4py communicator (``MPI.COMM_WORLD``, ``MPI.COMM_SELF`` or a sub-communicator).
     n_clients : M, the number of clients.
     reduction : ``"sum"`` or ``"ordered"`` (see :meth:`mean`).
+    wait : how a rank waits for a collective: ``"block"`` (MPI's own wait, which busy-polls in
+        MPICH), ``"poll"`` (a non-blocking collective tested in a loop that yields the core), or
+        ``"auto"``: poll when this node runs more ranks than the cores this process may use.
+        Oversubscribed busy-polling ranks starve each other (docs/performance.md).
+
+    Notes
+    -----
+    **Collective** construction (``wait="auto"`` asks MPI how many ranks share the node).
     """
 
-    def __init__(self, comm, n_clients: int, reduction: str = "sum"):
+    def __init__(self, comm, n_clients: int, reduction: str = "sum", wait: str = "auto"):
         if reduction not in ("sum", "ordered"):
             raise ValueError(f"reduction must be 'sum' or 'ordered', got {reduction!r}")
+        if wait not in ("auto", "block", "poll"):
+            raise ValueError(f"wait must be 'auto', 'block' or 'poll', got {wait!r}")
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.poll = wait == "poll" or (wait == "auto" and _node_ranks(comm) > len(os.sched_getaffinity(0)))
         self.n_clients = n_clients
         self.reduction = reduction
         self.block = block_range(n_clients, self.size, self.rank)
@@ -155,12 +167,25 @@ class Federation:
             return
         t0 = MPI.Wtime()
         if buf.device.type == "cpu":
-            self.comm.Allreduce(MPI.IN_PLACE, buf.numpy())
+            self._allreduce_array(buf.numpy())
         else:  # through host memory; a CUDA-aware MPI could take the device pointer directly
             host = buf.cpu()
-            self.comm.Allreduce(MPI.IN_PLACE, host.numpy())
+            self._allreduce_array(host.numpy())
             buf.copy_(host)
         self.stats.seconds += MPI.Wtime() - t0
+
+    def _allreduce_array(self, array: np.ndarray) -> None:
+        if not self.poll:
+            self.comm.Allreduce(MPI.IN_PLACE, array)
+            return
+        request = self.comm.Iallreduce(MPI.IN_PLACE, array)
+        tries = 0
+        while not request.Test():
+            tries += 1
+            if tries < 100:
+                os.sched_yield()
+            else:
+                time.sleep(5e-5)
 
     # ---------------------------------------------------------------------------------------
     def sum_uncounted(self, values: np.ndarray) -> np.ndarray:
@@ -170,5 +195,16 @@ class Federation:
         """
         buf = np.ascontiguousarray(values, dtype=np.float64).copy()
         if self.size > 1:
-            self.comm.Allreduce(MPI.IN_PLACE, buf)
+            self._allreduce_array(buf)
         return buf
+
+
+def _node_ranks(comm) -> int:
+    """Number of ranks of ``comm`` on this node. **Collective**."""
+    if comm.Get_size() == 1:
+        return 1
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()

@@ -62,13 +62,13 @@ def _fault_iteration(rank: int) -> int | None:
 class Simulation:
     """A run of ``cfg`` on ``comm``: problem, federation and algorithm, built on every rank.
 
-    Construction does no communication; :meth:`run` is **collective** over ``comm``.
+    Construction and :meth:`run` are **collective** over ``comm``.
     """
 
     def __init__(self, cfg: RunConfig, comm):
         torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
-        self.fed = Federation(comm, cfg.problem.n_clients, cfg.federation.reduction)
+        self.fed = Federation(comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait)
         self.problem = build_problem(cfg.problem, cfg.seed, self.fed.block, device=cfg.run.device, dtype=torch_dtype(cfg.run.dtype))
         self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
 

@@ -96,9 +96,9 @@ class RunWriter:
         for name in self.columns:
             if name != SCALE:
                 group[name].dims[0].attach_scale(group[SCALE])
-        f.flush()
-        os.replace(tmp, path)  # the file appears under its name only once its structure is complete
         f.swmr_mode = True
+        # the file appears under its name only once its structure is complete and readers may open it
+        os.replace(tmp, path)
 
     def append(self, row: dict[str, float]) -> None:
         """Add one iteration's values (missing columns are NaN) and flush."""

@@ -1,0 +1,286 @@
+"""Analysis layer: DataFrames, sweeps, text report and plots from real (small) run files."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from mpi4py import MPI
+
+from fednest_mpi import analysis, config
+from fednest_mpi.errors import UsageError
+from fednest_mpi.io.h5 import RunWriter, read_run
+from fednest_mpi.runner import Simulation
+
+ITERATIONS = 15
+ALGORITHMS = ("fednest", "lfednest")
+SEEDS = (0, 1)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_run(path, algorithm: str, seed: int, **algorithm_fields) -> None:
+    """A real run written like `fednest-mpi run` does (1 rank, in process)."""
+    cfg = config.from_dict({
+        "seed": seed,
+        "problem": {"name": "quadratic", "n_clients": 12, "dim_x": 4, "dim_y": 6},
+        "algorithm": {"name": algorithm, "outer_iterations": ITERATIONS, "clients_per_round": 6, "inner_local_steps": 5,
+                      "inner_lr": 0.05, "outer_lr": 0.2, "neumann_steps": 4, "neumann_scale": 0.25, **algorithm_fields},
+        "run": {"output": str(path), "progress": "never"},
+    })
+    sim = Simulation(cfg, MPI.COMM_SELF)
+    attrs = {"mpi_size": 1, "seed": cfg.seed, "problem": cfg.problem.name, "algorithm": cfg.algorithm.name,
+             "config_json": cfg.to_json()}
+    writer = RunWriter(path, attrs, sim.columns())
+    try:
+        sim.run(writer=writer)
+    finally:
+        writer.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """fednest and lfednest x seeds 0, 1: four run files."""
+    root = tmp_path_factory.mktemp("runs")
+    paths = []
+    for algorithm in ALGORITHMS:
+        for seed in SEEDS:
+            path = root / f"{algorithm}_s{seed}.h5"
+            _write_run(path, algorithm, seed)
+            paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def other_problem_run(tmp_path_factory):
+    """A run file of another (classification-like) problem, with accuracy columns and no x_error."""
+    path = tmp_path_factory.mktemp("other") / "classifier.h5"
+    cols = {"iteration": ("k", "1"), "comm_rounds": ("rounds", "1"), "comm_bytes": ("bytes", "B"),
+            "wall_time": ("t", "s"), "algorithm_time": ("t", "s"), "evaluation_time": ("t", "s"),
+            "test_accuracy": ("acc", "1"), "test_loss": ("loss", "1")}
+    cfg = {"seed": 0, "problem": {"name": "classifier", "n_clients": 10}, "algorithm": {"name": "fednest", "outer_iterations": 4}}
+    writer = RunWriter(path, {"seed": 0, "problem": "classifier", "algorithm": "fednest", "mpi_size": 1,
+                              "config_json": __import__("json").dumps(cfg)}, cols)
+    for k, acc in enumerate([0.1, 0.6, 0.8, 0.7, 0.75]):
+        writer.append({"iteration": k, "comm_rounds": 3 * k, "comm_bytes": 1.5e6 * k, "wall_time": 0.1 * k,
+                       "algorithm_time": 0.01, "evaluation_time": 0.002, "test_accuracy": acc, "test_loss": 2.0 - acc})
+    writer.close()
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading
+
+
+def test_load_run_round_trips_read_run(runs):
+    df = analysis.load_run(runs[0])
+    attrs, data = read_run(runs[0])
+    assert list(df.columns)[0] == "iteration"
+    assert set(df.columns) == set(data)
+    assert len(df) == ITERATIONS + 1
+    for name, values in data.items():
+        np.testing.assert_array_equal(df[name].to_numpy(), values)
+    assert df["iteration"].dtype == np.int64
+    assert df.attrs["config"] == attrs["config"]
+    assert df.attrs["seed"] == 0 and df.attrs["problem"] == "quadratic"
+
+
+def test_flatten_config_dotted_names():
+    flat = analysis.flatten_config({"seed": 1, "algorithm": {"outer_lr": 0.2, "name": "fednest"}, "x": {"y": {"z": [1, 2]}}})
+    assert flat == {"seed": 1, "algorithm.outer_lr": 0.2, "algorithm.name": "fednest", "x.y.z": (1, 2)}
+
+
+def test_config_differences_lists_only_differing_fields(runs):
+    diffs = analysis.config_differences(runs)
+    assert diffs == {"algorithm.name": ["fednest", "fednest", "lfednest", "lfednest"], "seed": [0, 1, 0, 1]}
+
+
+def test_load_sweep_has_run_and_differing_config_columns(runs):
+    df = analysis.load_sweep(runs)
+    assert len(df) == len(runs) * (ITERATIONS + 1)
+    assert list(df.columns[:3]) == ["run", "algorithm.name", "seed"]
+    for common in ("algorithm.outer_lr", "problem.n_clients", "run.output", "problem.name"):
+        assert common not in df.columns
+    assert set(df["run"]) == {str(p) for p in runs}
+    assert df["seed"].dtype.kind == "i"
+    # usable for grouping by config values
+    final = df[df["iteration"] == ITERATIONS].groupby("algorithm.name")["x_error"].mean()
+    by_hand = np.mean([read_run(p)[1]["x_error"][-1] for p in runs[:2]])
+    assert final["fednest"] == pytest.approx(by_hand)
+    assert df.attrs["differences"] == ["algorithm.name", "seed"]
+
+
+def test_single_path_and_directory_are_accepted(runs):
+    assert len(analysis.load_sweep(str(runs[0]))) == ITERATIONS + 1
+    assert set(analysis.load_sweep(runs[0].parent)["run"]) == {str(p) for p in runs}
+
+
+def test_run_names_disambiguate_equal_stems(tmp_path):
+    assert analysis.run_names(["a/b/run.h5", "a/c/run.h5", "x.h5"]) == ["b/run", "c/run", "x"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+
+
+def _row(text: str, name: str) -> list[str]:
+    """The cells of the first table line of run ``name``."""
+    for line in text.splitlines():
+        if line.split()[:1] == [name]:
+            return line.split()
+    raise AssertionError(f"no line for {name} in\n{text}")
+
+
+def test_report_lists_each_run_with_final_and_best_values(runs):
+    text = analysis.report(runs)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    header = next(line for line in text.splitlines() if "x_error" in line)
+    assert "outer_objective" in header and "hypergradient_norm" in header
+    for path in runs:
+        _, data = read_run(path)
+        cells = _row(text, path.stem)
+        assert analysis.format_number(data["x_error"][-1]) in cells
+        assert analysis.format_number(data["x_error"].min()) in cells
+        assert analysis.format_number(data["outer_objective"][-1]) in cells
+        assert str(ITERATIONS) in cells
+        algorithm = read_run(path)[0]["algorithm"]
+        assert algorithm in cells
+    # communication block: final rounds and human-readable bytes
+    _, data = read_run(runs[0])
+    lines = [line for line in text.splitlines() if line.startswith(runs[0].stem)]
+    assert len(lines) == 2  # split into two blocks at 100 characters
+    assert analysis.format_bytes(data["comm_bytes"][-1]) in lines[1]
+    assert re.search(rf"\b{int(data['comm_rounds'][-1])}\b", lines[1])
+    assert re.search(r"\d (ms|us|s)\b", lines[1])
+
+
+def test_report_explicit_metrics_and_accuracy_best_is_max(other_problem_run):
+    text = analysis.report([other_problem_run], metrics=["test_accuracy", "test_loss"])
+    cells = _row(text, "classifier")
+    # final 0.75, best accuracy 0.8 (max), best loss 1.2 (min)
+    assert cells[cells.index("0.75"):cells.index("0.75") + 4] == ["0.75", "0.8", "1.25", "1.2"]
+    assert "6 MB" in text and "12" in cells
+
+
+def test_report_default_metrics_of_mixed_problems_shows_dash(runs, other_problem_run):
+    text = analysis.report([runs[0], other_problem_run])
+    assert "x_error" in text and "test_accuracy" in text
+    assert "-" in _row(text, "classifier")
+
+
+def test_formatting_helpers():
+    assert analysis.format_bytes(0) == "0 B"
+    assert analysis.format_bytes(1234567) == "1.23 MB"
+    assert analysis.format_bytes(44800) == "44.8 kB"
+    assert analysis.format_seconds(0.0123) == "12.3 ms"
+    assert analysis.format_seconds(2.5e-5) == "25 us"
+    assert analysis.format_number(float("nan")) == "-"
+    assert analysis.format_number(0.123456) == "0.1235"
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouping
+
+
+def test_group_mean_sd_equals_mean_by_hand(runs):
+    frames = [analysis.load_run(p) for p in runs[:2]]  # fednest, seeds 0 and 1
+    stats = analysis.group_mean_sd(frames, "x_error", "iteration")
+    a, b = (f["x_error"].to_numpy() for f in frames)
+    np.testing.assert_array_equal(stats.x, np.arange(ITERATIONS + 1))
+    np.testing.assert_allclose(stats.mean, (a + b) / 2, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(stats.sd, np.abs(a - b) / np.sqrt(2), rtol=1e-12)
+    assert (stats.n == 2).all()
+    # comm_rounds of fednest is a deterministic schedule: same grid, no interpolation
+    stats = analysis.group_mean_sd(frames, "x_error", "comm_rounds")
+    np.testing.assert_array_equal(stats.x, frames[0]["comm_rounds"].to_numpy())
+    np.testing.assert_allclose(stats.mean, (a + b) / 2, rtol=0, atol=1e-15)
+
+
+def test_group_mean_sd_interpolates_different_grids_and_skips_nan():
+    f1 = pd.DataFrame({"t": [0.0, 1.0, 2.0, 3.0], "m": [np.nan, 2.0, 4.0, 6.0]})
+    f2 = pd.DataFrame({"t": [0.5, 1.5, 2.5], "m": [1.0, 3.0, 5.0]})
+    stats = analysis.group_mean_sd([f1, f2], "m", "t")
+    np.testing.assert_array_equal(stats.x, [0.5, 1.0, 1.5, 2.0, 2.5])
+    # f1 has no value before t=1 (NaN), f2 is linear 2t
+    np.testing.assert_allclose(stats.mean, [1.0, 2.0, 3.0, 4.0, 5.0])
+    np.testing.assert_array_equal(stats.n, [1, 2, 2, 2, 2])
+    assert np.isnan(stats.sd[0]) and stats.sd[1] == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots
+
+
+def _is_png(path) -> bool:
+    return path.stat().st_size > 5000 and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_grouped_ungrouped_and_comm_rounds(runs, tmp_path):
+    out = analysis.plot(runs, tmp_path / "grouped.png", group_by="algorithm.name")
+    assert out == tmp_path / "grouped.png" and _is_png(out)
+    assert _is_png(analysis.plot(runs, tmp_path / "sub" / "runs.png"))
+    assert _is_png(analysis.plot(runs, tmp_path / "rounds.png", x_axis="comm_rounds", group_by="algorithm.name", logy=True))
+    assert _is_png(analysis.plot(runs, tmp_path / "wall.png", x_axis="wall_time", group_by="algorithm.name"))
+    multi = analysis.plot(runs, tmp_path / "multi.pdf", metric=["x_error", "outer_objective", "hypergradient_norm"])
+    assert multi.read_bytes()[:5] == b"%PDF-"
+
+
+def test_auto_log_scale_only_for_errors_spanning_decades():
+    assert analysis._auto_log("x_error", [np.array([1.0, 1e-3])])
+    assert not analysis._auto_log("x_error", [np.array([1.0, 0.5])])
+    assert not analysis._auto_log("outer_objective", [np.array([1.0, 1e-3])])
+    assert not analysis._auto_log("hypergradient_norm", [np.array([1.0, 0.0])])
+
+
+# ------------------------------------------------------------------------------------------------
+# Usage errors
+
+
+def test_unknown_metric_lists_available_and_suggests(runs, tmp_path):
+    with pytest.raises(UsageError, match=r"'x_eror' is not recorded.*did you mean 'x_error'.*available: .*outer_objective"):
+        analysis.plot(runs, tmp_path / "x.png", metric="x_eror")
+    with pytest.raises(UsageError, match="did you mean 'hypergradient_norm'"):
+        analysis.report(runs, metrics=["hypergradient_nrm"])
+    with pytest.raises(UsageError, match="x_axis 'comm_round' .*did you mean 'comm_rounds'"):
+        analysis.plot(runs, tmp_path / "x.png", x_axis="comm_round")
+
+
+def test_unknown_group_by_field(runs, tmp_path):
+    with pytest.raises(UsageError, match=r"group_by 'algorithm.nme' .*did you mean 'algorithm.name'.*differ.*algorithm.name, seed"):
+        analysis.plot(runs, tmp_path / "x.png", group_by="algorithm.nme")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_empty_paths_and_missing_file(tmp_path):
+    for call in (analysis.load_sweep, analysis.config_differences, analysis.report):
+        with pytest.raises(UsageError, match="no run files given"):
+            call([])
+    with pytest.raises(UsageError, match="no run files given"):
+        analysis.plot([], tmp_path / "x.png")
+    with pytest.raises(UsageError, match="does not exist"):
+        analysis.load_run(tmp_path / "missing.h5")
+
+
+def test_mixed_problems_with_metric_only_one_has(runs, other_problem_run, tmp_path):
+    with pytest.raises(UsageError, match=r"'x_error' is recorded by fednest_s0 \[quadratic\] but not by classifier \[classifier\].*mix problems"):
+        analysis.plot([runs[0], other_problem_run], tmp_path / "x.png", metric="x_error")
+    with pytest.raises(UsageError, match="not by classifier"):
+        analysis.report([runs[0], other_problem_run], metrics=["x_error"])
+
+
+def test_bad_plot_suffix_and_all_nan_metric(runs, tmp_path):
+    with pytest.raises(UsageError, match=r"ending in \.png, \.pdf, \.svg"):
+        analysis.plot(runs, tmp_path / "x.jpg2")
+    lfednest = [p for p in runs if p.stem.startswith("lfednest")]
+    with pytest.raises(UsageError, match="no finite value"):
+        analysis.plot(lfednest, tmp_path / "x.png", metric="hypergradient_estimate_norm")
+
+
+def test_import_is_cheap():
+    import subprocess
+    import sys
+
+    code = "import sys, fednest_mpi.analysis; print('pandas' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]

@@ -1,0 +1,96 @@
+"""The command line under mpiexec: success, usage errors (exit 2, one message), failures (exit 1, no hang)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fednest_mpi.io.h5 import read_run
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+CONFIG = ROOT / "configs" / "quadratic.toml"
+
+
+def run_cli(*args, ranks=1, timeout=120, env=None):
+    cmd = [sys.executable, "-m", "fednest_mpi", *map(str, args)]
+    if ranks > 1:
+        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
+    full_env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def test_help_has_a_runnable_example():
+    out = run_cli("run", "--help")
+    assert out.returncode == 0 and "example:" in out.stdout and "mpiexec -n 4 fednest-mpi run" in out.stdout
+
+
+def test_usage_error_of_argparse_exits_2():
+    assert run_cli("run").returncode == 2
+    assert run_cli("frobnicate").returncode == 2
+
+
+# 4 ranks oversubscribe this 2-core machine (MPICH busy-polls), so that run is shorter
+@pytest.mark.parametrize("ranks,iterations,reduction", [(1, 60, 1e-6), (2, 60, 1e-6), (4, 20, 1e-1)])
+def test_run_writes_hdf5_with_table_2_counts_and_converges(tmp_path, ranks, iterations, reduction):
+    out = tmp_path / "q.h5"
+    res = run_cli("run", CONFIG, "--output", out, "--quiet", "--set", "problem.n_clients=20",
+                  "--set", "algorithm.clients_per_round=20", "--set", f"algorithm.outer_iterations={iterations}",
+                  "--set", "algorithm.neumann_steps=30", ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith(f"output: {out}")
+    attrs, data = read_run(out)
+    assert attrs["mpi_size"] == ranks and attrs["config"]["algorithm"]["name"] == "fednest"
+    assert data["iteration"].tolist() == list(range(iterations + 1))
+    assert np.all(np.diff(data["comm_rounds"]) == 2 * 1 + 30 + 3)
+    assert data["x_error"][-1] < reduction * data["x_error"][0]
+
+
+def test_bad_config_exits_2_with_one_message_on_all_ranks(tmp_path):
+    res = run_cli("run", CONFIG, "--set", "algorithm.outer_lrr=0.1", "--output", tmp_path / "x.h5", ranks=4)
+    assert res.returncode == 2
+    assert res.stderr.count("fednest-mpi: error:") == 1
+    assert "algorithm.outer_lrr: unknown field (did you mean 'outer_lr'?)" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "x.h5").exists()
+
+
+def test_more_ranks_than_clients_exits_2(tmp_path):
+    res = run_cli("run", CONFIG, "--set", "problem.n_clients=3", "--set", "algorithm.clients_per_round=2",
+                  "--output", tmp_path / "x.h5", ranks=4)
+    assert res.returncode == 2 and "3 clients cannot fill 4 MPI ranks" in res.stderr
+    assert res.stderr.count("fednest-mpi: error:") == 1
+
+
+def test_existing_output_is_refused_unless_overwrite(tmp_path):
+    out = tmp_path / "x.h5"
+    out.write_bytes(b"precious")
+    res = run_cli("run", CONFIG, "--output", out, "--set", "algorithm.outer_iterations=1", ranks=2)
+    assert res.returncode == 2 and "already exists" in res.stderr and out.read_bytes() == b"precious"
+    res = run_cli("run", CONFIG, "--output", out, "--set", "algorithm.outer_iterations=1", "--overwrite", "--quiet", ranks=2)
+    assert res.returncode == 0 and read_run(out)[1]["iteration"].tolist() == [0, 1]
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    res = run_cli("run", tmp_path / "missing.toml")
+    assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_exception_on_one_rank_ends_the_whole_job_quickly(tmp_path):
+    start = time.monotonic()
+    res = run_cli("run", CONFIG, "--output", tmp_path / "x.h5", "--quiet", ranks=4, timeout=60,
+                  env={"FEDNEST_MPI_INJECT_FAULT": "2:3"})
+    assert time.monotonic() - start < 10
+    assert res.returncode != 0
+    assert "rank 2/4: run failed after iteration 2: RuntimeError: fault injected" in res.stderr
+
+
+def test_divergence_stops_with_the_iteration(tmp_path):
+    res = run_cli("run", CONFIG, "--output", tmp_path / "x.h5", "--quiet", "--set", "algorithm.inner_lr=5.0", ranks=2)
+    assert res.returncode == 1
+    assert "FloatingPointError: iteration" in res.stderr and "diverged" in res.stderr
+    _, data = read_run(tmp_path / "x.h5")  # the file holds the iterations before the divergence
+    assert len(data["iteration"]) >= 1 and np.all(np.isfinite(data["x_error"]))
