@@ -1,4 +1,4 @@
-"""Command line: ``fednest-mpi run | config-doc`` (also ``python -m fednest_mpi``).
+"""Command line: ``fednest-mpi run | report | plot | config-doc`` (also ``python -m fednest_mpi``).
 
 Exit codes: 0 success, 1 failure of the run, 2 usage error (bad arguments, config or output
 path). Usage errors are detected identically on every rank before any collective and printed
@@ -40,6 +40,31 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--output", "-o", help="HDF5 output path (run.output)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output file (run.overwrite)")
     run.add_argument("--quiet", "-q", action="store_true", help="warnings only")
+    rep = sub.add_parser("report", help="text table of runs: differing config, final/best metrics, time, communication",
+                         epilog="example:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep.add_argument("runs", nargs="+", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
+    rep.add_argument("--metric", "-m", dest="metrics", action="append", metavar="COLUMN",
+                     help="metric to show (repeatable); default: whichever of x_error, outer_objective, "
+                          "hypergradient_norm, test_accuracy, test_loss the runs record")
+    rep.add_argument("--width", type=int, default=100, help="wrap the table into blocks of at most this many characters")
+    plot = sub.add_parser("plot", help="plot a metric against iteration, communication rounds or wall time",
+                          epilog="examples:\n  fednest-mpi plot runs/*.h5 -o figs/x_error.png --group-by algorithm.name\n"
+                                 "  fednest-mpi plot runs/*.h5 -o figs/cost.pdf -m x_error -m hypergradient_norm --x-axis comm_rounds",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    plot.add_argument("runs", nargs="+", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
+    plot.add_argument("--output", "-o", required=True, help="image file; format from the suffix: .png, .pdf or .svg")
+    plot.add_argument("--metric", "-m", dest="metrics", action="append", metavar="COLUMN",
+                      help="recorded column to plot (repeatable: one subplot each; default x_error)")
+    plot.add_argument("--x-axis", "-x", default="iteration",
+                      help="iteration (default), comm_rounds, wall_time, or another non-decreasing column")
+    plot.add_argument("--group-by", "-g", metavar="FIELD",
+                      help="config field (dotted, e.g. algorithm.name, or mpi_size): one line per value, mean ± sd over "
+                           "its runs (seeds); default: one line per run")
+    logy = plot.add_mutually_exclusive_group()
+    logy.add_argument("--logy", dest="logy", action="store_const", const=True, default=None, help="log y axis")
+    logy.add_argument("--linear-y", dest="logy", action="store_const", const=False,
+                      help="linear y axis (default: log for errors/norms spanning more than 2 decades)")
     sub.add_parser("config-doc", help="print the config reference (Markdown) generated from the config definitions",
                    epilog="example: fednest-mpi config-doc > docs/config.md")
     return parser
@@ -110,6 +135,22 @@ def _run(args) -> int:
     return 0
 
 
+def _analyse(args) -> int:
+    from fednest_mpi import analysis
+
+    try:
+        if args.command == "report":
+            print(analysis.report(args.runs, args.metrics, width=args.width), end="")
+        else:
+            path = analysis.plot(args.runs, args.output, metric=args.metrics or "x_error", x_axis=args.x_axis,
+                                 group_by=args.group_by, logy=args.logy)
+            print(f"output: {path}")
+    except UsageError as exc:
+        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "config-doc":
@@ -117,4 +158,6 @@ def main(argv=None) -> int:
 
         print(reference_markdown())
         return 0
+    if args.command in ("report", "plot"):
+        return _analyse(args)
     return _run(args)

@@ -92,7 +92,8 @@ def test_small_files(tmp_path, gz):
 
 
 @pytest.mark.parametrize("name, train, test, pattern", [
-    ("adult.data", TRAIN.replace("40, Cuba, ", "40, "), TEST, "line 3: expected 15 comma-separated fields, found 14"),
+    ("adult.data", TRAIN.replace("40, Cuba, ", "40, "), TEST,
+     "line 3: expected 15 comma-separated fields, found 14"),
     ("adult.test", TRAIN, TEST.replace(">50K.", "maybe."), "line 2: income 'maybe' is neither"),
     ("adult.data", TRAIN.replace("39,", "old,"), TEST, "data row 1: age is 'old', not a number"),
     ("adult.test", TRAIN, TEST.replace("Female", "F"), "sex value 'F' is not one of Female, Male"),

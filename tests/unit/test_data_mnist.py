@@ -119,7 +119,7 @@ def _wrong_size(folder):
 
 def _missing(folder):
     (folder / "train-labels-idx1-ubyte.gz").unlink()
-    return "train-labels-idx1-ubyte.gz", r"not found in data directory .*looked for .* or .*download mnist --dir"
+    return "train-labels-idx1-ubyte.gz", r"MNIST file .* not found in .*looked for .*download mnist --dir"
 
 
 def _not_gzip(folder):

@@ -5,6 +5,7 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.base import Sample
 
 
 def _problem(cfg, clients=None):
@@ -82,8 +83,8 @@ def test_gradient_noise_is_unbiased_and_keyed(small_config):
     x = torch.zeros(1, cfg.problem.dim_x, dtype=torch.float64)
     y = torch.zeros(1, cfg.problem.dim_y, dtype=torch.float64)
     exact = prob.grad_y_inner(ids, x, y, None)
-    a = prob.grad_y_inner(ids, x, y, rng.key(1))
-    assert torch.equal(a, prob.grad_y_inner(ids, x, y, rng.key(1)))
+    a = prob.grad_y_inner(ids, x, y, Sample(rng.key(1), 0))
+    assert torch.equal(a, prob.grad_y_inner(ids, x, y, Sample(rng.key(1), 0)))
     assert not torch.equal(a, exact)
-    mean = torch.stack([prob.grad_y_inner(ids, x, y, rng.key(s)) for s in range(4000)]).mean(0)
+    mean = torch.stack([prob.grad_y_inner(ids, x, y, Sample(rng.key(s), 0)) for s in range(4000)]).mean(0)
     assert (mean - exact).abs().max() < 0.05

@@ -29,7 +29,7 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.federation import Federation, Participants
-from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.problems.base import BilevelProblem, Sample
 
 P = rng.Purpose
 
@@ -153,7 +153,7 @@ class FedNestFamily:
             (q,) = self.fed.mean(S, [prob.grad_y_inner(ids, X, Y0, None)])
         Y = Y0
         for nu in range(self.cfg.inner_local_steps):
-            s = self.key(P.INNER_SAMPLE, k, t, nu)
+            s = Sample(self.key(P.INNER_SAMPLE, k, t), nu)
             d = prob.grad_y_inner(ids, X, Y, s)
             if self.variant.inner_variance_reduction:
                 d = d - prob.grad_y_inner(ids, X, Y0, s) + q
@@ -182,13 +182,13 @@ class FedNestFamily:
 
         S0 = clients(0)
         n0 = S0.local_ids.size
-        (v,) = self.fed.mean(S0, [prob.grad_y_outer(S0.local_ids, self._rows(x, n0), self._rows(y, n0), self.key(P.OUTER_SAMPLE, k, -1))])
+        (v,) = self.fed.mean(S0, [prob.grad_y_outer(S0.local_ids, self._rows(x, n0), self._rows(y, n0), Sample(self.key(P.OUTER_SAMPLE, k), -1))])
 
         def step(n, r):
             S = clients(n)
             ids, m = S.local_ids, S.local_ids.size
             R = self._rows(r, m)
-            Hr = prob.hvp_yy_inner(ids, self._rows(x, m), self._rows(y, m), R, self.key(P.HVP_SAMPLE, k, n))
+            Hr = prob.hvp_yy_inner(ids, self._rows(x, m), self._rows(y, m), R, Sample(self.key(P.HVP_SAMPLE, k), n))
             (r_next,) = self.fed.mean(S, [R - cfg.neumann_scale * Hr])
             return r_next
 
@@ -205,8 +205,8 @@ class FedNestFamily:
         p = self.fed_ihgp(k, x, y, S)
         prob, ids, n = self.problem, S.local_ids, S.local_ids.size
         X, Y = self._rows(x, n), self._rows(y, n)
-        direct = prob.grad_x_outer(ids, X, Y, self.key(P.OUTER_SAMPLE, k, 0))
-        indirect = prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), self.key(P.HVP_SAMPLE, k, self.cfg.neumann_steps + 1))
+        direct = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
+        indirect = prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), self.cfg.neumann_steps + 1))
         (h,) = self.fed.mean(S, [direct - indirect])
         return h
 
@@ -225,7 +225,7 @@ class FedNestFamily:
         X, Y = self._rows(x, n), self._rows(y, n)
         Xi = X - cfg.outer_lr * h
         for nu in range(1, cfg.outer_local_steps):
-            s = self.key(P.OUTER_SAMPLE, k, nu)
+            s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
             Xi = Xi - cfg.outer_lr * (prob.grad_x_outer(ids, Xi, Y, s) - prob.grad_x_outer(ids, X, Y, s) + h)
         (x_new,) = self.fed.mean(S, [Xi])
         return x_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(h))}
@@ -242,7 +242,7 @@ class FedNestFamily:
         ids, n = S.local_ids, S.local_ids.size
         Xi = self._rows(x, n)
         for nu in range(cfg.outer_local_steps):
-            s = self.key(P.OUTER_SAMPLE, k, nu)
+            s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
             v = prob.grad_y_outer(ids, Xi, Y, s)
             n_prime = None
             if cfg.ihgp_mode == "randomized":
@@ -251,10 +251,10 @@ class FedNestFamily:
 
             def step(j, r, rows=None, Xi=Xi, nu=nu):
                 sub = slice(None) if rows is None else rows.numpy(force=True)
-                return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], Xi[sub], Y[sub], r, self.key(P.HVP_SAMPLE, k, nu, j))
+                return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], Xi[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j))
 
             p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
-            h = prob.grad_x_outer(ids, Xi, Y, s) - prob.jvp_xy_inner(ids, Xi, Y, p, self.key(P.HVP_SAMPLE, k, nu, cfg.neumann_steps + 1))
+            h = prob.grad_x_outer(ids, Xi, Y, s) - prob.jvp_xy_inner(ids, Xi, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1))
             Xi = Xi - cfg.outer_lr * h
         return Xi
 

@@ -70,7 +70,8 @@ def _read_columns(path: Path) -> dict[str, tuple[str, ...]]:
         rows.append(fields)
     if not rows:
         raise DataError(f"'{path}' holds no data rows; download the file again")
-    return {name: tuple(MISSING if v == "?" else v for v in values) for name, values in zip(COLUMNS, zip(*rows))}
+    return {name: tuple(MISSING if v == "?" else v for v in values)
+            for name, values in zip(COLUMNS, zip(*rows))}
 
 
 def _codes(values: tuple[str, ...], names: tuple[str, ...], column: str, path: Path) -> np.ndarray:

@@ -5,9 +5,10 @@
 Every oracle evaluates a **block** of clients in one call: ``clients`` is an integer array of B
 client ids, ``x`` is ``(B, d1)`` and ``y`` is ``(B, d2)`` (row b belongs to ``clients[b]``; a
 shared iterate is passed with ``Tensor.expand``, which copies nothing). ``sample`` is a
-counter-based key (``numpy.uint64``) naming the minibatch / noise draw; the problem combines it
-with each client id, so a client's sample does not depend on its block or rank. ``sample=None``
-means the client's whole local data set (exact local oracle).
+:class:`Sample`: a counter-based key of the round and the index of the local step; the problem
+combines it with each client id (e.g. step nu of a round reads minibatch nu of that client's
+epoch-wise shuffles), so a client's sample does not depend on its block or rank.
+``sample=None`` means the client's whole local data set (exact local oracle).
 
 Subclasses implement the underscored methods; the public ones count oracle calls per client
 (``self.oracle_counts``), which the run records next to the communication counters.
@@ -17,9 +18,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 import torch
+
+class Sample(NamedTuple):
+    """Names a stochastic draw: ``key`` from :func:`fednest_mpi.rng.key` (seed, purpose, round, ...),
+    ``step`` the local step (or Neumann term) within that round."""
+
+    key: int
+    step: int
+
 
 ORACLES = ("grad_x_outer", "grad_y_outer", "grad_y_inner", "hvp_yy_inner", "jvp_xy_inner")
 

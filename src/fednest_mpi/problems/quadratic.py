@@ -17,6 +17,7 @@ where Pa = mean_i P_i a_i. The second-order oracles are exact: nabla^2_yy g_i = 
 nabla^2_xy g_i v = -B_i^T v. With ``gradient_noise = sigma > 0`` every first-order oracle
 called with a sample key adds N(0, sigma^2 I) noise drawn from (sample, client, oracle), an
 unbiased stochastic oracle in the sense of Assumption B.
+
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class QuadraticProblem(BilevelProblem):
     def _noise(self, clients, sample, oracle: str, d: int) -> torch.Tensor | float:
         if sample is None or self.cfg.gradient_noise == 0.0:
             return 0.0
-        z = rng.normal(rng.key(sample, np.asarray(clients, dtype=np.int64), _TAG[oracle]), d)
+        z = rng.normal(rng.key(sample.key, sample.step, np.asarray(clients, dtype=np.int64), _TAG[oracle]), d)
         return self.cfg.gradient_noise * self._t(z)
 
     # -- oracles -------------------------------------------------------------------------------
