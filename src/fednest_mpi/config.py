@@ -50,7 +50,27 @@ class QuadraticConfig:
     outer_regularization: float = spec(1.0, "weight of the (lambda/2)||x||^2 term in every f_i", low=0.0)
 
 
-PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig}
+@dataclass(frozen=True)
+class HyperRepresentationConfig:
+    """Hyper-representation learning on MNIST (paper section 4.1): x = hidden layer, y = linear head."""
+
+    name: str = spec("hyper_representation", "problem kind", choices=("hyper_representation",))
+    dataset: str = spec("mnist", "image data set (same IDX format)", choices=("mnist", "fashion"))
+    data_dir: str = spec("", "data directory; empty: the FEDNEST_DATA environment variable")
+    n_clients: int = spec(100, "number of clients M", low=1)
+    partition: str = spec("shards", "iid; shards: McMahan non-iid (label-sorted shards); dirichlet: label skew",
+                          choices=("iid", "shards", "dirichlet"))
+    shards_per_client: int = spec(2, "shards per client (partition = shards; n_clients * shards_per_client shards)", low=1)
+    dirichlet_alpha: float = spec(0.5, "Dirichlet concentration (partition = dirichlet; small = skewed)", low=0.0, low_open=True)
+    val_fraction: float = spec(0.2, "fraction of each client's samples in its outer (validation) split", low=0.0, low_open=True, high=0.95)
+    hidden: int = spec(200, "width H of the hidden layer (x has 785 H numbers, y 10 H + 10)", low=1)
+    batch_size: int = spec(64, "minibatch size of the inner (FedInn) local steps", low=1)
+    hypergradient_batch_size: int = spec(0, "minibatch of the outer/second-order oracles; 0 = the client's whole split (authors' code)", low=0)
+    inner_regularization: float = spec(0.001, "lambda of the squared L2 term (lambda/2)||y||^2 in g_i (strong convexity)", low=0.0)
+    dropout: float = spec(0.0, "dropout probability before the ReLU in training oracles (authors' code: 0.5)", low=0.0, high=0.9)
+
+
+PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig}
 
 # ----------------------------------------------------------------------------------------------
 # Algorithm
@@ -239,6 +259,11 @@ def validate_relations(cfg: RunConfig) -> None:
         raise ConfigError(
             f"algorithm.clients_per_round: {a.clients_per_round} is more than problem.n_clients = {p.n_clients}; "
             "lower it or add clients"
+        )
+    if isinstance(p, HyperRepresentationConfig) and p.partition == "shards" and 60000 % (p.n_clients * p.shards_per_client):
+        raise ConfigError(
+            f"problem.shards_per_client: {p.n_clients} clients x {p.shards_per_client} shards does not divide the 60000 "
+            "training images into equal shards; choose n_clients * shards_per_client dividing 60000"
         )
     if isinstance(p, QuadraticConfig) and p.smoothness < p.strong_convexity:
         raise ConfigError(

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from fednest_mpi.problems.base import ORACLES, BilevelProblem
+from fednest_mpi.problems.hyperrep import HyperRepresentationProblem
 from fednest_mpi.problems.quadratic import QuadraticProblem
 
-PROBLEMS = {"quadratic": QuadraticProblem}
+PROBLEMS = {"quadratic": QuadraticProblem, "hyper_representation": HyperRepresentationProblem}
 
-__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "QuadraticProblem", "build_problem"]
+__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "HyperRepresentationProblem", "QuadraticProblem", "build_problem"]
 
 
 def build_problem(cfg, seed: int, clients: range, device: str = "cpu", dtype=torch.float64) -> BilevelProblem:

@@ -1,0 +1,115 @@
+"""Hyper-representation oracles against autograd, batching, and a short learning run on real MNIST."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from fednest_mpi import config, rng
+from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.base import Sample
+from fednest_mpi.problems.hyperrep import N_PIXELS
+
+DATA = Path(os.environ.get("FEDNEST_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+pytestmark = pytest.mark.skipif(not (DATA / "mnist").is_dir(), reason=f"MNIST not found under {DATA}")
+
+
+def _cfg(**problem):
+    base = {"name": "hyper_representation", "data_dir": str(DATA), "n_clients": 20, "hidden": 6,
+            "partition": "shards", "batch_size": 16}
+    base.update(problem)
+    return config.from_dict({"problem": base, "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
+
+
+@pytest.fixture(scope="module")
+def problem():
+    cfg = _cfg()
+    return build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64), cfg
+
+
+def _losses(prob, cfg, client, x, y, sample, batch_size, split):
+    """f_i or g_i of one client written with torch.nn.functional, for autograd."""
+    s = prob._forward(split, np.array([client]), x[None], y[None], sample, batch_size)
+    h = cfg.problem.hidden
+    W1, b1 = x[: h * N_PIXELS].reshape(h, N_PIXELS), x[h * N_PIXELS:]
+    W2, b2 = y[: 10 * h].reshape(10, h), y[10 * h:]
+    logits = torch.relu(s["A"][0] @ W1.T + b1) @ W2.T + b2
+    ce = torch.nn.functional.cross_entropy(logits, s["E"][0].argmax(1), reduction="none")
+    return (ce * s["w"][0]).sum()
+
+
+def test_oracles_match_autograd(problem):
+    prob, cfg = problem
+    ids = np.array([4, 7, 11])
+    gen = torch.Generator().manual_seed(0)
+    X = 0.1 * torch.randn(3, prob.dim_x, dtype=torch.float64, generator=gen)
+    Y = 0.3 * torch.randn(3, prob.dim_y, dtype=torch.float64, generator=gen)
+    V = torch.randn(3, prob.dim_y, dtype=torch.float64, generator=gen)
+    lam = cfg.problem.inner_regularization
+    for sample in [None, Sample(rng.key(5), 3)]:
+        gy_in = prob.grad_y_inner(ids, X, Y, sample)
+        gy_out = prob.grad_y_outer(ids, X, Y, sample)
+        gx_out = prob.grad_x_outer(ids, X, Y, sample)
+        hvp = prob.hvp_yy_inner(ids, X, Y, V, sample)
+        jvp = prob.jvp_xy_inner(ids, X, Y, V, sample)
+        for b, c in enumerate(ids):
+            x, y = X[b].clone().requires_grad_(), Y[b].clone().requires_grad_()
+            g = _losses(prob, cfg, c, x, y, sample, cfg.problem.batch_size, prob.inner) + 0.5 * lam * y @ y
+            (dy,) = torch.autograd.grad(g, y, create_graph=True)
+            torch.testing.assert_close(gy_in[b], dy.detach())
+            hv = torch.autograd.grad(dy @ V[b], (y, x))
+            # second-order oracles use the whole split (hypergradient_batch_size = 0)
+            g_full = _losses(prob, cfg, c, x, y, None, 0, prob.inner) + 0.5 * lam * y @ y
+            (dy_full,) = torch.autograd.grad(g_full, y, create_graph=True)
+            hy, hx = torch.autograd.grad(dy_full @ V[b], (y, x))
+            torch.testing.assert_close(hvp[b], hy)
+            torch.testing.assert_close(jvp[b], hx)
+            f = _losses(prob, cfg, c, x, y, None, 0, prob.outer)
+            fx, fy = torch.autograd.grad(f, (x, y))
+            torch.testing.assert_close(gx_out[b], fx)
+            torch.testing.assert_close(gy_out[b], fy)
+            del hv
+
+
+def test_a_client_row_does_not_depend_on_its_batch(problem):
+    prob, _ = problem
+    x, y = prob.initial_point()
+    s = Sample(rng.key(9), 2)
+    alone = prob.grad_y_inner(np.array([7]), x.expand(1, -1), y.expand(1, -1), s)
+    batched = prob.grad_y_inner(np.array([4, 7, 11]), x.expand(3, -1), y.expand(3, -1), s)
+    torch.testing.assert_close(alone[0], batched[1], rtol=1e-12, atol=1e-14)
+
+
+def test_minibatches_cover_each_epoch_once(problem):
+    prob, cfg = problem
+    rows, clients = np.array([0, 1]), np.array([4, 5])
+    count = prob.inner.count[rows]
+    steps = -(-count // cfg.problem.batch_size)
+    for r in range(2):
+        seen = []
+        for step in range(steps[r]):
+            pos, w = prob.inner.batch(rows, clients, Sample(rng.key(1), step), cfg.problem.batch_size)
+            seen.extend(pos[r][w[r] > 0].tolist())
+        assert sorted(seen) == sorted(prob.inner.index[rows[r], : count[r]].tolist())
+
+
+def test_shards_give_mostly_two_labels_per_client(problem):
+    prob, _ = problem
+    labels = [np.unique(prob.targets[torch.as_tensor(prob.inner.index[r, : prob.inner.count[r]])].numpy()) for r in range(8)]
+    assert np.mean([len(lab) <= 2 for lab in labels]) >= 0.75
+
+
+@pytest.mark.slow
+def test_fednest_learns_mnist_representation():
+    from fednest_mpi.runner import simulate
+
+    cfg = config.from_dict({
+        "problem": {"name": "hyper_representation", "data_dir": str(DATA), "partition": "iid", "val_fraction": 0.5},
+        "algorithm": {"outer_iterations": 8, "inner_local_steps": 25, "neumann_steps": 5},
+        "run": {"dtype": "float32"},
+    })
+    acc = simulate(cfg, MPI.COMM_SELF).history["test_accuracy"]
+    assert acc[-1] > 60.0 and acc[-1] > acc[0] + 40.0
