@@ -65,6 +65,22 @@ def _parser() -> argparse.ArgumentParser:
     logy.add_argument("--logy", dest="logy", action="store_const", const=True, default=None, help="log y axis")
     logy.add_argument("--linear-y", dest="logy", action="store_const", const=False,
                       help="linear y axis (default: log for errors/norms spanning more than 2 decades)")
+    epilog_jobs = ("examples:\n  fednest-mpi jobs list jobs/sweeps/quadratic_variants.toml\n"
+                   "  fednest-mpi jobs render jobs/sweeps/quadratic_variants.toml --site jobs/sites/local.toml\n"
+                   "  bash runs/jobs/quadratic_variants/quadratic_variants.local.sh -j 2")
+    jobs = sub.add_parser("jobs", help="batch scripts for a sweep of runs: SLURM job array, one sbatch per run, workstation script",
+                          epilog=epilog_jobs, formatter_class=argparse.RawDescriptionHelpFormatter)
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    ren = jsub.add_parser("render", help="validate a sweep and write its tasks file and scripts for one site",
+                          epilog=epilog_jobs, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ren.add_argument("sweep", help="sweep file (jobs/sweeps/*.toml)")
+    ren.add_argument("--site", "-s", default="jobs/sites/local.toml", help="site file (default: %(default)s)")
+    ren.add_argument("--out-dir", "-o", help="folder for the scripts, tasks file and logs (default: runs/jobs/SWEEP)")
+    ren.add_argument("--workdir", help="folder the jobs run in (default: the current directory)")
+    ren.add_argument("--launcher", choices=("srun", "mpirun"), help="MPI launcher of the SLURM scripts (default: the site's)")
+    ren.add_argument("--no-check", dest="check", action="store_false", help="do not validate every task's config first")
+    lst = jsub.add_parser("list", help="print the runs of a sweep", epilog="example: fednest-mpi jobs list jobs/sweeps/weak_scaling.toml")
+    lst.add_argument("sweep", help="sweep file (jobs/sweeps/*.toml)")
     sub.add_parser("config-doc", help="print the config reference (Markdown) generated from the config definitions",
                    epilog="example: fednest-mpi config-doc > docs/config.md")
     return parser
@@ -151,6 +167,22 @@ def _analyse(args) -> int:
     return 0
 
 
+def _jobs(args) -> int:
+    from fednest_mpi import jobs
+
+    try:
+        if args.jobs_command == "list":
+            print(jobs.describe(jobs.expand(jobs.load_sweep(args.sweep))), end="")
+            return 0
+        paths = jobs.render_all(args.sweep, args.site, args.out_dir, workdir=args.workdir, launcher=args.launcher, check=args.check)
+    except UsageError as exc:
+        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 2
+    print(*paths, sep="\n")
+    print(f"submit: sbatch {paths[1]}\nworkstation: bash {paths[2]} [-j N] [TASK_ID ...]")
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "config-doc":
@@ -160,4 +192,6 @@ def main(argv=None) -> int:
         return 0
     if args.command in ("report", "plot"):
         return _analyse(args)
+    if args.command == "jobs":
+        return _jobs(args)
     return _run(args)

@@ -94,3 +94,12 @@ def test_divergence_stops_with_the_iteration(tmp_path):
     assert "FloatingPointError: iteration" in res.stderr and "diverged" in res.stderr
     _, data = read_run(tmp_path / "x.h5")  # the file holds the iterations before the divergence
     assert len(data["iteration"]) >= 1 and np.all(np.isfinite(data["x_error"]))
+
+
+def test_jobs_render_and_list(tmp_path):
+    res = run_cli("jobs", "list", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml")
+    assert res.returncode == 0 and "fednest_seed0" in res.stdout
+    res = run_cli("jobs", "render", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml", "--site",
+                  ROOT / "jobs" / "sites" / "local.toml", "--out-dir", tmp_path, "--workdir", ROOT)
+    assert res.returncode == 0 and "submit: sbatch" in res.stdout
+    assert run_cli("jobs", "list", tmp_path / "missing.toml").returncode == 2
