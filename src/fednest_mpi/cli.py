@@ -9,6 +9,7 @@ whole MPI job, so no rank is left waiting in a collective.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import traceback
@@ -102,7 +103,7 @@ def _run(args) -> int:
     try:
         overrides = list(args.overrides)
         if args.output:
-            overrides.append(f"run.output={configuration.json.dumps(args.output)}")
+            overrides.append(f"run.output={json.dumps(args.output)}")
         if args.overwrite:
             overrides.append("run.overwrite=true")
         cfg = configuration.load(args.config, overrides)

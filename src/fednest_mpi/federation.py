@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -60,10 +60,6 @@ class CommStats:
     rounds: int = 0
     bytes: int = 0  # bytes of the reduced buffer, per rank (what each rank sends)
     seconds: float = 0.0  # wall time spent inside Allreduce on this rank
-    per_round: list = field(default_factory=list)  # bytes of each round since the last reset_log()
-
-    def reset_log(self) -> None:
-        self.per_round = []
 
 
 class Federation:
@@ -162,7 +158,6 @@ class Federation:
         nbytes = buf.numel() * buf.element_size()
         self.stats.rounds += 1
         self.stats.bytes += nbytes
-        self.stats.per_round.append(nbytes)
         if self.size == 1:
             return
         t0 = MPI.Wtime()

@@ -59,6 +59,7 @@ class QuadraticProblem(BilevelProblem):
         names = ("G", "B", "c", "P", "a", "e")
         self._data = {k: self._t(local[k] if local else np.zeros((0,) + self._base[k].shape[1:])) for k in names}
         self._global = self._global_means()
+        self._x_star = self.solution()
 
     # -- data ----------------------------------------------------------------------------------
     def _client_arrays(self, ids: np.ndarray, base: bool = False) -> dict[str, np.ndarray]:
@@ -187,7 +188,7 @@ class QuadraticProblem(BilevelProblem):
             "outer_objective": float(self.outer_objective(x, y_star)),
             "outer_loss": float(self.outer_objective(x, y)),
             "inner_loss": float(self.inner_objective(x, y)),
-            "x_error": float(torch.linalg.vector_norm(x - self.solution())),
+            "x_error": float(torch.linalg.vector_norm(x - self._x_star)),
             "y_error": float(torch.linalg.vector_norm(y - y_star)),
             "hypergradient_norm": float(torch.linalg.vector_norm(self.hypergradient(x))),
         }
