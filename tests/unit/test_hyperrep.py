@@ -83,6 +83,22 @@ def test_a_client_row_does_not_depend_on_its_batch(problem):
     torch.testing.assert_close(alone[0], batched[1], rtol=1e-12, atol=1e-14)
 
 
+def test_frozen_x_feature_cache_gives_the_same_oracles(problem):
+    prob, _ = problem
+    x, y = prob.initial_point()
+    ids = np.array([3, 5, 6])
+    X, Y = x.expand(3, -1), y.expand(3, -1)
+    samples = [Sample(rng.key(4), 0), Sample(rng.key(4), 7), None]
+    plain = [prob.grad_y_inner(ids, X, Y, s) for s in samples]
+    with prob.outer_fixed(ids, x):
+        assert prob._cached_features(prob.inner, ids, X) is not None
+        cached = [prob.grad_y_inner(ids, X, Y, s) for s in samples]
+        other_x = (x + 1).expand(3, -1)  # a different x must not hit the cache
+        assert prob._cached_features(prob.inner, ids, other_x) is None
+    for a, b in zip(plain, cached):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_minibatches_cover_each_epoch_once(problem):
     prob, cfg = problem
     rows, clients = np.array([0, 1]), np.array([4, 5])
@@ -91,8 +107,8 @@ def test_minibatches_cover_each_epoch_once(problem):
     for r in range(2):
         seen = []
         for step in range(steps[r]):
-            pos, w = prob.inner.batch(rows, clients, Sample(rng.key(1), step), cfg.problem.batch_size)
-            seen.extend(pos[r][w[r] > 0].tolist())
+            cols, w = prob.inner.batch(rows, clients, Sample(rng.key(1), step), cfg.problem.batch_size)
+            seen.extend(prob.inner.positions(rows, cols)[r][w[r] > 0].tolist())
         assert sorted(seen) == sorted(prob.inner.index[rows[r], : count[r]].tolist())
 
 

@@ -149,15 +149,16 @@ class FedNestFamily:
         ids, prob, lr = S.local_ids, self.problem, self.cfg.inner_lr
         n = ids.size
         X, Y0 = self._rows(x, n), self._rows(y, n)
-        if self.variant.inner_variance_reduction:
-            (q,) = self.fed.mean(S, [prob.grad_y_inner(ids, X, Y0, None)])
-        Y = Y0
-        for nu in range(self.cfg.inner_local_steps):
-            s = Sample(self.key(P.INNER_SAMPLE, k, t), nu)
-            d = prob.grad_y_inner(ids, X, Y, s)
+        with prob.outer_fixed(ids, x):
             if self.variant.inner_variance_reduction:
-                d = d - prob.grad_y_inner(ids, X, Y0, s) + q
-            Y = Y - lr * d
+                (q,) = self.fed.mean(S, [prob.grad_y_inner(ids, X, Y0, None)])
+            Y = Y0
+            for nu in range(self.cfg.inner_local_steps):
+                s = Sample(self.key(P.INNER_SAMPLE, k, t), nu)
+                d = prob.grad_y_inner(ids, X, Y, s)
+                if self.variant.inner_variance_reduction:
+                    d = d - prob.grad_y_inner(ids, X, Y0, s) + q
+                Y = Y - lr * d
         return Y
 
     def fed_inn(self, k: int, t: int, x, y) -> torch.Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
@@ -56,6 +57,12 @@ class BilevelProblem(ABC):
     @abstractmethod
     def metric_info(self) -> dict[str, tuple[str, str]]:
         """name -> (description, units) of every metric :meth:`evaluate` returns."""
+
+    @contextmanager
+    def outer_fixed(self, clients, x: torch.Tensor):
+        """Promise that, until exit, oracles on ``clients`` are called with the shared row ``x``
+        (a FedInn round). Problems may cache what depends on x alone; the default caches nothing."""
+        yield
 
     # -- oracles (public: counted) ---------------------------------------------------------------
     def grad_x_outer(self, clients, x, y, sample) -> torch.Tensor:

@@ -30,6 +30,7 @@ masked, so unequal clients evaluate together.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -67,23 +68,28 @@ class _Split:
         self.index = pad  # rows: hosted clients; entries: positions in the rank's sample tensor
 
     def batch(self, rows: np.ndarray, clients: np.ndarray, sample, batch_size: int):
-        """(sample positions (B, b), weights (B, b)) of each client's minibatch; weights sum to 1 per row."""
+        """(columns (B, b) into the rows of :attr:`index`, weights (B, b)) of each client's minibatch;
+        weights sum to 1 per row and are 0 on padding."""
         count = self.count[rows]
+        width = self.index.shape[1]
         if sample is None or batch_size <= 0:
-            pos = self.index[rows]
-            valid = pos >= 0
+            cols = np.broadcast_to(np.arange(width), (len(rows), width))
+            valid = cols < count[:, None]
         else:
-            width = self.index.shape[1]
             steps = -(-count // batch_size)  # batches per epoch
             epoch, j = sample.step // steps, sample.step % steps
             u = rng.uniform(rng.key(sample.key, clients, epoch), width)
             u[np.arange(width)[None, :] >= count[:, None]] = 2.0  # padding sorts last
             perm = np.argsort(u, axis=1, kind="stable")
-            cols = j[:, None] * batch_size + np.arange(batch_size)[None, :]
-            valid = cols < count[:, None]
-            pos = np.take_along_axis(self.index[rows], np.take_along_axis(perm, np.minimum(cols, width - 1), axis=1), axis=1)
+            slots = j[:, None] * batch_size + np.arange(batch_size)[None, :]
+            valid = slots < count[:, None]
+            cols = np.take_along_axis(perm, np.minimum(slots, width - 1), axis=1)
         weights = valid / np.maximum(valid.sum(1, keepdims=True), 1)
-        return np.where(valid, pos, 0), weights
+        return np.where(valid, cols, 0), weights
+
+    def positions(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Sample positions (in the rank's sample tensor) of the given columns; padding -> 0."""
+        return np.maximum(np.take_along_axis(self.index[rows], cols, axis=1), 0)
 
 
 class HyperRepresentationProblem(BilevelProblem):
@@ -111,6 +117,7 @@ class HyperRepresentationProblem(BilevelProblem):
         self.outer = _Split([where[va] for _, va in hosted], self.device)
         self.test_inputs = data.test_x.to(self.device, self.dtype)
         self.test_targets = data.test_y.to(self.device)
+        self._features = None  # (clients, x, hidden features) while x is frozen: outer_fixed
 
     # -- parameters ----------------------------------------------------------------------------
     def _unpack_x(self, x):
@@ -134,22 +141,60 @@ class HyperRepresentationProblem(BilevelProblem):
         return x, y
 
     # -- forward and the pieces every oracle needs -----------------------------------------------
+    def _hidden(self, A, x):
+        """Pre-activations A W1^T + b1 for (B, b, 784) inputs and x rows (one GEMM when x is shared)."""
+        W1, b1 = self._unpack_x(x)
+        if x.shape[0] and x.stride(0) == 0:
+            return A @ W1[0].T + b1[0]
+        return torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2))
+
+    @contextmanager
+    def outer_fixed(self, clients, x):
+        """While x is frozen (FedInn), keep the hidden features of the clients' inner splits.
+
+        Without dropout phi_x(A) does not change inside a FedInn round, so it is computed once
+        per round for all inner samples of ``clients`` (one GEMM) and every local step only
+        gathers its minibatch rows: the 784 x H product leaves the local-step loop.
+        """
+        if self.cfg.dropout > 0:
+            yield
+            return
+        clients = np.asarray(clients, dtype=np.int64)
+        rows = clients - self._first
+        pos = self.inner.positions(rows, np.broadcast_to(np.arange(self.inner.index.shape[1]), (len(rows), self.inner.index.shape[1])))
+        A = self.inputs[torch.as_tensor(pos, device=self.device)]
+        self._features = (clients, x, torch.relu(self._hidden(A, x.expand(len(clients), -1))))
+        try:
+            yield
+        finally:
+            self._features = None
+
+    def _cached_features(self, split, clients, x):
+        if self._features is None or split is not self.inner:
+            return None
+        ids, x_fixed, H = self._features
+        same_x = x.stride(0) == 0 and x.data_ptr() == x_fixed.data_ptr()
+        return H if same_x and np.array_equal(ids, clients) else None
+
     def _forward(self, split: _Split, clients, x, y, sample, batch_size):
         clients = np.asarray(clients, dtype=np.int64)
         rows = clients - self._first
-        pos, weights = split.batch(rows, clients, sample, batch_size)
-        A = self.inputs[torch.as_tensor(pos, device=self.device)]  # (B, b, 784)
-        t = self.targets[torch.as_tensor(pos, device=self.device)]
+        cols, weights = split.batch(rows, clients, sample, batch_size)
+        pos = torch.as_tensor(split.positions(rows, cols), device=self.device)
+        t = self.targets[pos]
         w = torch.as_tensor(weights, dtype=self.dtype, device=self.device)
-        W1, b1 = self._unpack_x(x)
-        if x.shape[0] and x.stride(0) == 0:  # one shared x: a single GEMM
-            pre = A @ W1[0].T + b1[0]
+        cached = self._cached_features(split, clients, x)
+        if cached is not None:  # x frozen: no input pass, no x-gradients needed
+            A = pre = drop = None
+            flat = torch.as_tensor(cols + np.arange(len(cols))[:, None] * cached.shape[1], device=self.device)
+            H = cached.flatten(0, 1).index_select(0, flat.flatten()).reshape(*cols.shape, -1)
         else:
-            pre = torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2))
-        drop = self._dropout(clients, sample, pre.shape) if self.cfg.dropout > 0 else None
-        if drop is not None:
-            pre = pre * drop
-        H = torch.relu(pre)
+            A = self.inputs[pos]  # (B, b, 784)
+            pre = self._hidden(A, x)
+            drop = self._dropout(clients, sample, pre.shape) if self.cfg.dropout > 0 else None
+            if drop is not None:
+                pre = pre * drop
+            H = torch.relu(pre)
         W2, b2 = self._unpack_y(y)
         logits = torch.baddbmm(b2[:, None, :], H, W2.transpose(1, 2))
         P = torch.softmax(logits, dim=-1)
