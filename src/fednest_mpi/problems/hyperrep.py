@@ -36,60 +36,13 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.data import dirichlet_partition, iid_partition, load_mnist, resolve_data_dir, shard_partition, split_inner_outer
+from fednest_mpi.data import load_mnist, resolve_data_dir
 from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.problems.clientdata import ClientSplit, HostedSamples, partition_clients
 
 N_PIXELS, N_CLASSES = 784, 10
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
-
-
-def partition_clients(labels: np.ndarray, cfg, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per client (inner/train indices, outer/validation indices) into the training set."""
-    if cfg.partition == "iid":
-        parts = iid_partition(len(labels), cfg.n_clients, seed)
-    elif cfg.partition == "shards":
-        parts = shard_partition(labels, cfg.n_clients, seed, n_shards=cfg.n_clients * cfg.shards_per_client,
-                                shards_per_client=cfg.shards_per_client)
-    else:
-        parts = dirichlet_partition(labels, cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=2)
-    return split_inner_outer(parts, cfg.val_fraction, seed)
-
-
-class _Split:
-    """One kind of local data (inner or outer) of the hosted clients, padded to a matrix."""
-
-    def __init__(self, index_lists: list[np.ndarray], device):
-        self.count = np.array([len(ix) for ix in index_lists], dtype=np.int64)
-        width = int(self.count.max()) if len(index_lists) else 1
-        pad = np.full((len(index_lists), width), -1, dtype=np.int64)
-        for row, ix in enumerate(index_lists):
-            pad[row, : len(ix)] = ix
-        self.index = pad  # rows: hosted clients; entries: positions in the rank's sample tensor
-
-    def batch(self, rows: np.ndarray, clients: np.ndarray, sample, batch_size: int):
-        """(columns (B, b) into the rows of :attr:`index`, weights (B, b)) of each client's minibatch;
-        weights sum to 1 per row and are 0 on padding."""
-        count = self.count[rows]
-        width = self.index.shape[1]
-        if sample is None or batch_size <= 0:
-            cols = np.broadcast_to(np.arange(width), (len(rows), width))
-            valid = cols < count[:, None]
-        else:
-            steps = -(-count // batch_size)  # batches per epoch
-            epoch, j = sample.step // steps, sample.step % steps
-            u = rng.uniform(rng.key(sample.key, clients, epoch), width)
-            u[np.arange(width)[None, :] >= count[:, None]] = 2.0  # padding sorts last
-            perm = np.argsort(u, axis=1, kind="stable")
-            slots = j[:, None] * batch_size + np.arange(batch_size)[None, :]
-            valid = slots < count[:, None]
-            cols = np.take_along_axis(perm, np.minimum(slots, width - 1), axis=1)
-        weights = valid / np.maximum(valid.sum(1, keepdims=True), 1)
-        return np.where(valid, cols, 0), weights
-
-    def positions(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """Sample positions (in the rank's sample tensor) of the given columns; padding -> 0."""
-        return np.maximum(np.take_along_axis(self.index[rows], cols, axis=1), 0)
 
 
 class HyperRepresentationProblem(BilevelProblem):
@@ -103,18 +56,10 @@ class HyperRepresentationProblem(BilevelProblem):
         h = cfg.hidden
         self.dim_x, self.dim_y = h * N_PIXELS + h, N_CLASSES * h + N_CLASSES
         data = load_mnist(resolve_data_dir(cfg.data_dir or None, cfg.dataset), variant=cfg.dataset)
-        labels = data.train_y.numpy()
-        splits = partition_clients(labels, cfg, seed)
-        self._first = clients.start if len(clients) else 0
-        hosted = [splits[i] for i in clients]
-        # the rank keeps only its clients' samples, once, normalised, on the device
-        used = np.unique(np.concatenate([np.concatenate(s) for s in hosted])) if hosted else np.zeros(0, np.int64)
-        where = np.full(len(labels), -1, dtype=np.int64)
-        where[used] = np.arange(len(used))
-        self.inputs = data.train_x[used].to(self.device, self.dtype)
-        self.targets = data.train_y[used].to(self.device)
-        self.inner = _Split([where[tr] for tr, _ in hosted], self.device)
-        self.outer = _Split([where[va] for _, va in hosted], self.device)
+        splits = partition_clients(data.train_y.numpy(), cfg, seed)
+        hosted = HostedSamples(data.train_x, data.train_y, splits, clients, self.device, self.dtype)
+        self._first = hosted.first
+        self.inputs, self.targets, self.inner, self.outer = hosted.inputs, hosted.targets, hosted.inner, hosted.outer
         self.test_inputs = data.test_x.to(self.device, self.dtype)
         self.test_targets = data.test_y.to(self.device)
         self._features = None  # (clients, x, hidden features) while x is frozen: outer_fixed
@@ -176,7 +121,7 @@ class HyperRepresentationProblem(BilevelProblem):
         same_x = x.stride(0) == 0 and x.data_ptr() == x_fixed.data_ptr()
         return H if same_x and np.array_equal(ids, clients) else None
 
-    def _forward(self, split: _Split, clients, x, y, sample, batch_size):
+    def _forward(self, split: ClientSplit, clients, x, y, sample, batch_size):
         clients = np.asarray(clients, dtype=np.int64)
         rows = clients - self._first
         cols, weights = split.batch(rows, clients, sample, batch_size)

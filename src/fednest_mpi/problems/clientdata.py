@@ -1,0 +1,78 @@
+"""Client data of a rank: partition of a labelled training set into clients, each with its own
+inner (train, g_i) and outer (validation, f_i) split, padded to matrices for batched oracles.
+
+Deterministic in the seed and independent of the number of ranks: the partition is computed
+identically on every rank from the full label vector, and each rank then keeps only the samples
+of the clients it hosts, once, normalised, on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fednest_mpi import rng
+from fednest_mpi.data import dirichlet_partition, iid_partition, shard_partition, split_inner_outer
+
+
+def partition_clients(labels: np.ndarray, cfg, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per client (inner/train indices, outer/validation indices) into the training set."""
+    if cfg.partition == "iid":
+        parts = iid_partition(len(labels), cfg.n_clients, seed)
+    elif cfg.partition == "shards":
+        parts = shard_partition(labels, cfg.n_clients, seed, n_shards=cfg.n_clients * cfg.shards_per_client,
+                                shards_per_client=cfg.shards_per_client)
+    else:
+        parts = dirichlet_partition(labels, cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=2)
+    return split_inner_outer(parts, cfg.val_fraction, seed)
+
+
+class ClientSplit:
+    """One kind of local data (inner or outer) of the hosted clients, padded to a matrix."""
+
+    def __init__(self, index_lists: list[np.ndarray]):
+        self.count = np.array([len(ix) for ix in index_lists], dtype=np.int64)
+        width = int(self.count.max()) if len(index_lists) else 1
+        pad = np.full((len(index_lists), width), -1, dtype=np.int64)
+        for row, ix in enumerate(index_lists):
+            pad[row, : len(ix)] = ix
+        self.index = pad  # rows: hosted clients; entries: positions in the rank's sample tensor
+
+    def batch(self, rows: np.ndarray, clients: np.ndarray, sample, batch_size: int):
+        """(columns (B, b) into the rows of :attr:`index`, weights (B, b)) of each client's minibatch;
+        weights sum to 1 per row and are 0 on padding."""
+        count = self.count[rows]
+        width = self.index.shape[1]
+        if sample is None or batch_size <= 0:
+            cols = np.broadcast_to(np.arange(width), (len(rows), width))
+            valid = cols < count[:, None]
+        else:
+            steps = -(-count // batch_size)  # batches per epoch
+            epoch, j = sample.step // steps, sample.step % steps
+            u = rng.uniform(rng.key(sample.key, clients, epoch), width)
+            u[np.arange(width)[None, :] >= count[:, None]] = 2.0  # padding sorts last
+            perm = np.argsort(u, axis=1, kind="stable")
+            slots = j[:, None] * batch_size + np.arange(batch_size)[None, :]
+            valid = slots < count[:, None]
+            cols = np.take_along_axis(perm, np.minimum(slots, width - 1), axis=1)
+        weights = valid / np.maximum(valid.sum(1, keepdims=True), 1)
+        return np.where(valid, cols, 0), weights
+
+    def positions(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Sample positions (in the rank's sample tensor) of the given columns; padding -> 0."""
+        return np.maximum(np.take_along_axis(self.index[rows], cols, axis=1), 0)
+
+
+class HostedSamples:
+    """The samples of the hosted ``clients`` (a range of client ids) with their two splits."""
+
+    def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, splits, clients: range, device, dtype):
+        self.first = clients.start if len(clients) else 0
+        hosted = [splits[i] for i in clients]
+        used = np.unique(np.concatenate([np.concatenate(s) for s in hosted])) if hosted else np.zeros(0, np.int64)
+        where = np.full(len(train_y), -1, dtype=np.int64)
+        where[used] = np.arange(len(used))
+        self.inputs = train_x[used].to(device, dtype)
+        self.targets = train_y[used].to(device)
+        self.inner = ClientSplit([where[tr] for tr, _ in hosted])
+        self.outer = ClientSplit([where[va] for _, va in hosted])
