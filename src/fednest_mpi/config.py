@@ -51,10 +51,10 @@ class QuadraticConfig:
 
 
 @dataclass(frozen=True)
-class HyperRepresentationConfig:
-    """Hyper-representation learning on MNIST (paper section 4.1): x = hidden layer, y = linear head."""
+class ImageClientsConfig:
+    """Fields shared by the MNIST problems: data, clients and their local splits, minibatches."""
 
-    name: str = spec("hyper_representation", "problem kind", choices=("hyper_representation",))
+    name: str = spec("", "problem kind")
     dataset: str = spec("mnist", "image data set (same IDX format)", choices=("mnist", "fashion"))
     data_dir: str = spec("", "data directory; empty: the FEDNEST_DATA environment variable")
     n_clients: int = spec(100, "number of clients M", low=1)
@@ -63,14 +63,33 @@ class HyperRepresentationConfig:
     shards_per_client: int = spec(2, "shards per client (partition = shards; n_clients * shards_per_client shards)", low=1)
     dirichlet_alpha: float = spec(0.5, "Dirichlet concentration (partition = dirichlet; small = skewed)", low=0.0, low_open=True)
     val_fraction: float = spec(0.2, "fraction of each client's samples in its outer (validation) split", low=0.0, low_open=True, high=0.95)
-    hidden: int = spec(200, "width H of the hidden layer (x has 785 H numbers, y 10 H + 10)", low=1)
     batch_size: int = spec(64, "minibatch size of the inner (FedInn) local steps", low=1)
     hypergradient_batch_size: int = spec(0, "minibatch of the outer/second-order oracles; 0 = the client's whole split (authors' code)", low=0)
     inner_regularization: float = spec(0.001, "lambda of the squared L2 term (lambda/2)||y||^2 in g_i (strong convexity)", low=0.0)
+
+
+@dataclass(frozen=True)
+class HyperRepresentationConfig(ImageClientsConfig):
+    """Hyper-representation learning on MNIST (paper section 4.1): x = hidden layer, y = linear head."""
+
+    name: str = spec("hyper_representation", "problem kind", choices=("hyper_representation",))
+    hidden: int = spec(200, "width H of the hidden layer (x has 785 H numbers, y 10 H + 10)", low=1)
     dropout: float = spec(0.0, "dropout probability before the ReLU in training oracles (authors' code: 0.5)", low=0.0, high=0.9)
 
 
-PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig}
+@dataclass(frozen=True)
+class LossTuningConfig(ImageClientsConfig):
+    """VS-loss tuning on long-tail MNIST (paper section 4.2): x = logit adjustments, y = a 3-layer MLP."""
+
+    name: str = spec("loss_tuning", "problem kind", choices=("loss_tuning",))
+    imbalance_ratio: float = spec(100.0, "size ratio of the largest to the smallest class of the long-tail training set", low=1.0)
+    max_per_class: int = spec(6000, "size of the largest class before the exponential decay", low=1)
+    hidden1: int = spec(200, "width of the first hidden layer of the MLP y", low=1)
+    hidden2: int = spec(100, "width of the second hidden layer of the MLP y", low=1)
+    tune_loss: bool = spec(True, "tune the VS-loss x; false: plain cross-entropy with x fixed at 0 (the untuned baseline)")
+
+
+PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig}
 
 # ----------------------------------------------------------------------------------------------
 # Algorithm

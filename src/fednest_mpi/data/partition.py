@@ -3,7 +3,8 @@
 * :func:`iid_partition`: a random permutation cut into equal parts, ``n_samples // n_clients``
   samples per client (McMahan et al. 2017, IID case; the remainder is left unused).
 * :func:`shard_partition`: McMahan et al.'s pathological non-IID split: indices sorted by label,
-  cut into ``n_shards`` equal shards, ``shards_per_client`` random shards per client.
+  cut into ``n_shards`` equal (or, if asked, nearly equal) shards, ``shards_per_client`` random
+  shards per client.
 * :func:`dirichlet_partition`: label skew (Hsu et al. 2019): each class is shared among clients in
   proportions drawn from Dirichlet(alpha), redrawn until every client has ``min_size`` samples.
 * :func:`split_inner_outer`: each client's indices split into an inner (training) part and an
@@ -56,24 +57,26 @@ def iid_partition(n_samples: int, n_clients: int, seed: int) -> list[np.ndarray]
 
 
 def shard_partition(labels, n_clients: int, seed: int, n_shards: int = 200,
-                    shards_per_client: int = 2) -> list[np.ndarray]:
-    """Label-sorted indices cut into ``n_shards`` equal shards; ``shards_per_client`` random ones each.
+                    shards_per_client: int = 2, equal_shards: bool = True) -> list[np.ndarray]:
+    """Label-sorted indices cut into ``n_shards`` shards; ``shards_per_client`` random ones each.
 
-    Needs ``n_shards`` to divide the number of samples and ``n_clients * shards_per_client <=
-    n_shards``; shards left over are unused.
+    With ``equal_shards`` (McMahan et al.) ``n_shards`` must divide the number of samples;
+    otherwise shard sizes differ by at most one (no sample dropped: a long-tailed set keeps all of
+    its rarest class). Needs ``n_clients * shards_per_client <= n_shards``; shards left over are
+    unused.
     """
     labels = _labels(labels)
     n = len(labels)
     if n_shards < 1 or shards_per_client < 1:
         raise ValueError(f"n_shards and shards_per_client must be at least 1, got {n_shards} and "
                          f"{shards_per_client}")
-    if n % n_shards:
+    if equal_shards and n % n_shards:
         raise ValueError(f"{n} samples cannot be cut into {n_shards} equal shards; choose n_shards "
                          f"dividing {n}")
     _check_clients(n_shards, n_clients, shards_per_client)
-    shards = np.argsort(labels, kind="stable").reshape(n_shards, n // n_shards)
+    shards = np.array_split(np.argsort(labels, kind="stable"), n_shards)
     order = rng.permutation(rng.key(seed, _SHARDS), n_shards)
-    return [np.sort(shards[order[i * shards_per_client:(i + 1) * shards_per_client]].ravel())
+    return [np.sort(np.concatenate([shards[j] for j in order[i * shards_per_client:(i + 1) * shards_per_client]]))
             for i in range(n_clients)]
 
 

@@ -6,11 +6,12 @@ import torch
 
 from fednest_mpi.problems.base import ORACLES, BilevelProblem
 from fednest_mpi.problems.hyperrep import HyperRepresentationProblem
+from fednest_mpi.problems.losstuning import LossTuningProblem
 from fednest_mpi.problems.quadratic import QuadraticProblem
 
-PROBLEMS = {"quadratic": QuadraticProblem, "hyper_representation": HyperRepresentationProblem}
+PROBLEMS = {"quadratic": QuadraticProblem, "hyper_representation": HyperRepresentationProblem, "loss_tuning": LossTuningProblem}
 
-__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "HyperRepresentationProblem", "QuadraticProblem", "build_problem"]
+__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "HyperRepresentationProblem", "LossTuningProblem", "QuadraticProblem", "build_problem"]
 
 
 def build_problem(cfg, seed: int, clients: range, device: str = "cpu", dtype=torch.float64) -> BilevelProblem:

@@ -15,13 +15,13 @@ from fednest_mpi import rng
 from fednest_mpi.data import dirichlet_partition, iid_partition, shard_partition, split_inner_outer
 
 
-def partition_clients(labels: np.ndarray, cfg, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per client (inner/train indices, outer/validation indices) into the training set."""
+def partition_clients(labels: np.ndarray, cfg, seed: int, equal_shards: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per client (inner/train indices, outer/validation indices) into ``labels``."""
     if cfg.partition == "iid":
         parts = iid_partition(len(labels), cfg.n_clients, seed)
     elif cfg.partition == "shards":
         parts = shard_partition(labels, cfg.n_clients, seed, n_shards=cfg.n_clients * cfg.shards_per_client,
-                                shards_per_client=cfg.shards_per_client)
+                                shards_per_client=cfg.shards_per_client, equal_shards=equal_shards)
     else:
         parts = dirichlet_partition(labels, cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=2)
     return split_inner_outer(parts, cfg.val_fraction, seed)

@@ -1,0 +1,143 @@
+"""Loss-function tuning on long-tail MNIST: data, batched oracles against an unbatched autograd
+reference, the untuned baseline, and the outer weights' unbiasedness."""
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fednest_mpi import config, rng
+from fednest_mpi.data import load_mnist
+from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.base import Sample
+
+DATA = Path(os.environ.get("FEDNEST_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+pytestmark = pytest.mark.skipif(not (DATA / "mnist").is_dir(), reason=f"MNIST not found under {DATA}")
+
+
+def _cfg(**problem):
+    base = {"name": "loss_tuning", "data_dir": str(DATA), "n_clients": 20, "hidden1": 7, "hidden2": 5,
+            "partition": "shards", "batch_size": 16}
+    base.update(problem)
+    return config.from_dict({"problem": base, "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
+
+
+@pytest.fixture(scope="module")
+def problem():
+    cfg = _cfg()
+    return build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64), cfg
+
+
+def _mlp(y, a, widths):
+    """Unbatched reference network written with F.linear."""
+    at, h = 0, a
+    for j, (inp, out) in enumerate(zip(widths[:-1], widths[1:])):
+        W = y[at: at + out * inp].reshape(out, inp)
+        at += out * inp
+        h = torch.nn.functional.linear(h, W, y[at: at + out])
+        at += out
+        if j < len(widths) - 2:
+            h = torch.relu(h)
+    return h
+
+
+def _client_batch(prob, split, client, sample, batch_size):
+    rows = np.array([client - prob._first])
+    cols, w = split.batch(rows, np.array([client]), sample, batch_size)
+    keep = w[0] > 0
+    pos = torch.as_tensor(split.positions(rows, cols)[0][keep])
+    return prob.inputs[pos], prob.targets[pos], torch.as_tensor(w[0][keep])
+
+
+def _g(prob, cfg, client, x, y, sample, batch_size):
+    a, t, w = _client_batch(prob, prob.inner, client, sample, batch_size)
+    z = _mlp(y, a, prob.widths) * torch.exp(x[:10]) + x[10:]
+    ce = torch.nn.functional.cross_entropy(z, t, reduction="none")
+    return (w * ce).sum() + 0.5 * cfg.problem.inner_regularization * y @ y
+
+
+def _f(prob, client, y):
+    a, t, w = _client_batch(prob, prob.outer, client, None, 0)
+    ce = torch.nn.functional.cross_entropy(_mlp(y, a, prob.widths), t, reduction="none")
+    return (w * prob.class_weights[t] * ce).sum()
+
+
+def test_long_tail_class_sizes_follow_the_exponential_profile(problem):
+    prob, cfg = problem
+    labels = load_mnist(DATA / "mnist").train_y.numpy()
+    available = np.bincount(labels, minlength=10)
+    mu = 100.0 ** (-1 / 9)
+    expected = [min(math.ceil(6000 * mu**c), available[c]) for c in range(10)]
+    assert prob.class_sizes.tolist() == expected
+    assert 95 < prob.class_sizes[0] / prob.class_sizes[9] <= 100
+
+
+def test_outer_weights_make_the_long_tail_mean_a_balanced_mean(problem):
+    prob, _ = problem
+    # sum_c n_c omega_c / n = 1 and every class carries the same total weight n_c omega_c
+    mass = torch.as_tensor(prob.class_sizes, dtype=torch.float64) * prob.class_weights
+    torch.testing.assert_close(mass / mass.sum(), torch.full((10,), 0.1, dtype=torch.float64))
+    torch.testing.assert_close(mass.sum() / prob.class_sizes.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_batched_oracles_match_unbatched_autograd(problem):
+    prob, cfg = problem
+    gen = torch.Generator().manual_seed(1)
+    clients = np.array([5, 9, 4])
+    X = 0.3 * torch.randn(3, prob.dim_x, generator=gen, dtype=torch.float64)
+    Y = prob.initial_point()[1] + 0.05 * torch.randn(3, prob.dim_y, generator=gen, dtype=torch.float64)
+    V = torch.randn(3, prob.dim_y, generator=gen, dtype=torch.float64)
+    s = Sample(rng.key(7), 3)
+    gy_in = prob.grad_y_inner(clients, X, Y, s)
+    gy_out = prob.grad_y_outer(clients, X, Y, s)
+    hvp = prob.hvp_yy_inner(clients, X, Y, V, s)
+    jvp = prob.jvp_xy_inner(clients, X, Y, V, s)
+    assert torch.count_nonzero(prob.grad_x_outer(clients, X, Y, s)) == 0  # f does not depend on x
+    for b, c in enumerate(clients):
+        x, y = X[b].clone().requires_grad_(), Y[b].clone().requires_grad_()
+        (dy,) = torch.autograd.grad(_g(prob, cfg, c, x, y, s, cfg.problem.batch_size), y)
+        torch.testing.assert_close(gy_in[b], dy)
+        # second-order products use the whole split (hypergradient_batch_size = 0)
+        _, hy = torch.autograd.functional.vhp(lambda yy: _g(prob, cfg, c, X[b], yy, None, 0), Y[b], V[b])
+        torch.testing.assert_close(hvp[b], hy)
+        jx = torch.autograd.functional.jacobian(
+            lambda xx: torch.autograd.grad(_g(prob, cfg, c, xx, y, None, 0), y, create_graph=True)[0] @ V[b], X[b])
+        torch.testing.assert_close(jvp[b], jx)
+        (fy,) = torch.autograd.grad(_f(prob, c, y), y)
+        torch.testing.assert_close(gy_out[b], fy)
+
+
+def test_a_client_row_does_not_depend_on_its_batch(problem):
+    prob, _ = problem
+    x, y = prob.initial_point()
+    s = Sample(rng.key(2), 1)
+    alone = prob.grad_y_inner(np.array([7]), x.expand(1, -1), y.expand(1, -1), s)
+    batched = prob.grad_y_inner(np.array([4, 7, 11]), x.expand(3, -1), y.expand(3, -1), s)
+    torch.testing.assert_close(alone[0], batched[1], rtol=1e-12, atol=1e-14)
+
+
+def test_untuned_baseline_is_plain_cross_entropy_with_frozen_x():
+    cfg = _cfg(tune_loss=False)
+    prob = build_problem(cfg.problem, 0, range(0, 3), dtype=torch.float64)
+    x, y = prob.initial_point()
+    assert torch.count_nonzero(x) == 0
+    X = torch.ones(2, prob.dim_x, dtype=torch.float64)  # ignored when the loss is not tuned
+    ids = np.array([0, 2])
+    v = torch.randn(2, prob.dim_y, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert torch.count_nonzero(prob.jvp_xy_inner(ids, X, y.expand(2, -1), v, None)) == 0
+    tuned = build_problem(_cfg().problem, 0, range(0, 3), dtype=torch.float64)
+    # at x = 0 the VS-loss is plain cross-entropy: tuned and untuned inner gradients agree
+    torch.testing.assert_close(prob.grad_y_inner(ids, X, y.expand(2, -1), None),
+                               tuned.grad_y_inner(ids, torch.zeros_like(X), y.expand(2, -1), None))
+
+
+def test_non_iid_clients_see_few_classes_and_keep_the_rarest_class(problem):
+    prob, _ = problem
+    labels = [np.unique(prob.targets[torch.as_tensor(prob.inner.index[r, : prob.inner.count[r]])].numpy()) for r in range(8)]
+    assert np.mean([len(lab) <= 3 for lab in labels]) >= 0.75
+    cfg = _cfg(n_clients=100)
+    everyone = build_problem(cfg.problem, 0, range(100), dtype=torch.float64)
+    assert int((everyone.targets == 9).sum()) == everyone.class_sizes[9]  # no sample dropped by the shards
