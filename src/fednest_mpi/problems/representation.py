@@ -1,0 +1,213 @@
+"""Closed-form batched oracles of hyper-representation learning (FedNest paper section 4.1),
+shared by every problem with that structure (MNIST: :mod:`.hyperrep`; Synthetic(alpha, beta):
+:mod:`.synthetic`). No MPI, no data source: subclasses say where a client's samples are.
+
+A d-H-C network. The outer variable x is the representation layer (W1, b1: H d + H numbers),
+the inner variable y the linear head (W2, b2: C H + C):
+
+    g_i(x, y) = CE(head_y(phi_x(A)), t) on client i's inner (train) split + (lambda/2) ||y||^2
+    f_i(x, y) = CE(head_y(phi_x(A)), t) on client i's outer (validation) split
+
+with phi_x(A) = relu(dropout(A W1^T + b1)) (dropout before the ReLU, as in the authors' code;
+off by default). The squared L2 term makes every g_i lambda-strongly convex in y, as the paper
+assumes (Assumption 1).
+
+All oracles are batched matrix products over a block of clients (no per-client Python loop, no
+autograd graph): the head is a generalised linear model, so with P = softmax, E = one-hot
+labels, m_j the minibatch weights and J = diag(p) - p p^T,
+
+    nabla_y CE         = sum_j m_j (p_j - e_j) [h_j; 1]^T
+    nabla^2_yy CE . v  = sum_j m_j J_j (V2 h_j + vb2) [h_j; 1]^T                    (eq. (10b) products)
+    nabla^2_xy CE . v  = back-propagation of  m_j [V2^T (p_j - e_j) + W2^T J_j (V2 h_j + vb2)]
+                         through phi_x                                            (eq. (10a) products)
+
+(checked against autograd in ``tests/unit/test_hyperrep.py`` and ``tests/unit/test_synthetic.py``).
+
+Data access (the subclass contract): :meth:`_locate` maps a split handle (``self.inner`` or
+``self.outer``) and a block of client ids to ``(split, rows, inputs, targets)``: a
+:class:`~fednest_mpi.problems.clientdata.ClientSplit` whose ``rows`` are the clients, and the
+sample tensors its positions index. Minibatches are drawn by ``ClientSplit.batch`` (keyed by the
+sample key and the client id, so independent of the block and the rank); clients with fewer
+samples are padded and masked.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from fednest_mpi import rng
+from fednest_mpi.problems.base import BilevelProblem
+
+_DROPOUT_TAG = 11
+_EVAL_CHUNK = 5000
+
+
+class RepresentationProblem(BilevelProblem):
+    """x = representation layer d -> H, y = linear head H -> C; see the module docstring.
+
+    Subclasses set ``cfg`` (fields ``hidden``, ``dropout``, ``batch_size``,
+    ``hypergradient_batch_size``, ``inner_regularization``), ``seed``, ``device``, ``dtype``,
+    ``test_inputs``/``test_targets`` (the evaluation set) and call :meth:`_set_shape`.
+    """
+
+    inner: object
+    outer: object
+
+    def _set_shape(self, n_inputs: int, hidden: int, n_classes: int) -> None:
+        self.n_inputs, self.hidden, self.n_classes = n_inputs, hidden, n_classes
+        self.dim_x, self.dim_y = hidden * n_inputs + hidden, n_classes * hidden + n_classes
+        self._features = None  # (clients, x, hidden features) while x is frozen: outer_fixed
+
+    @abstractmethod
+    def _locate(self, split, clients: np.ndarray):
+        """(ClientSplit, rows of ``clients`` in it, inputs (n, d), targets (n,)) for a split handle."""
+
+    # -- parameters ----------------------------------------------------------------------------
+    def _unpack_x(self, x):
+        h, d = self.hidden, self.n_inputs
+        return x[:, : h * d].reshape(-1, h, d), x[:, h * d:]
+
+    def _unpack_y(self, y):
+        h, c = self.hidden, self.n_classes
+        return y[:, : c * h].reshape(-1, c, h), y[:, c * h:]
+
+    def initial_point(self):
+        """PyTorch's default Linear initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), keyed by the seed."""
+
+        def uniform(tag, n, fan_in):
+            u = rng.uniform(rng.key(self.seed, rng.Purpose.INIT, tag), n)
+            return torch.as_tensor((2 * u - 1) / math.sqrt(fan_in), dtype=self.dtype, device=self.device)
+
+        return uniform(1, self.dim_x, self.n_inputs), uniform(2, self.dim_y, self.hidden)
+
+    # -- forward and the pieces every oracle needs -----------------------------------------------
+    def _hidden(self, A, x):
+        """Pre-activations A W1^T + b1 for (B, b, d) inputs and x rows (one GEMM when x is shared)."""
+        W1, b1 = self._unpack_x(x)
+        if x.shape[0] and x.stride(0) == 0:
+            return A @ W1[0].T + b1[0]
+        return torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2))
+
+    @contextmanager
+    def outer_fixed(self, clients, x):
+        """While x is frozen (FedInn), keep the hidden features of the clients' inner splits.
+
+        Without dropout phi_x(A) does not change inside a FedInn round, so it is computed once
+        per round for all inner samples of ``clients`` (one GEMM) and every local step only
+        gathers its minibatch rows: the d x H product leaves the local-step loop.
+        """
+        if self.cfg.dropout > 0:
+            yield
+            return
+        clients = np.asarray(clients, dtype=np.int64)
+        split, rows, inputs, _ = self._locate(self.inner, clients)
+        width = split.index.shape[1]
+        pos = split.positions(rows, np.broadcast_to(np.arange(width), (len(rows), width)))
+        A = inputs[torch.as_tensor(pos, device=self.device)]
+        self._features = (clients, x, torch.relu(self._hidden(A, x.expand(len(clients), -1))))
+        try:
+            yield
+        finally:
+            self._features = None
+
+    def _cached_features(self, split, clients, x):
+        if self._features is None or split is not self.inner:
+            return None
+        ids, x_fixed, H = self._features
+        same_x = x.stride(0) == 0 and x.data_ptr() == x_fixed.data_ptr()
+        return H if same_x and np.array_equal(ids, clients) else None
+
+    def _forward(self, split, clients, x, y, sample, batch_size):
+        clients = np.asarray(clients, dtype=np.int64)
+        part, rows, inputs, targets = self._locate(split, clients)
+        cols, weights = part.batch(rows, clients, sample, batch_size)
+        pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
+        t = targets[pos]
+        w = torch.as_tensor(weights, dtype=self.dtype, device=self.device)
+        cached = self._cached_features(split, clients, x)
+        if cached is not None:  # x frozen: no input pass, no x-gradients needed
+            A = pre = drop = None
+            flat = torch.as_tensor(cols + np.arange(len(cols))[:, None] * cached.shape[1], device=self.device)
+            H = cached.flatten(0, 1).index_select(0, flat.flatten()).reshape(*cols.shape, -1)
+        else:
+            A = inputs[pos]  # (B, b, d)
+            pre = self._hidden(A, x)
+            drop = self._dropout(clients, sample, pre.shape) if self.cfg.dropout > 0 else None
+            if drop is not None:
+                pre = pre * drop
+            H = torch.relu(pre)
+        W2, b2 = self._unpack_y(y)
+        logits = torch.baddbmm(b2[:, None, :], H, W2.transpose(1, 2))
+        P = torch.softmax(logits, dim=-1)
+        E = torch.nn.functional.one_hot(t, self.n_classes).to(self.dtype)
+        return {"A": A, "w": w, "pre": pre, "drop": drop, "H": H, "W2": W2, "P": P, "E": E, "logits": logits}
+
+    def _dropout(self, clients, sample, shape):
+        step = -1 if sample is None else sample.step
+        key = 0 if sample is None else sample.key
+        u = rng.uniform(rng.key(key, step, clients, _DROPOUT_TAG), shape[1] * shape[2]).reshape(shape)
+        keep = 1.0 - self.cfg.dropout
+        return torch.as_tensor((u < keep) / keep, dtype=self.dtype, device=self.device)
+
+    def _backprop_x(self, s, grad_h):
+        """nabla_x of sum_j <grad_h_j, h_j>: through the ReLU and dropout to (W1, b1)."""
+        dz = grad_h * (s["pre"] > 0)
+        if s["drop"] is not None:
+            dz = dz * s["drop"]
+        gW1 = torch.bmm(dz.transpose(1, 2), s["A"])
+        return torch.cat([gW1.flatten(1), dz.sum(1)], dim=1)
+
+    def _head_grad(self, s, G):
+        """(W2, b2) gradient for per-sample logit gradients G (B, b, C)."""
+        return torch.cat([torch.bmm(G.transpose(1, 2), s["H"]).flatten(1), G.sum(1)], dim=1)
+
+    def _residual(self, s):
+        return (s["P"] - s["E"]) * s["w"][..., None]
+
+    def _glm_hessian(self, s, v):
+        V2, vb2 = self._unpack_y(v)
+        U = torch.baddbmm(vb2[:, None, :], s["H"], V2.transpose(1, 2))
+        P = s["P"]
+        return P * U - P * (P * U).sum(-1, keepdim=True), V2  # J u per sample
+
+    # -- oracles -------------------------------------------------------------------------------
+    def _grad_y_inner(self, clients, x, y, sample):
+        s = self._forward(self.inner, clients, x, y, sample, self.cfg.batch_size)
+        return self._head_grad(s, self._residual(s)) + self.cfg.inner_regularization * y
+
+    def _grad_y_outer(self, clients, x, y, sample):
+        s = self._forward(self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        return self._head_grad(s, self._residual(s))
+
+    def _grad_x_outer(self, clients, x, y, sample):
+        s = self._forward(self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        return self._backprop_x(s, torch.bmm(self._residual(s), s["W2"]))
+
+    def _hvp_yy_inner(self, clients, x, y, v, sample):
+        s = self._forward(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        Ju, _ = self._glm_hessian(s, v)
+        return self._head_grad(s, Ju * s["w"][..., None]) + self.cfg.inner_regularization * v
+
+    def _jvp_xy_inner(self, clients, x, y, v, sample):
+        s = self._forward(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        Ju, V2 = self._glm_hessian(s, v)
+        grad_h = (torch.bmm(self._residual(s), V2) + torch.bmm(Ju * s["w"][..., None], s["W2"]))
+        return self._backprop_x(s, grad_h)
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def predict_logits(self, x, y, inputs):
+        """Logits of the global model (x, y) on (n, d) inputs, in chunks (no dropout)."""
+        W1, b1 = self._unpack_x(x[None])
+        W2, b2 = self._unpack_y(y[None])
+        return torch.cat([torch.relu(chunk @ W1[0].T + b1[0]) @ W2[0].T + b2[0] for chunk in inputs.split(_EVAL_CHUNK)])
+
+    def evaluate(self, x, y):
+        logits = self.predict_logits(x, y, self.test_inputs)
+        loss = torch.nn.functional.cross_entropy(logits, self.test_targets)
+        acc = (logits.argmax(1) == self.test_targets).to(torch.float64).mean()
+        return {"test_accuracy": 100.0 * float(acc), "test_loss": float(loss)}
