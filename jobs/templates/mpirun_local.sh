@@ -8,6 +8,9 @@
 #   -j N      N runs at once (default 1, or $FEDNEST_MAX_PARALLEL); mind ranks x N <= cores
 # Each run logs to {{log_dir}}/NAME.log; one status line per run here. Exit status 1 when a
 # run failed. The tasks file has one run per line: NAME RANKS --set F=V ... --output PATH.
+# Environment: FEDNEST_RANKS=N runs every task on N ranks instead of the sweep's count;
+# FEDNEST_RUN_ARGS="--set algorithm.outer_iterations=40" adds arguments to every run (after the
+# task's own, so its --set win), e.g. for a shortened figure.
 
 PARALLEL=${FEDNEST_MAX_PARALLEL:-1}
 while getopts "j:h" opt; do
@@ -57,11 +60,13 @@ run_task() {   # run_task ID: the run on line ID of the tasks file
         return
     fi
     eval "set -- $line"   # written with shlex.quote: one word per argument
-    name=$1 ranks=$2
+    name=$1 ranks=${FEDNEST_RANKS:-$2}
     shift 2
+    # shellcheck disable=SC2206  # word splitting of the extra arguments is intended
+    local extra=(${FEDNEST_RUN_ARGS:-})
     log=$LOG_DIR/$name.log
     echo "task $id/$N_TASKS $name: $ranks ranks, log $log"
-    "$MPIEXEC" -n "$ranks" {{command}} run "$CONFIG" "$@" > "$log" 2>&1
+    "$MPIEXEC" -n "$ranks" {{command}} run "$CONFIG" "$@" "${extra[@]}" > "$log" 2>&1
     rc=$?
     if [ "$rc" -eq 0 ]; then
         echo "task $id/$N_TASKS $name: done, $(grep '^output: ' "$log" | tail -n 1)"

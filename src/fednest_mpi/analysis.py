@@ -555,6 +555,84 @@ def group_mean_sd(frames, metric: str, x_axis: str = "iteration") -> GroupStats:
     return GroupStats(x=grid, mean=mean, sd=sd, n=n)
 
 
+def running_mean(values, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` values (fewer at the start); NaNs are skipped."""
+    a = np.asarray(values, dtype=float)
+    if window <= 1 or a.size == 0:
+        return a
+    ok = np.isfinite(a)
+    total = np.concatenate([[0.0], np.cumsum(np.where(ok, a, 0.0))])
+    count = np.concatenate([[0], np.cumsum(ok)])
+    lo = np.maximum(np.arange(1, a.size + 1) - window, 0)
+    hi = np.arange(1, a.size + 1)
+    n = count[hi] - count[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (total[hi] - total[lo]) / n, np.nan)
+
+
+def _group_fields(group_by) -> list[str]:
+    if group_by is None:
+        return []
+    return [group_by] if isinstance(group_by, str) else list(group_by)
+
+
+def _groups(runs: Sequence[_Run], fields: Sequence[str]) -> list[tuple[str, list[_Run]]]:
+    """Runs with equal values of ``fields``: [(label, runs)], sorted by the values."""
+    if not fields:
+        return []
+    by_value: dict[str, tuple[tuple, list[_Run]]] = {}
+    for r in runs:
+        values = tuple(r.config[f] for f in fields)
+        by_value.setdefault(json.dumps(values, sort_keys=True, default=str), (values, []))[1].append(r)
+    groups = list(by_value.values())
+    try:
+        groups.sort(key=lambda g: g[0])
+    except TypeError:  # values of mixed types: order of first appearance
+        pass
+    for values, members in groups:
+        mixed = [k for k in _differences(members) if k not in fields and k != "seed"]
+        if mixed:
+            logger.warning("group %s averages runs that also differ in %s, not only in seed",
+                           ", ".join(f"{f}={_format_config_value(v)}" for f, v in zip(fields, values)), ", ".join(mixed))
+    return [(", ".join(_format_config_value(v) for v in values), members) for values, members in groups]
+
+
+def checkpoint_table(paths, metric: str, at: Sequence[int], group_by: str | Sequence[str] | None = None,
+                     smooth: int = 1) -> str:
+    """A Markdown table of ``metric`` (optionally a trailing running mean) at the iterations ``at``:
+    one row per group (mean +- sd over its runs, e.g. seeds) or per run, with the run count and
+    the median wall time per iteration."""
+    runs = _read_runs(paths)
+    _check_columns(runs, [metric], "metric")
+    fields = _group_fields(group_by)
+    for f in fields:
+        _check_group_by(runs, f)
+    groups = _groups(runs, fields) or [(r.name, [r]) for r in runs]
+    head = ["|".join(["", ", ".join(fields) or "run", "runs"] + [f" {k} " for k in at] + [" s/iteration", ""])]
+    head.append("|".join([""] + ["---"] * (len(at) + 3) + [""]))
+    rows = []
+    for label, members in groups:
+        cells = []
+        for k in at:
+            values = []
+            for r in members:
+                it = np.asarray(r.data["iteration"])
+                hit = np.flatnonzero(it == k)
+                if hit.size:
+                    values.append(running_mean(r.data[metric], smooth)[hit[0]])
+            values = np.asarray(values, dtype=float)
+            if not values.size:
+                cells.append(" - ")
+            elif values.size == 1:
+                cells.append(f" {format_number(values[0])} ")
+            else:
+                cells.append(f" {format_number(values.mean())} ± {format_number(values.std(ddof=1))} ")
+        per_it = [float(np.nanmedian(np.diff(np.asarray(r.data["wall_time"], dtype=float)))) for r in members
+                  if "wall_time" in r.data and len(r.data["wall_time"]) > 1]
+        rows.append("|".join(["", f" {label} ", f" {len(members)} "] + cells + [f" {format_seconds(np.median(per_it)) if per_it else '-'} ", ""]))
+    return "\n".join(head + rows)
+
+
 def _auto_log(metric: str, arrays: list[np.ndarray]) -> bool:
     """Log scale for errors/norms (non-negative by nature) whose positive values span more than 2 decades."""
     name = metric.lower()
@@ -567,7 +645,7 @@ def _auto_log(metric: str, arrays: list[np.ndarray]) -> bool:
 
 
 def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "iteration",
-         group_by: str | None = None, logy: bool | None = None) -> Path:
+         group_by: str | Sequence[str] | None = None, logy: bool | None = None, smooth: int = 1) -> Path:
     """Draw ``metric`` against ``x_axis`` for several runs; write ``out`` (.png, .pdf or .svg); return its path.
 
     Parameters
@@ -576,9 +654,11 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
     out : output image; its format follows the suffix; its directory is created.
     metric : a recorded column, or a list of them (one subplot each).
     x_axis : ``iteration``, ``comm_rounds``, ``wall_time`` (or any other non-decreasing column).
-    group_by : a dotted config field (``algorithm.name``): runs with the same value are drawn as one
-        line, the mean over them, with a +- 1 sd band; None: one line per run.
+    group_by : dotted config field(s) (``algorithm.name``): runs with the same values are drawn as
+        one line, the mean over them, with a +- 1 sd band; None: one line per run.
     logy : log y-axis; None: automatic (errors and norms whose values span more than 2 decades).
+    smooth : trailing running mean over this many recorded iterations (:func:`running_mean`), per
+        run, before the statistics (the paper's accuracy curves are 5-iteration running means).
     """
     from matplotlib.figure import Figure  # no pyplot: no global state, no display; savefig picks Agg/PDF by suffix
 
@@ -591,24 +671,10 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
         raise UsageError(f"plot output {str(out)!r}: use a file name ending in {', '.join(_PLOT_SUFFIXES)}")
     _check_columns(runs, [x_axis], "x_axis")
     _check_columns(runs, metrics, "metric")
-    if group_by is not None:
-        _check_group_by(runs, group_by)
-
-    groups: list[tuple[object, list[_Run]]] = []
-    if group_by is not None:
-        by_value: dict[str, tuple[object, list[_Run]]] = {}
-        for r in runs:
-            by_value.setdefault(json.dumps(r.config[group_by], sort_keys=True, default=str), (r.config[group_by], []))[1].append(r)
-        groups = list(by_value.values())
-        try:
-            groups.sort(key=lambda g: g[0])
-        except TypeError:  # values of mixed types: order of first appearance
-            pass
-        for value, members in groups:
-            mixed = [k for k in _differences(members) if k not in (group_by, "seed")]
-            if mixed:
-                logger.warning("group %s=%s averages runs that also differ in %s, not only in seed",
-                               group_by, _format_config_value(value), ", ".join(mixed))
+    fields = _group_fields(group_by)
+    for f in fields:
+        _check_group_by(runs, f)
+    groups = _groups(runs, fields)
 
     ncols = min(len(metrics), 2)
     nrows = math.ceil(len(metrics) / ncols)
@@ -617,9 +683,10 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
     for ax in axes[len(metrics):]:
         ax.set_visible(False)
 
-    colors = [f"C{i % 10}" for i in range(max(len(groups) if group_by else len(runs), 1))]
+    colors = [f"C{i % 10}" for i in range(max(len(groups) if fields else len(runs), 1))]
     for ax, m in zip(axes, metrics):
-        arrays = [np.asarray(r.data[m], dtype=float) for r in runs]
+        arrays = [running_mean(r.data[m], smooth) for r in runs]
+        series = {id(r): {x_axis: r.data[x_axis], m: a} for r, a in zip(runs, arrays)}
         if not any(_finite(a).size for a in arrays):
             raise UsageError(f"metric {m!r} has no finite value in any of the runs (NaN throughout); choose another metric")
         empty = [r.name for r, a in zip(runs, arrays) if not _finite(a).size]
@@ -627,13 +694,13 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
             logger.warning("metric %s has no finite value in %s; not drawn", m, ", ".join(empty))
         use_log = _auto_log(m, arrays) if logy is None else bool(logy)
         floor = min((_finite(a)[_finite(a) > 0].min() for a in arrays if (_finite(a) > 0).any()), default=None)
-        if group_by is None:
+        if not fields:
             for r, color in zip(runs, colors):
-                ax.plot(r.data[x_axis], r.data[m], color=color, lw=1.5, label=r.name)
+                ax.plot(r.data[x_axis], series[id(r)][m], color=color, lw=1.5, label=r.name)
         else:
             for (value, members), color in zip(groups, colors):
-                stats = group_mean_sd([r.data for r in members], m, x_axis)
-                label = f"{_format_config_value(value)} ({len(members)} run{'s' if len(members) > 1 else ''})"
+                stats = group_mean_sd([series[id(r)] for r in members], m, x_axis)
+                label = f"{value} ({len(members)} run{'s' if len(members) > 1 else ''})"
                 ax.plot(stats.x, stats.mean, color=color, lw=1.8, label=label)
                 if len(members) > 1:
                     lower, upper = stats.mean - stats.sd, stats.mean + stats.sd
@@ -647,12 +714,14 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
         if len(metrics) > 1:
             ax.set_title(m)
         ax.grid(True, which="major", alpha=0.3)
-        n_entries = len(groups) if group_by else len(runs)
-        ax.legend(title=group_by, fontsize="small", title_fontsize="small",
+        n_entries = len(groups) if fields else len(runs)
+        ax.legend(title=", ".join(fields) or None, fontsize="small", title_fontsize="small",
                   ncols=1 if n_entries <= 8 else 2)
 
     problems = ", ".join(sorted({r.problem for r in runs}))
-    how = (f"mean \u00b1 sd over the runs of each {group_by} value" if group_by else f"{len(runs)} run{'s' if len(runs) > 1 else ''}")
+    how = (f"mean \u00b1 sd over the runs of each {', '.join(fields)} value" if fields else f"{len(runs)} run{'s' if len(runs) > 1 else ''}")
+    if smooth > 1:
+        how += f", {smooth}-iteration running mean"
     fig.suptitle(f"{problems}: {how}", fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="metric to show (repeatable); default: whichever of x_error, outer_objective, "
                           "hypergradient_norm, test_accuracy, test_loss the runs record")
     rep.add_argument("--width", type=int, default=100, help="wrap the table into blocks of at most this many characters")
+    rep.add_argument("--at", type=int, action="append", metavar="K",
+                     help="instead of the summary: a Markdown table of the (first) metric at outer iteration K "
+                          "(repeatable), mean ± sd over the runs of each --group-by value")
+    _grouping_arguments(rep)
     plot = sub.add_parser("plot", help="plot a metric against iteration, communication rounds or wall time",
                           epilog="examples:\n  fednest-mpi plot runs/*.h5 -o figs/x_error.png --group-by algorithm.name\n"
                                  "  fednest-mpi plot runs/*.h5 -o figs/cost.pdf -m x_error -m hypergradient_norm --x-axis comm_rounds",
@@ -59,9 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="recorded column to plot (repeatable: one subplot each; default x_error)")
     plot.add_argument("--x-axis", "-x", default="iteration",
                       help="iteration (default), comm_rounds, wall_time, or another non-decreasing column")
-    plot.add_argument("--group-by", "-g", metavar="FIELD",
-                      help="config field (dotted, e.g. algorithm.name, or mpi_size): one line per value, mean ± sd over "
-                           "its runs (seeds); default: one line per run")
+    _grouping_arguments(plot)
     logy = plot.add_mutually_exclusive_group()
     logy.add_argument("--logy", dest="logy", action="store_const", const=True, default=None, help="log y axis")
     logy.add_argument("--linear-y", dest="logy", action="store_const", const=False,
@@ -152,15 +154,29 @@ def _run(args) -> int:
     return 0
 
 
+def _grouping_arguments(parser) -> None:
+    parser.add_argument("--group-by", "-g", metavar="FIELD", action="append",
+                        help="config field (dotted, e.g. algorithm.name, or mpi_size; repeatable): one line/row per "
+                             "combination of values, mean ± sd over its runs (seeds); default: one per run")
+    parser.add_argument("--smooth", type=int, default=1, metavar="K",
+                        help="trailing running mean over K iterations before averaging (the paper's curves: 5)")
+
+
 def _analyse(args) -> int:
     from fednest_mpi import analysis
 
     try:
-        if args.command == "report":
+        if args.smooth < 1:
+            raise UsageError(f"--smooth: expected a window of at least 1 iteration, got {args.smooth}")
+        if args.command == "report" and args.at:
+            if not args.metrics:
+                raise UsageError("--at needs the metric to tabulate, e.g. --metric test_accuracy")
+            print(analysis.checkpoint_table(args.runs, args.metrics[0], args.at, group_by=args.group_by, smooth=args.smooth))
+        elif args.command == "report":
             print(analysis.report(args.runs, args.metrics, width=args.width), end="")
         else:
             path = analysis.plot(args.runs, args.output, metric=args.metrics or "x_error", x_axis=args.x_axis,
-                                 group_by=args.group_by, logy=args.logy)
+                                 group_by=args.group_by, logy=args.logy, smooth=args.smooth)
             print(f"output: {path}")
     except UsageError as exc:
         print(f"fednest-mpi: error: {exc}", file=sys.stderr)

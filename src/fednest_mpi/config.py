@@ -331,18 +331,43 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def _merge(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, table by table."""
+    out = dict(base)
+    for name, value in top.items():
+        out[name] = _merge(out[name], value) if isinstance(value, dict) and isinstance(out.get(name), dict) else value
+    return out
+
+
+def read_file(path: str | Path, _seen: tuple = ()) -> dict:
+    """The plain data of a TOML (or JSON) config file, with its ``base`` chain resolved.
+
+    A top-level ``base = "other.toml"`` (relative to the file) names a config whose values this
+    file overrides, table by table, so a family of configs shares one base and each member states
+    only what differs (``configs/mnist/``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml")
+    text = p.read_text()
+    try:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{p}: base: expected the path of a config file, got {base!r}")
+    base_path = (p.parent / base).resolve()
+    if base_path in _seen or base_path == p.resolve():
+        raise ConfigError(f"{p}: base: {base!r} leads back to itself; remove the cycle")
+    return _merge(read_file(base_path, _seen + (p.resolve(),)), data)
+
+
 def load(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
-    """Read a TOML (or JSON) config, apply overrides, validate."""
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml")
-        text = p.read_text()
-        try:
-            data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+    """Read a TOML (or JSON) config (and its ``base`` chain), apply overrides, validate."""
+    data = read_file(path) if path is not None else {}
     return from_dict(apply_overrides(data, list(overrides)))
 
 

@@ -284,3 +284,31 @@ def test_import_is_cheap():
     code = "import sys, fednest_mpi.analysis; print('pandas' in sys.modules, 'matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_running_mean_is_a_trailing_window_that_skips_nan():
+    a = np.array([1.0, 3.0, np.nan, 5.0, 7.0])
+    np.testing.assert_allclose(analysis.running_mean(a, 2), [1.0, 2.0, 3.0, 5.0, 6.0])
+    np.testing.assert_allclose(analysis.running_mean(a, 3), [1.0, 2.0, 2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(analysis.running_mean(a, 1), a)
+
+
+def test_checkpoint_table_is_mean_and_sd_over_seeds_by_hand(runs):
+    table = analysis.checkpoint_table(runs, "x_error", at=[5, 10], group_by=["algorithm.name"], smooth=3)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(ALGORITHMS)
+    for algorithm in ALGORITHMS:
+        members = [p for p in runs if p.stem.startswith(algorithm + "_")]
+        at10 = [analysis.running_mean(read_run(p)[1]["x_error"], 3)[10] for p in members]
+        row = next(line for line in lines if f" {algorithm} " in line)
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[2] == str(len(members))
+        assert cells[4] == f"{analysis.format_number(np.mean(at10))} ± {analysis.format_number(np.std(at10, ddof=1))}"
+
+
+def test_plot_and_table_group_by_two_fields(runs, tmp_path):
+    out = analysis.plot(runs, tmp_path / "two.png", metric="x_error", group_by=["algorithm.name", "seed"], smooth=5)
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    table = analysis.checkpoint_table(runs, "x_error", at=[3], group_by=["algorithm.name", "seed"])
+    assert len(table.splitlines()) == 2 + len(ALGORITHMS) * len(SEEDS)
+    assert all(row.split("|")[2].strip() == "1" for row in table.splitlines()[2:])

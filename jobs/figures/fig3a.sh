@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Figure 3(a): loss tuning on long-tail MNIST, FedNest / LFedNest / untuned, class-balanced test accuracy.
+# Sweep: jobs/sweeps/fig3a.toml. Options: see jobs/figures/figure.sh (bash $0 -h).
+# Example (shortened, 2 ranks per run, 2 runs at once):  FEDNEST_DATA=../shared/data bash jobs/figures/fig3a.sh -k 40 -n 1 -j 2
+FIGURE=fig3a METRIC=balanced_accuracy GROUP_BY="-g algorithm.name -g problem.tune_loss -g problem.partition" AT="10 20 50 100 200 300"
+source "$(dirname "${BASH_SOURCE[0]}")/figure.sh"

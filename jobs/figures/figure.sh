@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Shared body of the figure scripts (jobs/figures/fig*.sh): run a figure's sweep on this machine
+# through mpiexec, then draw it and tabulate it from the run files.
+#
+# usage: bash jobs/figures/figNN.sh [-n RANKS] [-k ITERATIONS] [-j PARALLEL] [-p] [-o FIG_DIR]
+#   -n RANKS       MPI ranks per run (default 2)
+#   -k ITERATIONS  outer iterations per run (default: the sweep's config, 500 / 300); e.g. -k 40
+#   -j PARALLEL    runs at once (default 1); mind RANKS x PARALLEL <= cores
+#   -p             plot only: draw from the existing run files (e.g. after a cluster sweep:
+#                  fednest-mpi jobs render jobs/sweeps/figNN.toml --site YOUR_SITE; sbatch ...)
+#   -o FIG_DIR     where the figures and the table go (default figs)
+# Needs FEDNEST_DATA (the folder holding mnist/) and the project's virtual environment.
+# Writes FIG_DIR/NAME_iteration.png, FIG_DIR/NAME_comm_rounds.png and FIG_DIR/NAME_table.md.
+# The calling script sets FIGURE (sweep name), METRIC, GROUP_BY (--group-by arguments), AT (iterations).
+
+set -euo pipefail
+RANKS=2 ITERATIONS="" PARALLEL=1 PLOT_ONLY=0 FIG_DIR=figs
+while getopts "n:k:j:po:h" opt; do
+    case $opt in
+        n) RANKS=$OPTARG ;;
+        k) ITERATIONS=$OPTARG ;;
+        j) PARALLEL=$OPTARG ;;
+        p) PLOT_ONLY=1 ;;
+        o) FIG_DIR=$OPTARG ;;
+        h) sed -n '2,/^$/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        *) echo "usage: bash $0 [-n RANKS] [-k ITERATIONS] [-j PARALLEL] [-p] [-o FIG_DIR]" >&2; exit 2 ;;
+    esac
+done
+for v in "$RANKS" "$PARALLEL" ${ITERATIONS:+"$ITERATIONS"}; do
+    case $v in ''|*[!0-9]*|0) echo "$0: -n, -k and -j take positive integers, got '$v'" >&2; exit 2 ;; esac
+done
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+if [ -x .venv/bin/fednest-mpi ] && [ -z "${VIRTUAL_ENV:-}" ]; then PATH=$PWD/.venv/bin:$PATH; fi
+command -v fednest-mpi > /dev/null || { echo "$0: fednest-mpi not found: run make install" >&2; exit 2; }
+
+RUN_DIR=runs/$FIGURE
+if [ "$PLOT_ONLY" -eq 0 ]; then
+    fednest-mpi jobs render "jobs/sweeps/$FIGURE.toml" --site jobs/sites/local.toml --out-dir "runs/jobs/$FIGURE" > /dev/null
+    FEDNEST_RANKS=$RANKS FEDNEST_RUN_ARGS="${ITERATIONS:+--set algorithm.outer_iterations=$ITERATIONS}" \
+        bash "runs/jobs/$FIGURE/$FIGURE.local.sh" -j "$PARALLEL"
+fi
+mkdir -p "$FIG_DIR"
+read -r -a GROUP_ARGS <<< "$GROUP_BY"
+AT_ARGS=()
+for k in $AT; do AT_ARGS+=(--at "$k"); done
+for axis in iteration comm_rounds; do
+    fednest-mpi plot "$RUN_DIR" -m "$METRIC" -x "$axis" "${GROUP_ARGS[@]}" --smooth 5 -o "$FIG_DIR/${FIGURE}_$axis.png"
+done
+fednest-mpi report "$RUN_DIR" -m "$METRIC" "${AT_ARGS[@]}" "${GROUP_ARGS[@]}" --smooth 5 > "$FIG_DIR/${FIGURE}_table.md"
+echo "table ($METRIC, 5-iteration running mean, mean ± sd over seeds):"
+cat "$FIG_DIR/${FIGURE}_table.md"
+echo "output: $FIG_DIR/${FIGURE}_table.md"
