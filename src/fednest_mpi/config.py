@@ -89,19 +89,45 @@ class LossTuningConfig(ImageClientsConfig):
     tune_loss: bool = spec(True, "tune the VS-loss x; false: plain cross-entropy with x fixed at 0 (the untuned baseline)")
 
 
-PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig}
+@dataclass(frozen=True)
+class MinimaxConfig:
+    """Federated saddle-point problem of paper section 4.3 / Figure 4 (g_i = -f_i, closed-form saddle point)."""
+
+    name: str = spec("minimax", "problem kind", choices=("minimax",))
+    n_clients: int = spec(1000, "number of clients M", low=1)
+    dim: int = spec(10, "dimension d of x and of y", low=1)
+    heterogeneity: float = spec(1.0, "s: b'_i ~ N(0, s^2 I) before centring across clients", low=0.0)
+    coupling_max: float = spec(0.1, "A_i = t_i I with t_i ~ U(0, coupling_max)", low=0.0)
+    outer_regularization: float = spec(10.0, "lambda of the (lambda/2)||x||^2 term in every f_i (paper text: 10)", low=0.0, low_open=True)
+    initial_value: float = spec(10.0, "every coordinate of x0 and y0 (authors' notebook: 10)")
+
+
+@dataclass(frozen=True)
+class CompositionalConfig:
+    """Federated compositional problem (paper eq. (2.1), section 3.2): linear r_i, quadratic f_i, known x*."""
+
+    name: str = spec("compositional", "problem kind", choices=("compositional",))
+    n_clients: int = spec(20, "number of clients M", low=1)
+    dim_x: int = spec(5, "outer dimension d1", low=1)
+    dim_y: int = spec(10, "inner dimension d2 (>= dim_x, so that x* is unique)", low=1)
+    heterogeneity: float = spec(1.0, "scale of client-to-client differences in r_i and f_i (0 = identical clients)", low=0.0)
+
+
+PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig,
+                                    "minimax": MinimaxConfig, "compositional": CompositionalConfig}
 
 # ----------------------------------------------------------------------------------------------
 # Algorithm
 
-ALGORITHM_NAMES = ("fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt")
+ALGORITHM_NAMES = ("fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt", "fedavg_s")
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """FedNest family (paper Table 2) and its step sizes; defaults are the paper's appendix H."""
 
-    name: str = spec("fednest", "variant of Table 2 (lfednest_nonalt: appendix H.1)", choices=ALGORITHM_NAMES)
+    name: str = spec("fednest", "variant of Table 2 (lfednest_nonalt: appendix H.1; fedavg_s: the simultaneous saddle-point "
+                     "baseline of section 4.3, inner_local_steps steps with inner_lr on y and outer_lr on x, one round)", choices=ALGORITHM_NAMES)
     outer_iterations: int = spec(100, "outer iterations K of Algorithm 1", low=1)
     inner_rounds: int = spec(1, "FedInn rounds T per outer iteration", low=1)
     clients_per_round: int = spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
@@ -118,6 +144,12 @@ class AlgorithmConfig:
         choices=("truncated", "randomized"),
     )
     ihgp_resample_clients: bool = spec(True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of reusing FedOut's set")
+    hypergradient: str = spec(
+        "implicit",
+        "implicit: direct minus indirect gradient through FedIHGP / local Neumann series (eq. (8), (10)); "
+        "direct: the minimax specialisation of eq. (9), nabla_x f_i only, no FedIHGP (problem minimax only)",
+        choices=("implicit", "direct"),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,6 +321,15 @@ def validate_relations(cfg: RunConfig) -> None:
             f"problem.smoothness: {p.smoothness} is below problem.strong_convexity = {p.strong_convexity}; "
             "the Hessian spectrum needs mu <= L"
         )
+    if not isinstance(p, MinimaxConfig) and a.hypergradient == "direct":
+        raise ConfigError(
+            f"algorithm.hypergradient: 'direct' drops the indirect gradient, which is zero only for minimax problems (g = -f); "
+            f"use 'implicit' for problem {p.name!r}"
+        )
+    if not isinstance(p, MinimaxConfig) and a.name == "fedavg_s":
+        raise ConfigError(f"algorithm.name: 'fedavg_s' is a saddle-point method for problem 'minimax'; choose a FedNest variant for problem {p.name!r}")
+    if isinstance(p, CompositionalConfig) and p.dim_y < p.dim_x:
+        raise ConfigError(f"problem.dim_y: {p.dim_y} is below problem.dim_x = {p.dim_x}; the compositional x* is unique only for dim_y >= dim_x")
     if a.ihgp_mode == "randomized" and a.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
 

@@ -14,7 +14,9 @@ lfednest_svrg       LFedOut (Alg. 5)     FedInn SVRG (Alg. 4)  2T + 1
 lfednest_nonalt     LFedOut on local y   LFedInn SGD (Alg. 6)  T (y and x fused)
 ==================  ===================  ===================  ====================
 
-(with ``ihgp_mode = "randomized"`` FedIHGP uses N' <= N - 1 rounds instead of N.)
+(with ``ihgp_mode = "randomized"`` FedIHGP uses N' <= N - 1 rounds instead of N; with
+``hypergradient = "direct"``, the minimax specialisation of eq. (9), FedOut has no FedIHGP and
+the hypergradient is the direct gradient: 2 rounds instead of N + 3.)
 
 Every random choice comes from a counter-based key ``(seed, purpose, k, ...)``: client sets,
 minibatches and the truncation N' are the same on any number of ranks.
@@ -52,13 +54,16 @@ VARIANTS = {
 }
 
 
-def rounds_per_iteration(name: str, inner_rounds: int, neumann_steps: int) -> int:
-    """Communication rounds of one outer iteration in truncated FedIHGP mode (paper Table 2)."""
+def rounds_per_iteration(name: str, inner_rounds: int, neumann_steps: int, hypergradient: str = "implicit") -> int:
+    """Communication rounds of one outer iteration in truncated FedIHGP mode (paper Table 2);
+    ``hypergradient = "direct"`` (minimax, eq. (9)) has no FedIHGP: FedOut takes 2 rounds."""
     v = VARIANTS[name]
     if not v.alternating:
         return inner_rounds
     inner = (2 if v.inner_variance_reduction else 1) * inner_rounds
-    return inner + (neumann_steps + 3 if v.global_outer else 1)
+    if not v.global_outer:
+        return inner + 1
+    return inner + (neumann_steps + 3 if hypergradient == "implicit" else 2)
 
 
 def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str, n_prime=None) -> torch.Tensor:
@@ -201,14 +206,16 @@ class FedNestFamily:
 
         h = mean_S [nabla_x f_i(x, y; xi_i) - nabla^2_xy g_i(x, y; zeta_i) p],  p = FedIHGP(x, y).
 
-        Rounds: 1 + N (FedIHGP) + 1.
+        Rounds: 1 + N (FedIHGP) + 1. With ``hypergradient = "direct"`` (minimax, g_i = -f_i) the
+        indirect part vanishes at y*(x) and h = mean_S nabla_x f_i(x, y) (eq. (9), (64)): one round.
         """
-        p = self.fed_ihgp(k, x, y, S)
         prob, ids, n = self.problem, S.local_ids, S.local_ids.size
         X, Y = self._rows(x, n), self._rows(y, n)
-        direct = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
-        indirect = prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), self.cfg.neumann_steps + 1))
-        (h,) = self.fed.mean(S, [direct - indirect])
+        h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
+        if self.cfg.hypergradient == "implicit":
+            p = self.fed_ihgp(k, x, y, S)
+            h_i = h_i - prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), self.cfg.neumann_steps + 1))
+        (h,) = self.fed.mean(S, [h_i])
         return h
 
     def fed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
@@ -244,6 +251,9 @@ class FedNestFamily:
         Xi = self._rows(x, n)
         for nu in range(cfg.outer_local_steps):
             s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
+            if cfg.hypergradient == "direct":  # minimax: the local direct gradient only (eq. (9))
+                Xi = Xi - cfg.outer_lr * prob.grad_x_outer(ids, Xi, Y, s)
+                continue
             v = prob.grad_y_outer(ids, Xi, Y, s)
             n_prime = None
             if cfg.ihgp_mode == "randomized":

@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 
 from fednest_mpi.problems.base import ORACLES, BilevelProblem
+from fednest_mpi.problems.compositional import CompositionalProblem
 from fednest_mpi.problems.hyperrep import HyperRepresentationProblem
 from fednest_mpi.problems.losstuning import LossTuningProblem
+from fednest_mpi.problems.minimax import MinimaxProblem
 from fednest_mpi.problems.quadratic import QuadraticProblem
+from fednest_mpi.problems.synthetic import SyntheticProblem
 
-PROBLEMS = {"quadratic": QuadraticProblem, "hyper_representation": HyperRepresentationProblem, "loss_tuning": LossTuningProblem}
+PROBLEMS = {"quadratic": QuadraticProblem, "hyper_representation": HyperRepresentationProblem, "loss_tuning": LossTuningProblem,
+            "minimax": MinimaxProblem, "compositional": CompositionalProblem, "synthetic": SyntheticProblem}
 
-__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "HyperRepresentationProblem", "LossTuningProblem", "QuadraticProblem", "build_problem"]
+__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "CompositionalProblem", "MinimaxProblem", "HyperRepresentationProblem", "LossTuningProblem", "QuadraticProblem", "SyntheticProblem", "build_problem"]
 
 
 def build_problem(cfg, seed: int, clients: range, device: str = "cpu", dtype=torch.float64) -> BilevelProblem:

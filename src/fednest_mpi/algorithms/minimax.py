@@ -1,0 +1,39 @@
+"""FedAvg-S: the simultaneous federated saddle-point baseline of FedNest section 4.3 (Figure 4).
+
+FedAvg saddle-point (Hou et al. 2021, as compared in the FedNest paper): per outer iteration one
+client set S; every i in S starts from the global (x, y) and runs tau simultaneous local steps
+
+    y_{i,nu+1} = y_{i,nu} - beta  nabla_y g_i(x_{i,nu}, y_{i,nu})   (ascent on f_i, since g_i = -f_i)
+    x_{i,nu+1} = x_{i,nu} - alpha nabla_x f_i(x_{i,nu}, y_{i,nu})   (descent)
+
+(both from the same (x_{i,nu}, y_{i,nu})), then the server averages x and y in **one** fused
+round. tau = ``inner_local_steps``, beta = ``inner_lr``, alpha = ``outer_lr``. FedNest's own
+minimax specialisation (eq. (9)) is not here: it is ``fednest`` with ``hypergradient = "direct"``
+(:mod:`fednest_mpi.algorithms.fednest`).
+"""
+
+from __future__ import annotations
+
+from fednest_mpi.algorithms.fednest import FedNestFamily, P
+from fednest_mpi.federation import Federation
+from fednest_mpi.problems.base import BilevelProblem, Sample
+
+
+class FedAvgS(FedNestFamily):
+    """FedAvg-S (see the module docstring); reuses the family's keyed sampling helpers."""
+
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
+        self.cfg, self.problem, self.fed, self.seed = cfg, problem, fed, seed
+
+    def step(self, k: int, x, y):
+        """Outer iteration k: tau simultaneous local descent-ascent steps, one fused aggregation."""
+        cfg, prob = self.cfg, self.problem
+        S = self.sample_clients(P.INNER_CLIENTS, k, 0)
+        ids, n = S.local_ids, S.local_ids.size
+        X, Y = self._rows(x, n), self._rows(y, n)
+        for nu in range(cfg.inner_local_steps):
+            gy = prob.grad_y_inner(ids, X, Y, Sample(self.key(P.INNER_SAMPLE, k, 0), nu))
+            gx = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), nu))
+            X, Y = X - cfg.outer_lr * gx, Y - cfg.inner_lr * gy
+        x_new, y_new = self.fed.mean(S, [X, Y])
+        return x_new, y_new, {}
