@@ -1,4 +1,4 @@
-"""Command line: ``fednest-mpi run | report | plot | config-doc`` (also ``python -m fednest_mpi``).
+"""Command line: ``fednest-mpi run | report | plot | jobs | download | config-doc`` (also ``python -m fednest_mpi``).
 
 Exit codes: 0 success, 1 failure of the run, 2 usage error (bad arguments, config or output
 path). Usage errors are detected identically on every rank before any collective and printed
@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     ren.add_argument("--no-check", dest="check", action="store_false", help="do not validate every task's config first")
     lst = jsub.add_parser("list", help="print the runs of a sweep", epilog="example: fednest-mpi jobs list jobs/sweeps/weak_scaling.toml")
     lst.add_argument("sweep", help="sweep file (jobs/sweeps/*.toml)")
+    dl = sub.add_parser("download", help="fetch MNIST, Fashion-MNIST or UCI Adult (needs internet), checking checksums",
+                        epilog="example:\n  fednest-mpi download mnist --dest ~/data && export FEDNEST_DATA=~/data",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    dl.add_argument("datasets", nargs="+", choices=("mnist", "fashion", "adult"), help="data set(s) to fetch")
+    dl.add_argument("--dest", "-d", help="data root (default: $FEDNEST_DATA); the files go to DEST/mnist, ...")
+    dl.add_argument("--mirror", help="base URL replacing the default mirror (file:// works too)")
     sub.add_parser("config-doc", help="print the config reference (Markdown) generated from the config definitions",
                    epilog="example: fednest-mpi config-doc > docs/config.md")
     return parser
@@ -211,4 +217,25 @@ def main(argv=None) -> int:
         return _analyse(args)
     if args.command == "jobs":
         return _jobs(args)
+    if args.command == "download":
+        return _download(args)
     return _run(args)
+
+
+def _download(args) -> int:
+    import os
+
+    from fednest_mpi.data import ENV_VAR, download
+    from fednest_mpi.errors import DataError
+
+    dest = args.dest or os.environ.get(ENV_VAR)
+    if not dest:
+        print(f"fednest-mpi: error: --dest: no data root given and {ENV_VAR} is not set; pass --dest DIR", file=sys.stderr)
+        return 2
+    try:
+        for name in args.datasets:
+            print(f"output: {download(name, dest, base_url=args.mirror)}")
+    except DataError as exc:
+        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -60,3 +60,21 @@ def test_download_network_failure_is_a_data_error(tmp_path):
     assert not list((tmp_path / "data" / "mnist").iterdir())
     with pytest.raises(DataError, match="unknown data set 'cifar10'"):
         download("cifar10", tmp_path / "data")
+
+
+def test_download_command_line(tmp_path, mirror, capsys):
+    from fednest_mpi.cli import main
+
+    dest = tmp_path / "cli"
+    assert main(["download", "mnist", "--dest", str(dest), "--mirror", mirror.as_uri()]) == 0
+    assert f"output: {dest / 'mnist'}" in capsys.readouterr().out
+    assert main(["download", "mnist", "--dest", str(tmp_path / "x"), "--mirror", (tmp_path / "nowhere").as_uri()]) == 1
+    assert "could not download" in capsys.readouterr().err
+
+
+def test_download_command_needs_a_destination(monkeypatch, capsys):
+    from fednest_mpi.cli import main
+
+    monkeypatch.delenv("FEDNEST_DATA", raising=False)
+    assert main(["download", "adult"]) == 2
+    assert "--dest" in capsys.readouterr().err
