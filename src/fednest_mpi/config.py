@@ -113,8 +113,37 @@ class CompositionalConfig:
     heterogeneity: float = spec(1.0, "scale of client-to-client differences in r_i and f_i (0 = identical clients)", low=0.0)
 
 
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Hyper-representation (x = representation layer, y = linear head) on FedProx's Synthetic(alpha, beta) data,
+    generated per client from (seed, client id): any number of clients (scaling runs)."""
+
+    name: str = spec("synthetic", "problem kind", choices=("synthetic",))
+    n_clients: int = spec(1000, "number of clients M (data are generated on demand, so 10^6 costs no memory)", low=1)
+    alpha: float = spec(1.0, "model heterogeneity: u_i ~ N(0, alpha^2), W_i, b_i ~ N(u_i, 1)", low=0.0)
+    beta: float = spec(1.0, "input heterogeneity: B_i ~ N(0, beta^2), v_i ~ N(B_i, 1), a ~ N(v_i, diag(j^-1.2))", low=0.0)
+    n_inputs: int = spec(60, "input dimension d", low=1)
+    n_classes: int = spec(10, "number of classes C", low=2)
+    samples_per_client: int = spec(100, "samples per client (fixed), or their median (lognormal)", low=2)
+    size_distribution: str = spec("fixed", "fixed: every client has samples_per_client; lognormal: heavy-tailed sizes", choices=("fixed", "lognormal"))
+    size_sigma: float = spec(2.0, "sigma of the lognormal sample counts (FedProx: 2)", low=0.0)
+    max_samples: int = spec(1000, "cap on a client's sample count (lognormal); clients are padded to the largest of a round", low=2)
+    val_fraction: float = spec(0.2, "fraction of each client's samples in its outer (validation) split", low=0.0, low_open=True, high=0.95)
+    hidden: int = spec(64, "width H of the representation layer (x has (d + 1) H numbers, y C H + C)", low=1)
+    dropout: float = spec(0.0, "dropout probability before the ReLU in training oracles", low=0.0, high=0.9)
+    batch_size: int = spec(16, "minibatch size of the inner (FedInn) local steps", low=1)
+    hypergradient_batch_size: int = spec(0, "minibatch of the outer/second-order oracles; 0 = the client's whole split", low=0)
+    inner_regularization: float = spec(0.001, "lambda of the squared L2 term (lambda/2)||y||^2 in g_i (strong convexity)", low=0.0)
+    eval_clients: int = spec(100, "evaluation: clients 0..eval_clients-1 ...", low=1)
+    eval_samples: int = spec(100, "... each with this many fresh samples (a separate stream)", low=1)
+
+
 PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig,
-                                    "minimax": MinimaxConfig, "compositional": CompositionalConfig}
+                                    "minimax": MinimaxConfig, "compositional": CompositionalConfig, "synthetic": SyntheticConfig}
+
+# problems whose every client can be evaluated on any rank (data generated from the client id), and
+# algorithms here keep no per-client state across rounds: the preconditions of balanced placement
+ANY_CLIENT_PROBLEMS = ("synthetic",)
 
 # ----------------------------------------------------------------------------------------------
 # Algorithm
@@ -172,6 +201,13 @@ class FederationConfig:
         "how ranks wait in a collective: block (MPI's busy-poll), poll (test and yield the core), "
         "auto (poll when a node has more ranks than cores)",
         choices=("auto", "block", "poll"),
+    )
+    placement: str = spec(
+        "block",
+        "which rank evaluates which client: block (contiguous blocks of client ids, a rank hosts their data); "
+        "balanced (each round's participants split evenly, every rank within one client of the same count; "
+        "needs a problem that can evaluate any client on any rank: synthetic)",
+        choices=("block", "balanced"),
     )
 
 
@@ -330,6 +366,11 @@ def validate_relations(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm.name: 'fedavg_s' is a saddle-point method for problem 'minimax'; choose a FedNest variant for problem {p.name!r}")
     if isinstance(p, CompositionalConfig) and p.dim_y < p.dim_x:
         raise ConfigError(f"problem.dim_y: {p.dim_y} is below problem.dim_x = {p.dim_x}; the compositional x* is unique only for dim_y >= dim_x")
+    if cfg.federation.placement == "balanced" and p.name not in ANY_CLIENT_PROBLEMS:
+        raise ConfigError(
+            f"federation.placement: 'balanced' moves clients between ranks every round, but problem {p.name!r} keeps each "
+            f"client's data on its home rank; use placement = 'block' or a problem that generates any client ({', '.join(ANY_CLIENT_PROBLEMS)})"
+        )
     if a.ihgp_mode == "randomized" and a.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
 

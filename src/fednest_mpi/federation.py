@@ -9,12 +9,23 @@ primitives (paper notation: S is a round's client set):
 * :meth:`Federation.mean` -- the weighted mean over S of one or several flat vectors, fused into
   **one** ``Allreduce`` of one contiguous buffer, counted as one communication round.
 
-Placement is a contiguous block of client ids per rank (:func:`block_range`; ranks may hold no
-client). The clients of S that a rank evaluates are those it hosts.
+Placement (``placement``): ``"block"`` -- a contiguous block of client ids per rank
+(:func:`block_range`; ranks may hold no client), and a rank evaluates the members of S it hosts;
+``"balanced"`` -- every round, rank r evaluates the r-th of P near-equal contiguous slices of S
+(sorted by client id), so every rank is within one client of |S|/P. Balanced placement needs a
+problem that can evaluate any client anywhere (data generated from the client id) and
+algorithms without per-client state that persists across rounds (config validation enforces the
+first; no algorithm here keeps such state). Results do not depend on the placement beyond
+floating-point summation order (``reduction = "sum"``) or not at all (``"ordered"``).
+
+Devices: with ``run.device = "cuda"`` every rank takes GPU ``node rank mod GPUs per node``
+(:func:`torch_device`). Aggregation buffers on a GPU go through one reused pinned host buffer,
+or straight to MPI when it reports CUDA support (:func:`cuda_aware_mpi`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -23,6 +34,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
+from fednest_mpi.errors import UsageError
 
 os.environ.setdefault("MPI4PY_RC_THREAD_LEVEL", "single")  # see docs/performance.md: 3x lower latency
 from mpi4py import MPI  # noqa: E402
@@ -80,15 +92,21 @@ class Federation:
     **Collective** construction (``wait="auto"`` asks MPI how many ranks share the node).
     """
 
-    def __init__(self, comm, n_clients: int, reduction: str = "sum", wait: str = "auto"):
+    def __init__(self, comm, n_clients: int, reduction: str = "sum", wait: str = "auto", placement: str = "block"):
         if reduction not in ("sum", "ordered"):
             raise ValueError(f"reduction must be 'sum' or 'ordered', got {reduction!r}")
         if wait not in ("auto", "block", "poll"):
             raise ValueError(f"wait must be 'auto', 'block' or 'poll', got {wait!r}")
+        if placement not in ("block", "balanced"):
+            raise ValueError(f"placement must be 'block' or 'balanced', got {placement!r}")
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.poll = wait == "poll" or (wait == "auto" and _node_ranks(comm) > len(os.sched_getaffinity(0)))
+        self.node_rank, self.node_size = node_layout(comm)
+        self.poll = wait == "poll" or (wait == "auto" and self.node_size > len(os.sched_getaffinity(0)))
+        self.placement = placement
+        self._host: torch.Tensor | None = None  # pinned staging buffer for device aggregation
+        self._cuda_aware: bool | None = None
         self.n_clients = n_clients
         self.reduction = reduction
         self.block = block_range(n_clients, self.size, self.rank)
@@ -101,7 +119,10 @@ class Federation:
         No communication: every rank derives the same S from the key.
         """
         ids = rng.sample_without_replacement(key, self.n_clients, size)
-        local = np.nonzero((ids >= self.block.start) & (ids < self.block.stop))[0]
+        if self.placement == "balanced":
+            local = np.arange(size * self.rank // self.size, size * (self.rank + 1) // self.size)
+        else:
+            local = np.nonzero((ids >= self.block.start) & (ids < self.block.stop))[0]
         return Participants(ids=ids, local_slots=local)
 
     # ---------------------------------------------------------------------------------------
@@ -163,13 +184,22 @@ class Federation:
         t0 = MPI.Wtime()
         if buf.device.type == "cpu":
             self._allreduce_array(buf.numpy())
-        else:  # through host memory; a CUDA-aware MPI could take the device pointer directly
-            host = buf.cpu()
-            self._allreduce_array(host.numpy())
-            buf.copy_(host)
+        else:
+            if self._cuda_aware is None:
+                self._cuda_aware = cuda_aware_mpi()
+            if self._cuda_aware:  # MPI reads and writes device memory (mpi4py takes __cuda_array_interface__)
+                torch.cuda.current_stream(buf.device).synchronize()
+                self._allreduce_array(buf)
+            else:  # one contiguous copy to a reused pinned host buffer and back
+                if self._host is None or self._host.numel() < buf.numel() or self._host.dtype != buf.dtype:
+                    self._host = torch.empty(buf.numel(), dtype=buf.dtype, pin_memory=True)
+                host = self._host[: buf.numel()]
+                host.copy_(buf)  # synchronous device-to-host copy: waits for the kernels that produced buf
+                self._allreduce_array(host.numpy())
+                buf.copy_(host)
         self.stats.seconds += MPI.Wtime() - t0
 
-    def _allreduce_array(self, array: np.ndarray) -> None:
+    def _allreduce_array(self, array) -> None:
         if not self.poll:
             self.comm.Allreduce(MPI.IN_PLACE, array)
             return
@@ -194,12 +224,36 @@ class Federation:
         return buf
 
 
-def _node_ranks(comm) -> int:
-    """Number of ranks of ``comm`` on this node. **Collective**."""
+def node_layout(comm) -> tuple[int, int]:
+    """(this rank's index among the ranks of ``comm`` on its node, number of such ranks). **Collective**."""
     if comm.Get_size() == 1:
-        return 1
+        return 0, 1
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size()
+        return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
+
+
+def torch_device(kind: str, node_rank: int) -> torch.device:
+    """``cpu``, or ``cuda:<node_rank mod GPUs on this node>`` (several ranks per GPU when ranks
+    outnumber GPUs). Raises UsageError when CUDA is asked for and torch sees no GPU."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError("run.device: 'cuda' was asked for but torch sees no CUDA device on this node "
+                         "(CPU-only torch build or no GPU); use run.device = 'cpu'")
+    device = torch.device("cuda", node_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def cuda_aware_mpi() -> bool:
+    """Whether the MPI library says it can read CUDA device memory (Open MPI's
+    ``MPIX_Query_cuda_support``; False when the symbol is absent, e.g. MPICH builds without it)."""
+    try:
+        query = ctypes.CDLL(None).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())

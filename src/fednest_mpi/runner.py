@@ -18,7 +18,7 @@ import torch
 
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.config import RunConfig
-from fednest_mpi.federation import Federation
+from fednest_mpi.federation import Federation, torch_device
 from fednest_mpi.problems import ORACLES, build_problem
 
 logger = logging.getLogger(__name__)
@@ -68,8 +68,11 @@ class Simulation:
     def __init__(self, cfg: RunConfig, comm):
         torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
-        self.fed = Federation(comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait)
-        self.problem = build_problem(cfg.problem, cfg.seed, self.fed.block, device=cfg.run.device, dtype=torch_dtype(cfg.run.dtype))
+        self.fed = Federation(comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait, cfg.federation.placement)
+        if self.fed.node_rank == 0 and self.fed.node_size * cfg.run.torch_threads > (os.cpu_count() or 1):
+            logger.warning("%d ranks x %d torch threads exceed the node's %d cores: lower run.torch_threads", self.fed.node_size, cfg.run.torch_threads, os.cpu_count())
+        device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
+        self.problem = build_problem(cfg.problem, cfg.seed, self.fed.block, device=device, dtype=torch_dtype(cfg.run.dtype))
         self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
 
     def columns(self) -> dict[str, tuple[str, str]]:

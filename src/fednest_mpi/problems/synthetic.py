@@ -1,0 +1,98 @@
+"""Hyper-representation learning on Synthetic(alpha, beta) data (the scaling problem of issue 5).
+
+The bilevel structure of the paper's MNIST experiment (section 4.1): x = representation layer
+d -> H, y = linear head H -> C, with the closed-form batched oracles of
+:mod:`fednest_mpi.problems.representation`. The data are FedProx's Synthetic(alpha, beta)
+(:mod:`fednest_mpi.data.synthetic`): client i's samples are a pure function of (seed, i), the
+first ``1 - val_fraction`` of them its inner (train) split, the rest its outer (validation) split.
+
+Nothing is hosted: a client's data are generated when an oracle first asks for it and kept for
+the last :data:`CACHED_SETS` client sets only, so memory is proportional to the participants of
+a round, not to M (10^4 - 10^6 clients are fine), and **any rank can evaluate any client**
+(which balanced placement, ``federation.placement = "balanced"``, relies on).
+
+Evaluation: accuracy and cross-entropy on ``eval_samples`` fresh samples (a separate stream) of
+each of the clients 0 .. ``eval_clients`` - 1 (client ids are exchangeable, so these are a
+uniform sample of clients).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fednest_mpi.data.synthetic import SyntheticSpec, generate
+from fednest_mpi.problems.clientdata import ClientSplit
+from fednest_mpi.problems.representation import RepresentationProblem
+
+CACHED_SETS = 2  # FedNest touches a set again only right after first use (FedInn steps; FedOut's S)
+_TEST_STREAM = 1
+
+
+@dataclass
+class _ClientSet:
+    ids: np.ndarray  # sorted, unique
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    inner: ClientSplit
+    outer: ClientSplit
+
+
+class SyntheticProblem(RepresentationProblem):
+    """See the module docstring. ``clients`` (the placement block) is ignored: data are generated."""
+
+    inner, outer = "inner", "outer"  # split handles for _locate
+
+    def __init__(self, cfg, seed: int, clients=None, device="cpu", dtype=torch.float32):
+        super().__init__()
+        self.cfg, self.seed = cfg, seed
+        self.n_clients = cfg.n_clients
+        self.device, self.dtype = torch.device(device), dtype
+        self.spec = SyntheticSpec.from_config(cfg)
+        self._set_shape(cfg.n_inputs, cfg.hidden, cfg.n_classes)
+        eval_ids = np.arange(min(cfg.eval_clients, cfg.n_clients))
+        inputs, labels, _ = generate(self.spec, seed, eval_ids, np.full(eval_ids.size, cfg.eval_samples), stream=_TEST_STREAM)
+        self.test_inputs = inputs.to(self.device, self.dtype)
+        self.test_targets = labels.to(self.device)
+        self._sets: OrderedDict[bytes, _ClientSet] = OrderedDict()
+
+    def _generate(self, ids: np.ndarray) -> _ClientSet:
+        inputs, labels, counts = generate(self.spec, self.seed, ids)
+        n_outer = np.clip(np.rint(self.cfg.val_fraction * counts), 1, counts - 1).astype(np.int64)
+        start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        split_at = start + counts - n_outer
+        inner = ClientSplit([np.arange(a, b) for a, b in zip(start.tolist(), split_at.tolist())])
+        outer = ClientSplit([np.arange(a, b) for a, b in zip(split_at.tolist(), (start + counts).tolist())])
+        return _ClientSet(ids, inputs.to(self.device, self.dtype), labels.to(self.device), inner, outer)
+
+    def client_set(self, clients) -> tuple[_ClientSet, np.ndarray]:
+        """The generated data holding ``clients`` (a recent set containing them, else a new one) and
+        their rows in it."""
+        clients = np.asarray(clients, dtype=np.int64)
+        if not clients.size:  # a rank without participants: nothing to generate, nothing evicted
+            return self._generate(clients), clients
+        for key, cs in reversed(self._sets.items()):
+            rows = np.minimum(np.searchsorted(cs.ids, clients), cs.ids.size - 1)
+            if cs.ids.size and np.array_equal(cs.ids[rows], clients):
+                self._sets.move_to_end(key)
+                return cs, rows
+        ids = np.unique(clients)
+        cs = self._generate(ids)
+        self._sets[ids.tobytes()] = cs
+        while len(self._sets) > CACHED_SETS:
+            self._sets.popitem(last=False)
+        return cs, np.searchsorted(ids, clients)
+
+    def _locate(self, split, clients):
+        cs, rows = self.client_set(clients)
+        return (cs.inner if split == self.inner else cs.outer), rows, cs.inputs, cs.targets
+
+    def metric_info(self):
+        n = min(self.cfg.eval_clients, self.cfg.n_clients)
+        return {
+            "test_accuracy": (f"accuracy on {self.cfg.eval_samples} fresh samples of each of {n} clients", "%"),
+            "test_loss": ("mean cross-entropy on the same test samples", "nats"),
+        }

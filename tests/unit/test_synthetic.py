@@ -1,0 +1,133 @@
+"""Synthetic(alpha, beta) generator (FedProx section 5.1) and the hyper-representation problem on it."""
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from fednest_mpi import config, rng
+from fednest_mpi.data.synthetic import SyntheticSpec, client_model, generate, sample_counts
+from fednest_mpi.errors import ConfigError
+from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.base import Sample
+from fednest_mpi.problems.synthetic import CACHED_SETS
+
+
+def _cfg(problem=None, **sections):
+    data = {"problem": {"name": "synthetic", "n_clients": 50, "hidden": 5, "n_inputs": 7, "n_classes": 4,
+                        "samples_per_client": 30, "batch_size": 8, "eval_clients": 10, "eval_samples": 20, **(problem or {})},
+            "algorithm": {"clients_per_round": 6}, "run": {"dtype": "float64"}}
+    data.update(sections)
+    return config.from_dict(data)
+
+
+# -- generator ----------------------------------------------------------------------------------
+def test_a_clients_data_depend_only_on_seed_and_id():
+    spec = SyntheticSpec(size_distribution="lognormal", samples_per_client=20, max_samples=200)
+    many, labels, counts = generate(spec, 4, [3, 9, 17])
+    alone, alone_labels, _ = generate(spec, 4, [9])
+    start = counts[0]
+    torch.testing.assert_close(many[start: start + counts[1]], alone, rtol=0, atol=0)
+    assert torch.equal(labels[start: start + counts[1]], alone_labels)
+    other_seed, _, _ = generate(spec, 5, [9], counts[1:2])
+    assert not torch.equal(other_seed, alone)
+
+
+def test_labels_are_the_teacher_argmax_and_inputs_have_the_stated_moments():
+    spec = SyntheticSpec(alpha=0.5, beta=0.5)
+    n = 20000
+    a, t, _ = generate(spec, 1, [7], [n])
+    W, b, v = client_model(spec, 1, 7)
+    assert torch.equal(t, torch.argmax(a @ W.T + b, dim=1))
+    j = torch.arange(1, spec.n_inputs + 1, dtype=torch.float64)
+    var = j ** -1.2
+    # sample mean within 5 standard errors of v_i, sample variance within 5 % of j^-1.2
+    assert torch.all((a.mean(0) - v).abs() < 5 * (var / n).sqrt())
+    torch.testing.assert_close(a.var(0), var, rtol=0.05, atol=0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 3.0])
+def test_alpha_sets_the_spread_of_the_client_teachers(alpha):
+    spec = SyntheticSpec(alpha=alpha, beta=0.0)
+    means = np.array([float(client_model(spec, 0, i)[0].mean()) for i in range(400)])
+    # mean of W_i's 600 entries = u_i + N(0, 1/600): its spread over clients is sqrt(alpha^2 + 1/600)
+    expected = np.sqrt(alpha ** 2 + 1.0 / 600)
+    assert abs(means.std() / expected - 1) < 0.15
+
+
+def test_sample_counts_fixed_and_lognormal():
+    ids = np.arange(20000)
+    assert np.all(sample_counts(SyntheticSpec(samples_per_client=37), 0, ids) == 37)
+    counts = sample_counts(SyntheticSpec(size_distribution="lognormal", samples_per_client=40, size_sigma=1.0, max_samples=500), 0, ids)
+    assert counts.min() >= 2 and counts.max() <= 500
+    assert abs(np.median(counts) / 40 - 1) < 0.05
+    # P(n > 40 e) = P(z > 1) = 0.159 for the uncapped lognormal
+    assert abs(np.mean(counts > 40 * np.e) - 0.1587) < 0.01
+
+
+# -- problem --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def problem():
+    cfg = _cfg({"size_distribution": "lognormal", "size_sigma": 0.5})
+    return build_problem(cfg.problem, 0, range(0), dtype=torch.float64), cfg
+
+
+def test_splits_partition_each_clients_samples(problem):
+    prob, cfg = problem
+    ids = np.array([2, 11, 40])
+    cs, rows = prob.client_set(ids)
+    counts = sample_counts(prob.spec, 0, ids)
+    n_out = cs.outer.count[rows]
+    assert np.array_equal(cs.inner.count[rows] + n_out, counts)
+    np.testing.assert_allclose(n_out, np.clip(np.rint(cfg.problem.val_fraction * counts), 1, counts - 1))
+
+
+def test_a_client_row_does_not_depend_on_its_block_or_the_cache(problem):
+    prob, _ = problem
+    x, y = prob.initial_point()
+    s = Sample(rng.key(9), 3)
+    batched = prob.grad_x_outer(np.array([4, 7, 30]), x.expand(3, -1), y.expand(3, -1), s)
+    for other in ([1, 2], [5, 6, 8], [10]):  # evict the set holding client 7
+        prob.client_set(np.array(other))
+    alone = prob.grad_x_outer(np.array([7]), x.expand(1, -1), y.expand(1, -1), s)
+    torch.testing.assert_close(alone[0], batched[1], rtol=1e-12, atol=1e-14)
+
+
+def test_memory_holds_only_the_recent_client_sets(problem):
+    prob, _ = problem
+    for start in range(0, 40, 5):
+        prob.client_set(np.arange(start, start + 5))
+    assert len(prob._sets) == CACHED_SETS
+    prob.client_set(np.array([36, 38]))  # a subset of the last set: no new generation
+    assert len(prob._sets) == CACHED_SETS and list(prob._sets.values())[-1].ids.tolist() == list(range(35, 40))
+
+
+def test_frozen_x_feature_cache_gives_the_same_oracles(problem):
+    prob, _ = problem
+    x, y = prob.initial_point()
+    ids = np.array([3, 5, 6])
+    X, Y = x.expand(3, -1), y.expand(3, -1)
+    samples = [Sample(rng.key(4), 0), Sample(rng.key(4), 5), None]
+    plain = [prob.grad_y_inner(ids, X, Y, s) for s in samples]
+    with prob.outer_fixed(ids, x):
+        assert prob._cached_features(prob.inner, ids, X) is not None
+        cached = [prob.grad_y_inner(ids, X, Y, s) for s in samples]
+    for a, b in zip(plain, cached):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_balanced_placement_needs_a_problem_that_generates_any_client():
+    _cfg(federation={"placement": "balanced"})  # synthetic: fine
+    with pytest.raises(ConfigError, match="federation.placement"):
+        config.from_dict({"problem": {"name": "quadratic"}, "federation": {"placement": "balanced"}})
+
+
+def test_fednest_learns_on_synthetic_data():
+    from fednest_mpi.runner import simulate
+
+    cfg = _cfg({"alpha": 0.0, "beta": 0.0, "hidden": 16, "n_inputs": 60, "n_classes": 10, "samples_per_client": 100,
+                "eval_clients": 50}, algorithm={"clients_per_round": 10, "outer_iterations": 15, "inner_local_steps": 20,
+                                                "inner_lr": 0.5, "outer_lr": 0.5, "neumann_scale": 0.1})
+    acc = simulate(cfg, MPI.COMM_SELF).history["test_accuracy"]
+    # the initial point is near chance (10 %); the last iterations must beat it clearly
+    assert np.mean(acc[-5:]) > acc[0] + 12.0
