@@ -24,7 +24,7 @@ def test_family_members_write_distinct_outputs_and_differ_only_where_they_say():
     assert len(outputs) == len(set(outputs))
     iid = config.load(ROOT / "configs/mnist/hyperrep/iid/lfednest.toml")
     noniid = config.load(ROOT / "configs/mnist/hyperrep/noniid/fednest.toml")
-    assert (iid.algorithm.name, iid.problem.partition, iid.problem.val_fraction, iid.algorithm.inner_local_steps) == ("lfednest", "iid", 0.5, 25)
+    assert (iid.algorithm.name, iid.problem.partition, iid.problem.val_fraction, iid.algorithm.inner_local_steps) == ("lfednest", "iid", 0.2, 40)
     assert iid.algorithm.neumann_steps == noniid.algorithm.neumann_steps == 5  # inherited from base.toml
     assert config.load(ROOT / "configs/mnist/hyperrep/noniid/fednest_tau5.toml").algorithm.outer_local_steps == 5
     assert config.load(ROOT / "configs/mnist/losstuning/iid/untuned.toml").problem.tune_loss is False
