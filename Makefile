@@ -9,7 +9,7 @@ MPI_TIMEOUT ?= timeout -k 10 300
 export MPI4PY_RC_THREAD_LEVEL ?= single
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-serial test-mpi docs clean
+.PHONY: install test test-serial test-mpi docs bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test-mpi:
 	  echo "== MPI tests on $$n ranks"; \
 	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \
 	done
+
+# short benchmark (a few minutes on 2 cores): side-by-side table, bench/results/quick.h5 and plots
+bench:
+	$(TIMEOUT) $(BIN)/python -m bench bench/quick.toml
 
 docs:
 	$(BIN)/fednest-mpi config-doc > docs/config.md
