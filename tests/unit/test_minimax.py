@@ -8,6 +8,7 @@ from mpi4py import MPI
 from oracle_check import assert_oracles_match_autograd
 
 from fednest_mpi import config
+from fednest_mpi.algorithms import rounds_per_iteration
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems import build_problem
 from fednest_mpi.runner import simulate
@@ -147,6 +148,8 @@ def test_lfednest_and_fedavg_s_stall_at_their_closed_form_s_dependent_points(nam
 def test_communication_rounds_per_iteration(name, expected):
     cfg = _config(outer_iterations=3, inner_rounds=2, **ALGORITHMS[name])
     assert np.diff(simulate(cfg, MPI.COMM_SELF).history["comm_rounds"]).tolist() == [expected] * 3
+    if name != "fedavg_s":
+        assert rounds_per_iteration(name, 2, cfg.algorithm.neumann_steps, cfg.algorithm.hypergradient) == expected
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
