@@ -5,7 +5,8 @@ import torch
 
 
 def assert_oracles_match_autograd(prob, ids, f_g, seed=0):
-    """``f_g(i, x, y) -> (f_i, g_i)`` for client ``i``; compares every oracle row by row."""
+    """``f_g(i, x, y) -> (f_i, g_i)`` for client ``i``; compares every oracle and the per-client
+    values ``outer_value`` / ``inner_value`` row by row."""
     gen = torch.Generator().manual_seed(seed)
     n = len(ids)
     X = torch.randn(n, prob.dim_x, dtype=torch.float64, generator=gen)
@@ -17,9 +18,12 @@ def assert_oracles_match_autograd(prob, ids, f_g, seed=0):
         "grad_y_inner": prob.grad_y_inner(ids, X, Y, None), "hvp_yy_inner": prob.hvp_yy_inner(ids, X, Y, V, None),
         "jvp_xy_inner": prob.jvp_xy_inner(ids, X, Y, V, None),
     }
+    values = {"f": prob.outer_value(ids, X, Y), "g": prob.inner_value(ids, X, Y)}
     for b, i in enumerate(ids):
         x, y = X[b].clone().requires_grad_(), Y[b].clone().requires_grad_()
         f, g = f_g(int(i), x, y)
+        torch.testing.assert_close(values["f"][b], f.detach(), rtol=1e-12, atol=1e-12, msg="outer_value")
+        torch.testing.assert_close(values["g"][b], g.detach(), rtol=1e-12, atol=1e-12, msg="inner_value")
         fx, fy = torch.autograd.grad(f, (x, y), allow_unused=True, retain_graph=True)
         (gy,) = torch.autograd.grad(g, y, create_graph=True)
         hvp, jvp = torch.autograd.grad(gy @ V[b], (y, x), allow_unused=True)

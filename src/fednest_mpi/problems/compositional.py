@@ -80,6 +80,15 @@ class CompositionalProblem(BilevelProblem):
     def _jvp_xy_inner(self, clients, x, y, v, sample):
         return -torch.einsum("bij,bi->bj", self._local("R", clients), v)
 
+    def outer_value(self, clients, x, y):
+        """f_i(y) per client (a diagnostic, not counted)."""
+        r = y - self._local("a", clients)
+        return 0.5 * (self._local("p", clients) * r * r).sum(1)
+
+    def inner_value(self, clients, x, y):
+        """g_i(x, y) = 1/2 ||y - r_i(x)||^2 per client (a diagnostic, not counted)."""
+        return 0.5 * (self._grad_y_inner(clients, x, y, None) ** 2).sum(1)
+
     # -- closed forms -----------------------------------------------------------------------------
     def inner_solution(self, x: torch.Tensor) -> torch.Tensor:
         """y*(x) = R_bar x + c_bar (mean of the r_i(x))."""

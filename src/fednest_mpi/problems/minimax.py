@@ -83,6 +83,15 @@ class MinimaxProblem(BilevelProblem):
         t, _ = self._local(clients)
         return t * v
 
+    def outer_value(self, clients, x, y):
+        """f_i(x, y) per client (a diagnostic, not counted)."""
+        t, b = self._local(clients)
+        return -(0.5 * y * y - b * y + t * y * x).sum(1) + 0.5 * self.cfg.outer_regularization * (x * x).sum(1)
+
+    def inner_value(self, clients, x, y):
+        """g_i(x, y) = -f_i(x, y) per client (a diagnostic, not counted)."""
+        return -self.outer_value(clients, x, y)
+
     # -- closed forms -----------------------------------------------------------------------------
     def inner_solution(self, x: torch.Tensor) -> torch.Tensor:
         """y*(x) = argmax_y f(x, y) = b_bar - t_bar x."""
