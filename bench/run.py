@@ -42,6 +42,7 @@ COLUMNS = {
     "n_clients": ("clients M", "1"),
     "alg_s": ("median over iterations of the algorithm part of one outer iteration (max over ranks)", "s"),
     "alg_s_min": ("fastest outer iteration (algorithm part)", "s"),
+    "alg_cpu_s": ("median CPU time of the algorithm part of one outer iteration (max over ranks; MPI waits busy-poll)", "s"),
     "eval_s": ("median evaluation time per outer iteration", "s"),
     "comm_s": ("median time inside Allreduce per outer iteration on rank 0 (incl. waiting for slower ranks)", "s"),
     "comm_share": ("median of comm_s / alg_s on rank 0", "1"),
@@ -49,6 +50,7 @@ COLUMNS = {
     "peak_rss_mb": ("largest peak resident memory of any rank", "MiB"),
     "rss_growth_mb": ("largest RSS growth of any rank from the first to the last measured iteration", "MiB"),
     "speedup_vs_sequential": ("alg_s of the sequential baseline / alg_s (same case and clients, same harness run)", "1"),
+    "speedup_vs_sequential_cpu": ("the same ratio of alg_cpu_s", "1"),
     "speedup": ("strong: alg_s at 1 rank / alg_s; weak: alg_s at 1 rank x ranks / alg_s", "1"),
     "efficiency": ("parallel efficiency: speedup / ranks", "1"),
     "final_test_accuracy": ("test accuracy after the last iteration (sanity check)", "%"),
@@ -128,6 +130,7 @@ def derive(rows: list[dict]) -> None:
         seq = find(r["case"], "sequential", 1, r["clients_per_round"])
         if seq is not None and r["mode"] != "sequential" and r["ranks"] == 1:
             r["speedup_vs_sequential"] = seq["alg_s"] / r["alg_s"]
+            r["speedup_vs_sequential_cpu"] = seq["alg_cpu_s"] / r["alg_cpu_s"]
         if r["mode"] == "strong":
             one = find(r["case"], "single", 1, r["clients_per_round"])
             if one is not None:
@@ -142,16 +145,19 @@ def derive(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["case", "mode", "P", "|S|", "alg s", "eval s", "upd/s", "comm %", "peak MiB", "dRSS MiB", "x seq", "speedup", "eff"]
+    head = ["case", "mode", "P", "|S|", "alg s", "alg cpu s", "eval s", "upd/s", "comm %", "peak MiB", "dRSS MiB",
+            "x seq", "x seq cpu", "speedup", "eff"]
     lines = ["  ".join(f"{h:>9}" for h in head)]
 
     def f(v, fmt):
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
     for r in rows:
-        cells = [r["case"][:9], r["mode"], str(r["ranks"]), str(r["clients_per_round"]), f(r["alg_s"], ".4f"), f(r["eval_s"], ".4f"),
+        cells = [r["case"][:9], r["mode"], str(r["ranks"]), str(r["clients_per_round"]), f(r["alg_s"], ".4f"), f(r["alg_cpu_s"], ".4f"),
+                 f(r["eval_s"], ".4f"),
                  f(r["updates_per_s"], ".1f"), f(100 * r["comm_share"], ".1f"), f(r["peak_rss_mb"], ".0f"), f(r["rss_growth_mb"], ".1f"),
-                 f(r.get("speedup_vs_sequential"), ".1f"), f(r.get("speedup"), ".2f"), f(r.get("efficiency"), ".2f")]
+                 f(r.get("speedup_vs_sequential"), ".1f"), f(r.get("speedup_vs_sequential_cpu"), ".1f"), f(r.get("speedup"), ".2f"),
+                 f(r.get("efficiency"), ".2f")]
         lines.append("  ".join(f"{c:>9}" for c in cells))
     return "\n".join(lines)
 

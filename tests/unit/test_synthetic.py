@@ -131,3 +131,22 @@ def test_fednest_learns_on_synthetic_data():
     acc = simulate(cfg, MPI.COMM_SELF).history["test_accuracy"]
     # the initial point is near chance (10 %); the last iterations must beat it clearly
     assert np.mean(acc[-5:]) > acc[0] + 12.0
+
+
+def test_shared_x_feature_cache_gives_the_oracles_of_unshared_rows(problem):
+    """Whole-split oracles with a shared x (stride 0) reuse cached features; the numbers must be
+    those of the same x given as ordinary rows (no cache), for every oracle, hit or miss."""
+    prob, _ = problem
+    x, y = prob.initial_point()
+    ids = np.array([1, 8, 19, 33])
+    shared, rows = x.expand(4, -1), x.expand(4, -1).clone()
+    Y = y.expand(4, -1)
+    V = torch.randn(4, prob.dim_y, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    for sample in (None, Sample(rng.key(6), 1)):
+        for _ in range(2):  # the second pass hits the cache
+            for name in ("grad_x_outer", "grad_y_outer", "grad_y_inner"):
+                torch.testing.assert_close(getattr(prob, name)(ids, shared, Y, sample), getattr(prob, name)(ids, rows, Y, sample))
+            for name in ("hvp_yy_inner", "jvp_xy_inner"):
+                torch.testing.assert_close(getattr(prob, name)(ids, shared, Y, V, sample), getattr(prob, name)(ids, rows, Y, V, sample))
+    assert prob._cached_features(prob.inner, ids, shared) is not None
+    assert prob._cached_features(prob.inner, ids, (x + 0).expand(4, -1)) is None  # same values, other storage

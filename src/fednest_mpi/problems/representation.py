@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from collections import OrderedDict
 from contextlib import contextmanager
 
 import numpy as np
@@ -45,6 +46,7 @@ from fednest_mpi.problems.base import BilevelProblem
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
+FEATURE_SETS = 2  # cached (split, client set) features: FedOut's outer and inner split of one set
 
 
 class RepresentationProblem(BilevelProblem):
@@ -61,7 +63,7 @@ class RepresentationProblem(BilevelProblem):
     def _set_shape(self, n_inputs: int, hidden: int, n_classes: int) -> None:
         self.n_inputs, self.hidden, self.n_classes = n_inputs, hidden, n_classes
         self.dim_x, self.dim_y = hidden * n_inputs + hidden, n_classes * hidden + n_classes
-        self._features = None  # (clients, x, hidden features) while x is frozen: outer_fixed
+        self._feature_cache: OrderedDict = OrderedDict()  # see _features_of
 
     @abstractmethod
     def _locate(self, split, clients: np.ndarray):
@@ -95,45 +97,66 @@ class RepresentationProblem(BilevelProblem):
 
     @contextmanager
     def outer_fixed(self, clients, x):
-        """While x is frozen (FedInn), keep the hidden features of the clients' inner splits.
-
-        Without dropout phi_x(A) does not change inside a FedInn round, so it is computed once
-        per round for all inner samples of ``clients`` (one GEMM) and every local step only
-        gathers its minibatch rows: the d x H product leaves the local-step loop.
-        """
-        if self.cfg.dropout > 0:
-            yield
-            return
+        """While x is frozen (FedInn), the hidden features of the clients' inner splits are computed
+        once, now (one GEMM), and every local step only gathers its minibatch rows: the d x H
+        product leaves the local-step loop (see :meth:`_features_of`)."""
         clients = np.asarray(clients, dtype=np.int64)
-        split, rows, inputs, _ = self._locate(self.inner, clients)
-        width = split.index.shape[1]
-        pos = split.positions(rows, np.broadcast_to(np.arange(width), (len(rows), width)))
-        A = inputs[torch.as_tensor(pos, device=self.device)]
-        self._features = (clients, x, torch.relu(self._hidden(A, x.expand(len(clients), -1))))
-        try:
-            yield
-        finally:
-            self._features = None
+        self._features_of(self.inner, clients, x.expand(len(clients), -1), create=True)
+        yield
+
+    def _features_of(self, split, clients, x, create: bool):
+        """relu(A W1^T + b1) of the **whole** split of ``clients`` for a shared row ``x`` (stride 0),
+        without dropout; None otherwise.
+
+        Kept in a small LRU cache (:data:`FEATURE_SETS` entries) while x is unchanged: an entry
+        holds a reference to x (so its storage cannot be reused by another tensor) and matches
+        only the same storage at the same version. Whole-split oracles (FedIHGP products, the
+        hypergradient) on the same clients and x therefore share one d x H product (e.g. all N
+        Hessian products and the Jacobian product when FedIHGP reuses FedOut's client set).
+        ``create``: compute and keep it when missing.
+        """
+        if self.cfg.dropout > 0 or not (x.shape[0] and x.stride(0) == 0):
+            return None
+        key = (id(split), clients.tobytes())
+        hit = self._feature_cache.get(key)
+        if hit is not None and hit[0].data_ptr() == x.data_ptr() and hit[1] == x._version:
+            self._feature_cache.move_to_end(key)
+            return hit[2]
+        if not create:
+            return None
+        part, rows, inputs, _ = self._locate(split, clients)
+        width = part.index.shape[1]
+        pos = part.positions(rows, np.broadcast_to(np.arange(width), (len(rows), width)))
+        H = torch.relu(self._hidden(inputs[torch.as_tensor(pos, device=self.device)], x))
+        self._feature_cache[key] = (x, x._version, H)
+        while len(self._feature_cache) > FEATURE_SETS:
+            self._feature_cache.popitem(last=False)
+        return H
 
     def _cached_features(self, split, clients, x):
-        if self._features is None or split is not self.inner:
-            return None
-        ids, x_fixed, H = self._features
-        same_x = x.stride(0) == 0 and x.data_ptr() == x_fixed.data_ptr()
-        return H if same_x and np.array_equal(ids, clients) else None
+        """The cached features of (split, clients, x), or None (no computation)."""
+        return self._features_of(split, np.asarray(clients, dtype=np.int64), x, create=False)
 
-    def _forward(self, split, clients, x, y, sample, batch_size):
+    def _forward(self, split, clients, x, y, sample, batch_size, need_x=False):
+        """Everything the oracles need for the (mini)batches of ``clients``; ``need_x``: also the
+        inputs A (for gradients with respect to x) when the features come from the cache."""
         clients = np.asarray(clients, dtype=np.int64)
         part, rows, inputs, targets = self._locate(split, clients)
         cols, weights = part.batch(rows, clients, sample, batch_size)
         pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
         t = targets[pos]
         w = torch.as_tensor(weights, dtype=self.dtype, device=self.device)
-        cached = self._cached_features(split, clients, x)
-        if cached is not None:  # x frozen: no input pass, no x-gradients needed
-            A = pre = drop = None
-            flat = torch.as_tensor(cols + np.arange(len(cols))[:, None] * cached.shape[1], device=self.device)
-            H = cached.flatten(0, 1).index_select(0, flat.flatten()).reshape(*cols.shape, -1)
+        whole = sample is None or batch_size <= 0
+        cached = self._features_of(split, clients, x, create=whole)
+        if cached is not None:  # x shared and unchanged: no input pass
+            drop = None
+            A = inputs[pos] if need_x else None
+            if whole:
+                H = cached
+            else:
+                flat = torch.as_tensor(cols + np.arange(len(cols))[:, None] * cached.shape[1], device=self.device)
+                H = cached.flatten(0, 1).index_select(0, flat.flatten()).reshape(*cols.shape, -1)
+            pre = H  # only its sign is used: relu(z) > 0 exactly where z > 0
         else:
             A = inputs[pos]  # (B, b, d)
             pre = self._hidden(A, x)
@@ -185,7 +208,7 @@ class RepresentationProblem(BilevelProblem):
         return self._head_grad(s, self._residual(s))
 
     def _grad_x_outer(self, clients, x, y, sample):
-        s = self._forward(self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        s = self._forward(self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size, need_x=True)
         return self._backprop_x(s, torch.bmm(self._residual(s), s["W2"]))
 
     def _hvp_yy_inner(self, clients, x, y, v, sample):
@@ -194,10 +217,23 @@ class RepresentationProblem(BilevelProblem):
         return self._head_grad(s, Ju * s["w"][..., None]) + self.cfg.inner_regularization * v
 
     def _jvp_xy_inner(self, clients, x, y, v, sample):
-        s = self._forward(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        s = self._forward(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size, need_x=True)
         Ju, V2 = self._glm_hessian(s, v)
         grad_h = (torch.bmm(self._residual(s), V2) + torch.bmm(Ju * s["w"][..., None], s["W2"]))
         return self._backprop_x(s, grad_h)
+
+    def _cross_entropy(self, split, clients, x, y) -> torch.Tensor:
+        """Mean cross-entropy of each client's whole split, shape (B,)."""
+        s = self._forward(split, clients, x, y, None, 0)
+        return -(s["w"] * (torch.log_softmax(s["logits"], dim=-1) * s["E"]).sum(-1)).sum(1)
+
+    def inner_value(self, clients, x, y):
+        """g_i(x, y): cross-entropy on the whole inner split + (lambda/2) ||y||^2 (not counted)."""
+        return self._cross_entropy(self.inner, clients, x, y) + 0.5 * self.cfg.inner_regularization * (y * y).sum(1)
+
+    def outer_value(self, clients, x, y):
+        """f_i(x, y): cross-entropy on the whole outer split (not counted)."""
+        return self._cross_entropy(self.outer, clients, x, y)
 
     # -- evaluation ----------------------------------------------------------------------------
     def predict_logits(self, x, y, inputs):
