@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -95,7 +96,7 @@ def run_one(spec: dict, case: dict, mode: str, ranks: int, clients: int) -> dict
     env = dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_RC_THREAD_LEVEL="single")
     cmd = [sys.executable, str(ROOT / "bench" / "worker.py"), json.dumps(job)]
     if ranks > 1:
-        cmd = [spec.get("mpiexec", str(ROOT / ".venv" / "bin" / "mpiexec")), "-n", str(ranks)] + cmd
+        cmd = shlex.split(spec.get("mpiexec", str(ROOT / ".venv" / "bin" / "mpiexec"))) + ["-n", str(ranks)] + cmd
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=float(spec.get("timeout", 900)))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")]
@@ -208,7 +209,11 @@ def main(argv: list[str]) -> int:
                 print(f"skipping {case['name']}: {exc}", flush=True)
                 continue
         for mode, ranks, clients in plan(spec, case):
-            row = run_one(spec, case, mode, ranks, clients)
+            try:
+                row = run_one(spec, case, mode, ranks, clients)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # keep the other measurements
+                print(f"  FAILED {case['name']} {mode} P={ranks} |S|={clients}: {exc}", flush=True)
+                continue
             rows.append(row)
             print(f"  {case['name']} {mode} P={ranks} |S|={clients}: {row['alg_s']:.4f} s algorithm, "
                   f"{row['eval_s']:.4f} s evaluation ({row['seconds']:.0f} s)", flush=True)
