@@ -1,9 +1,12 @@
 """Command line: ``fednest-mpi run | report | plot | jobs | download | config-doc`` (also ``python -m fednest_mpi``).
 
-Exit codes: 0 success, 1 failure of the run, 2 usage error (bad arguments, config or output
-path). Usage errors are detected identically on every rank before any collective and printed
-once (by rank 0). An exception during the run prints ``rank r/P`` and its cause, and aborts the
-whole MPI job, so no rank is left waiting in a collective.
+Exit codes: 0 success, also a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint
+(continue it with ``--resume``); 1 failure of the run; 2 usage error (bad arguments, config,
+output path, checkpoint, missing or damaged data file). Usage errors are detected identically on
+every rank (or agreed on in one collective while building the problem) and printed once (by rank
+0). A NaN/Inf stops every rank after the same iteration with one message; any other exception
+during the run prints ``rank r/P`` and its cause, and aborts the whole MPI job, so no rank is left
+waiting in a collective. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ EPILOG_RUN = """\
 example:
   mpiexec -n 4 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
       --output runs/quadratic.h5 --overwrite
+  # after a preemption or SIGTERM (on any number of ranks):
+  mpiexec -n 2 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
+      --output runs/quadratic.h5 --resume
 """
 
 
@@ -41,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--output", "-o", help="HDF5 output path (run.output)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output file (run.overwrite)")
     run.add_argument("--quiet", "-q", action="store_true", help="warnings only")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from the run's latest checkpoint (run.checkpoint_dir): same config, any number of "
+                          "ranks; the output file is cut back to the checkpoint and appended to")
     rep = sub.add_parser("report", help="text table of runs: differing config, final/best metrics, time, communication",
                          epilog="example:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,8 +107,9 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args) -> int:
     from fednest_mpi.federation import MPI  # imports mpi4py after the thread-level setting
 
+    from fednest_mpi import checkpoint
     from fednest_mpi import config as configuration
-    from fednest_mpi.io.h5 import RunWriter, check_output_path
+    from fednest_mpi.io.h5 import RunWriter, check_directory, check_output_path, check_resumable_output
     from fednest_mpi.logs import setup_logging
     from fednest_mpi.runner import Progress, Simulation
 
@@ -107,7 +117,13 @@ def _run(args) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank, size, logging.WARNING if args.quiet else logging.INFO)
 
+    def usage_error(exc) -> int:
+        if rank == 0:
+            print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 2
+
     # ---- validation: deterministic on every rank, before any collective
+    resume = None
     try:
         overrides = list(args.overrides)
         if args.output:
@@ -116,36 +132,50 @@ def _run(args) -> int:
             overrides.append("run.overwrite=true")
         cfg = configuration.load(args.config, overrides)
         configuration.validate_world(cfg, size)
-        check_output_path(cfg.run.output, cfg.run.overwrite)
+        folder = checkpoint.folder_of(cfg)
+        if args.resume:
+            resume = checkpoint.load(folder)
+            checkpoint.check_resumable(resume, cfg)
+            check_resumable_output(cfg.run.output, resume.output_rows)
+        else:
+            check_output_path(cfg.run.output, cfg.run.overwrite)
+        check_directory(folder, "run.checkpoint_dir")
     except UsageError as exc:
-        if rank == 0:
-            print(f"fednest-mpi: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(exc)
 
-    # ---- the run: any exception on any rank aborts the whole job
+    # ---- the run: a usage error while building agrees across ranks; any exception aborts the job
     writer = progress = None
     last = {"k": None}
     try:
-        log.info("fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d", __version__, cfg.algorithm.name,
-                 cfg.problem.name, cfg.problem.n_clients, size, cfg.seed)
-        sim = Simulation(cfg, comm)
+        with checkpoint.StopSignals() as stop:
+            log.info("fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s", __version__, cfg.algorithm.name,
+                     cfg.problem.name, cfg.problem.n_clients, size, cfg.seed,
+                     f", resuming after iteration {resume.iteration}" if resume else "")
+            try:
+                sim = Simulation(cfg, comm)
+            except UsageError as exc:  # the same on every rank (Simulation agrees on it)
+                return usage_error(exc)
+            if rank == 0:
+                attrs = {"mpi_size": size, "seed": cfg.seed, "problem": cfg.problem.name,
+                         "algorithm": cfg.algorithm.name, "config_json": cfg.to_json()}
+                writer = RunWriter(cfg.run.output, attrs, sim.columns(), keep_rows=resume.output_rows if resume else None)
+                progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every)
+
+            def on_iteration(k, row):
+                last["k"] = k
+                if progress is not None:
+                    progress(k, row)
+
+            result = sim.run(writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume)
+    except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
         if rank == 0:
-            attrs = {"mpi_size": size, "seed": cfg.seed, "problem": cfg.problem.name,
-                     "algorithm": cfg.algorithm.name, "config_json": cfg.to_json()}
-            writer = RunWriter(cfg.run.output, attrs, sim.columns())
-            progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every)
-
-        def on_iteration(k, row):
-            last["k"] = k
-            if progress is not None:
-                progress(k, row)
-
-        sim.run(writer=writer, progress=on_iteration)
+            print(f"fednest-mpi: run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({folder}) hold the "
+                  "iterations before", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
         where = f" after iteration {last['k']}" if last["k"] is not None else ""
         print(f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if not isinstance(exc, FloatingPointError):
-            traceback.print_exc(file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
         if writer is not None:
             writer.close()
         if size > 1:
@@ -154,8 +184,12 @@ def _run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
-    if writer is not None:
-        writer.close()
+        if writer is not None:
+            writer.close()
+    if rank == 0 and result.stopped_by:
+        print(f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, checkpoint written to {folder}; "
+              f"continue with the same command and --resume", file=sys.stderr)
+    if rank == 0:
         print(f"output: {cfg.run.output}")
     return 0
 

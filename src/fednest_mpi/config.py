@@ -222,6 +222,9 @@ class RunSection:
     torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
     log_every: int = spec(10, "one summary log line every k outer iterations (batch logs)", low=1)
     progress: str = spec("auto", "progress bar on rank 0: auto (only on a terminal), always, never", choices=("auto", "always", "never"))
+    checkpoint_every: int = spec(100, "write a checkpoint every k outer iterations; one is also written at iteration 0, at the end "
+                                 "and on SIGTERM/SIGUSR1 (0: only then); see docs/reliability.md", low=0)
+    checkpoint_dir: str = spec("", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The simulation loop: build problem, federation and algorithm, iterate, record, stream to HDF5.
+"""The simulation loop: build problem, federation and algorithm, iterate, record, stream to HDF5,
+checkpoint (:mod:`fednest_mpi.checkpoint`) and resume.
 
 Used by the command line and by tests (call :func:`simulate` with ``COMM_SELF`` for the 1-rank
 reference of an N-rank run).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,14 +18,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fednest_mpi import checkpoint as ckpt_io
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.config import RunConfig
+from fednest_mpi.errors import ConfigError, DataError, UsageError
 from fednest_mpi.federation import Federation, torch_device
 from fednest_mpi.problems import ORACLES, build_problem
 
 logger = logging.getLogger(__name__)
 
-FAULT_ENV = "FEDNEST_MPI_INJECT_FAULT"  # "rank:iteration": raise on that rank (tests of the abort path)
+# "rank:iteration[:kind]" injects a fault on that rank in that iteration (tests): raise (default) an
+# exception before the step; nan: a NaN in x after the step; kill: SIGKILL itself after the step
+# (mid-iteration); term: send itself SIGTERM before the step (a preemption notice)
+FAULT_ENV = "FEDNEST_MPI_INJECT_FAULT"
 
 BOOKKEEPING = {
     "iteration": ("outer iteration k (0 = initial point)", "1"),
@@ -45,18 +52,37 @@ class RunResult:
     x: torch.Tensor
     y: torch.Tensor
     history: dict[str, list] = field(default_factory=dict)
+    stopped_by: str | None = None  # the signal that stopped the run at a checkpoint before the last iteration
 
 
 def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "float64": torch.float64}[name]
 
 
-def _fault_iteration(rank: int) -> int | None:
+def _fault(rank: int) -> tuple[int | None, str]:
+    """(iteration, kind) of the fault :data:`FAULT_ENV` injects on ``rank``, or (None, "")."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
-        return None
-    r, k = spec.split(":")
-    return int(k) if int(r) == rank else None
+        return None, ""
+    r, k, *kind = spec.split(":")
+    return (int(k), kind[0] if kind else "raise") if int(r) == rank else (None, "")
+
+
+def agree_on_usage_error(comm, error: UsageError | None) -> None:
+    """Raise, on every rank, the usage error of the lowest rank that had one (if any did).
+
+    **Collective** (one small allgather): construction steps that may fail on some ranks only
+    (a data file one node cannot read) call it before any other collective of the run.
+    """
+    reports = comm.allgather(None if error is None else (type(error).__name__, str(error)))
+    failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+    if not failed:
+        return
+    rank, (kind, message) = failed[0]
+    cls = {c.__name__: c for c in (UsageError, ConfigError, DataError)}.get(kind, UsageError)
+    if len(failed) < len(reports):
+        message = f"rank {rank}/{len(reports)}: {message}"
+    raise cls(message)
 
 
 class Simulation:
@@ -71,9 +97,16 @@ class Simulation:
         self.fed = Federation(comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait, cfg.federation.placement)
         if self.fed.node_rank == 0 and self.fed.node_size * cfg.run.torch_threads > (os.cpu_count() or 1):
             logger.warning("%d ranks x %d torch threads exceed the node's %d cores: lower run.torch_threads", self.fed.node_size, cfg.run.torch_threads, os.cpu_count())
-        device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
-        self.problem = build_problem(cfg.problem, cfg.seed, self.fed.block, device=device, dtype=torch_dtype(cfg.run.dtype))
-        self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
+        # no collective below until the agreement: a usage error (missing or damaged data file,
+        # a data-dependent config check) on any rank ends every rank with the same message
+        error = None
+        try:
+            device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
+            self.problem = build_problem(cfg.problem, cfg.seed, self.fed.block, device=device, dtype=torch_dtype(cfg.run.dtype))
+            self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
+        except UsageError as exc:
+            error = exc
+        agree_on_usage_error(comm, error)
 
     def columns(self) -> dict[str, tuple[str, str]]:
         """name -> (description, units) of every per-iteration value :meth:`run` records."""
@@ -82,40 +115,64 @@ class Simulation:
         cols.update(self.problem.metric_info())
         return cols
 
-    def run(self, writer=None, progress=None) -> RunResult:
-        """Iterate Algorithm 1 for ``outer_iterations`` steps, recording after each.
+    def run(self, writer=None, progress=None, checkpoint_dir=None, stop=None, resume: ckpt_io.Checkpoint | None = None) -> RunResult:
+        """Iterate Algorithm 1 up to ``outer_iterations``, recording after each step.
 
         Parameters
         ----------
         writer : object with ``append(row)`` (rank 0's :class:`~fednest_mpi.io.h5.RunWriter`) or None.
         progress : callable ``(k, row)`` called after every iteration (rank 0's display) or None.
+        checkpoint_dir : folder for checkpoints (at iteration 0, every ``run.checkpoint_every``
+            iterations, at the end and when stopped), or None for none.
+        stop : object whose ``requested`` says that this rank received a stop signal
+            (:class:`~fednest_mpi.checkpoint.StopSignals`) or None. The flag is OR-ed over the
+            ranks in the per-iteration bookkeeping reduction, so all ranks stop after the same
+            iteration, with a checkpoint.
+        resume : continue after this checkpoint (from :func:`fednest_mpi.checkpoint.load`, read
+            from ``checkpoint_dir``) instead of starting at the initial point.
         """
         cfg, fed, problem = self.cfg, self.fed, self.problem
-        fault_at = _fault_iteration(fed.rank)
-        x, y = problem.initial_point()
+        fault_at, fault_kind = _fault(fed.rank)
+        n_oracles = len(ORACLES)
         history: dict[str, list] = {}
+        if resume is None:
+            x, y = problem.initial_point()
+            k, base_counts, base_wall = 0, np.zeros(n_oracles), 0.0
+        else:
+            x, y = self._restore(resume, checkpoint_dir)
+            k, base_wall = resume.iteration, resume.wall_time
+            # rank 0 carries the saved totals, so the sum over ranks continues them
+            base_counts = resume.oracle_totals.numpy() if fed.rank == 0 else np.zeros(n_oracles)
         start = time.perf_counter()
+        state: dict = {}
 
-        def record(k: int, alg_seconds: float, diag: dict) -> None:
+        def record(k: int, alg_seconds: float, diag: dict) -> bool:
+            """Evaluate, agree on health and stop requests, record; True when a stop was requested."""
             t0 = time.perf_counter()
             metrics = problem.evaluate(x, y)
             eval_seconds = time.perf_counter() - t0
             finite = all(math.isfinite(v) for v in metrics.values()) and bool(torch.isfinite(x).all() and torch.isfinite(y).all())
-            # one small bookkeeping reduction: oracle counts (sum) and the health of every rank
-            totals = fed.sum_uncounted(np.concatenate([problem.counts_vector(), [0.0 if finite else 1.0]]))
-            if totals[-1] > 0:
-                raise FloatingPointError(f"iteration {k}: the iterates or metrics became NaN/Inf (diverged); lower the step sizes")
+            # one small bookkeeping reduction: oracle counts (sum), the health of every rank (count of
+            # failing ranks, sum of their ranks) and stop requests
+            flags = [0.0, 0.0] if finite else [1.0, float(fed.rank)]
+            flags.append(1.0 if stop is not None and stop.requested else 0.0)
+            totals = fed.sum_uncounted(np.concatenate([problem.counts_vector() + base_counts, flags]))
+            counts, (n_bad, rank_sum, n_stop) = totals[:n_oracles], totals[n_oracles:]
+            if n_bad > 0:
+                where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
+                raise FloatingPointError(f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); "
+                                         "lower the step sizes")
             row = {
                 "iteration": k,
                 "comm_rounds": fed.stats.rounds,
                 "comm_bytes": fed.stats.bytes,
                 "comm_seconds": fed.stats.seconds,
-                "wall_time": time.perf_counter() - start,
+                "wall_time": base_wall + time.perf_counter() - start,
                 "algorithm_time": alg_seconds,
                 "evaluation_time": eval_seconds,
                 "hypergradient_estimate_norm": diag.get("hypergradient_estimate_norm", math.nan),
             }
-            row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, totals[:-1])})
+            row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
             for name, value in row.items():
                 history.setdefault(name, []).append(value)
@@ -123,20 +180,55 @@ class Simulation:
                 writer.append(row)
             if progress is not None:
                 progress(k, row)
+            state.update(counts=counts, wall=row["wall_time"])
+            return n_stop > 0
 
-        record(0, 0.0, {})
-        for k in range(1, cfg.algorithm.outer_iterations + 1):
-            if fault_at == k:
+        def save(k: int) -> None:
+            if checkpoint_dir is None:
+                return
+            saved = ckpt_io.Checkpoint(
+                iteration=k, x=x, y=y, comm_rounds=fed.stats.rounds, comm_bytes=fed.stats.bytes, comm_seconds=fed.stats.seconds,
+                oracle_totals=torch.from_numpy(state["counts"].copy()), wall_time=state["wall"], output_rows=k + 1,
+                config_json=cfg.to_json(), mpi_size=fed.size, algorithm_state=self.algorithm.checkpoint_state())
+            ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
+
+        K, every = cfg.algorithm.outer_iterations, cfg.run.checkpoint_every
+        halt = False
+        if resume is None:
+            halt = record(0, 0.0, {})
+            save(0)
+        while k < K and not halt:
+            k += 1
+            if fault_at == k and fault_kind == "raise":
                 raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
+            if fault_at == k and fault_kind == "term":
+                os.kill(os.getpid(), signal.SIGTERM)
             t0 = time.perf_counter()
             x, y, diag = self.algorithm.step(k, x, y)
-            record(k, time.perf_counter() - t0, diag)
-        return RunResult(x=x, y=y, history=history)
+            if fault_at == k and fault_kind == "nan":
+                x = torch.full_like(x, math.nan)
+            if fault_at == k and fault_kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            halt = record(k, time.perf_counter() - t0, diag)
+            if halt or k == K or (every and k % every == 0):
+                save(k)
+        stopped_by = (stop.received or "a signal to another rank") if halt and k < K else None
+        return RunResult(x=x, y=y, history=history, stopped_by=stopped_by)
+
+    def _restore(self, resume: ckpt_io.Checkpoint, checkpoint_dir) -> tuple[torch.Tensor, torch.Tensor]:
+        """Put the federation's counters and the algorithm's state where ``resume`` left them; (x, y)."""
+        like = self.problem.initial_point()[0]
+        stats = self.fed.stats
+        stats.rounds, stats.bytes, stats.seconds = resume.comm_rounds, resume.comm_bytes, resume.comm_seconds
+        clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
+        self.algorithm.restore({name: t.to(like.device) for name, t in resume.algorithm_state.items()},
+                               {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()})
+        return resume.x.to(like.device), resume.y.to(like.device)
 
 
-def simulate(cfg: RunConfig, comm, writer=None, progress=None) -> RunResult:
-    """Build and run a :class:`Simulation`. **Collective** over ``comm``."""
-    return Simulation(cfg, comm).run(writer, progress)
+def simulate(cfg: RunConfig, comm, writer=None, progress=None, **checkpointing) -> RunResult:
+    """Build and run a :class:`Simulation` (``checkpointing``: see :meth:`Simulation.run`). **Collective** over ``comm``."""
+    return Simulation(cfg, comm).run(writer, progress, **checkpointing)
 
 
 class Progress:

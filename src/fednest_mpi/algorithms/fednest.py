@@ -117,6 +117,19 @@ class FedNestFamily:
         self.fed = fed
         self.seed = seed
 
+    # -- checkpoint state (docs/reliability.md); x, y and the counter k are saved by the runner --
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """Replicated state beyond x and y that a restart needs (e.g. momentum); none in Table 2's variants."""
+        return {}
+
+    def client_states(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
+        """Persistent state of the hosted clients: name -> (client ids, one row per id); none here."""
+        return {}
+
+    def restore(self, global_state: dict[str, torch.Tensor], client_states: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
+        """Set what :meth:`checkpoint_state` and :meth:`client_states` saved; every entry of
+        ``client_states`` holds only (and all) the saved ids this rank hosts, in increasing order."""
+
     # -- helpers ---------------------------------------------------------------------------------
     def key(self, purpose: rng.Purpose, *counters):
         return rng.key(self.seed, int(purpose), *counters)

@@ -3,7 +3,8 @@
 Schema ``fednest-mpi/run`` version :data:`SCHEMA_VERSION` (documented in ``docs/hdf5.md``)::
 
     /                      attrs: format, schema_version, package_version, git_commit, created_utc,
-                                  hostname, mpi_size, seed, problem, algorithm, config_json
+                                  hostname, mpi_size, seed, problem, algorithm, config_json,
+                                  resumes (JSON; only in a run continued with --resume)
     /iterations/<column>   1-D, extendable, chunked; one entry per completed outer iteration
                            (entry 0 is the initial point); attrs: description, units.
                            /iterations/iteration is the dimension scale of all the others.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -44,17 +46,45 @@ def git_commit() -> str:
         return ""
 
 
-def check_output_path(path: str | Path, overwrite: bool) -> None:
-    """Refuse an existing output unless ``overwrite``; refuse an unwritable directory. No I/O beyond stat."""
-    p = Path(path)
-    if p.exists() and not overwrite:
-        raise UsageError(f"run.output: {str(p)!r} already exists; choose another path or pass --overwrite (run.overwrite = true)")
-    parent = p.parent if str(p.parent) else Path(".")
-    existing = parent
+MIN_FREE_BYTES = 1 << 20  # a file system with less free space is refused before the run starts
+
+
+def check_directory(path: str | Path, field: str, min_free: int = MIN_FREE_BYTES) -> None:
+    """Refuse a folder ``path`` (or its nearest existing parent, where it would be created) that
+    is not a writable folder or has less than ``min_free`` bytes free. No I/O beyond stat."""
+    existing = Path(path) if str(path) else Path(".")
     while not existing.exists():
         existing = existing.parent
-    if not os.access(existing, os.W_OK):
-        raise UsageError(f"run.output: directory {str(existing)!r} is not writable; choose an output path you can write to")
+    if not existing.is_dir():
+        raise UsageError(f"{field}: {str(existing)!r} is a file, not a folder; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{field}: directory {str(existing)!r} is not writable; choose a path you can write to")
+    free = shutil.disk_usage(existing).free
+    if free < min_free:
+        raise UsageError(f"{field}: the file system of {str(existing)!r} is full ({free} bytes free, at least {min_free} "
+                         "needed); free some space or choose another path")
+
+
+def check_output_path(path: str | Path, overwrite: bool) -> None:
+    """Refuse an existing output unless ``overwrite``; refuse an unwritable or full directory. No I/O beyond stat."""
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise UsageError(f"run.output: {str(p)!r} already exists; choose another path or pass --overwrite (run.overwrite = true), "
+                         "or continue it from its checkpoint with --resume")
+    check_directory(p.parent, "run.output")
+
+
+def check_resumable_output(path: str | Path, rows: int) -> None:
+    """Refuse to resume into ``path`` unless it is a run file holding at least ``rows`` iterations."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--resume: the output file {str(p)!r} of the checkpointed run does not exist; "
+                         "run without --resume to start again")
+    _, data = read_run(p)
+    if len(data.get(SCALE, ())) < rows:
+        raise UsageError(f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
+                         "checkpoint: it is not this checkpoint's output; run without --resume to start again")
+    check_directory(p.parent, "run.output")
 
 
 class RunWriter:
@@ -65,13 +95,20 @@ class RunWriter:
     path : output file; its directory is created.
     attrs : file attributes (config, seed, ...), added to the fixed provenance attributes.
     columns : name -> (description, units) for every per-iteration column, ``iteration`` first.
+    keep_rows : resume an existing run file at ``path``: the new file keeps its attributes and the
+        first ``keep_rows`` entries of every column (a checkpoint's iterations; later ones are
+        dropped), records the resume in the ``resumes`` attribute (JSON list of iteration,
+        mpi_size, time) and is then appended to. The old file is replaced only once the new one is
+        complete, so a crash meanwhile leaves it as it was.
     """
 
-    def __init__(self, path: str | Path, attrs: dict, columns: dict[str, tuple[str, str]]):
+    def __init__(self, path: str | Path, attrs: dict, columns: dict[str, tuple[str, str]], keep_rows: int | None = None):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
         self.path = path
+        kept_attrs, kept = _read_head(path, keep_rows, columns) if keep_rows is not None else ({}, {})
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.file = h5py.File(tmp, "w", libver="latest")
         f = self.file
         f.attrs.update(
@@ -80,11 +117,16 @@ class RunWriter:
                 "schema_version": SCHEMA_VERSION,
                 "package_version": __version__,
                 "git_commit": git_commit(),
-                "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "created_utc": now,
                 "hostname": socket.gethostname(),
             }
         )
         f.attrs.update(attrs)
+        if keep_rows is not None:
+            resumes = json.loads(kept_attrs.pop("resumes", "[]"))
+            resumes.append({"iteration": keep_rows - 1, "mpi_size": attrs.get("mpi_size"), "utc": now})
+            f.attrs.update(kept_attrs)
+            f.attrs["resumes"] = json.dumps(resumes)
         group = f.create_group(GROUP)
         self.columns = list(columns)
         for name, (description, units) in columns.items():
@@ -92,6 +134,9 @@ class RunWriter:
             d = group.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=dtype)
             d.attrs["description"] = description
             d.attrs["units"] = units
+            if name in kept:
+                d.resize((keep_rows,))
+                d[:] = kept[name]
         group[SCALE].make_scale(SCALE)
         for name in self.columns:
             if name != SCALE:
@@ -141,3 +186,15 @@ def read_run(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
         data = {name: group[name][:n] for name in group}
     attrs["config"] = json.loads(attrs.get("config_json", "{}"))
     return attrs, data
+
+
+def _read_head(path: Path, rows: int, columns) -> tuple[dict, dict[str, np.ndarray]]:
+    """(attributes, {column: first ``rows`` entries}) of an existing run file with the same columns."""
+    attrs, data = read_run(path)
+    attrs.pop("config")
+    if set(data) != set(columns):
+        raise UsageError(f"--resume: {str(path)!r} has the columns {sorted(data)}, this run records {sorted(columns)}; "
+                         "it was written by another fednest-mpi version or problem; run without --resume to start again")
+    if len(data[SCALE]) < rows:
+        raise UsageError(f"--resume: {str(path)!r} holds {len(data[SCALE])} iterations, fewer than the checkpoint's {rows}")
+    return attrs, {name: values[:rows] for name, values in data.items()}
