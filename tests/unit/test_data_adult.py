@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ from fednest_mpi.data import load_adult
 from fednest_mpi.data.adult import CATEGORICAL, NUMERIC, RACES
 from fednest_mpi.errors import DataError
 
-SHARED = Path(os.environ.get("FEDNEST_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+from shared_data import DATA as SHARED
 
 TRAIN = """\
 39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K

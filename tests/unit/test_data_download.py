@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +12,7 @@ from fednest_mpi.data.download import SOURCES
 from fednest_mpi.data.files import read_md5sums
 from fednest_mpi.errors import DataError
 
-SHARED = Path(os.environ.get("FEDNEST_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+from shared_data import DATA as SHARED
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from fednest_mpi.data import files, load_mnist, read_idx, resolve_data_dir
 from fednest_mpi.data.mnist import IMAGES_MAGIC, LABELS_MAGIC
 from fednest_mpi.errors import DataError
 
-SHARED = Path(os.environ.get("FEDNEST_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+from shared_data import DATA as SHARED
 TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ from fednest_mpi.data import (dirichlet_partition, iid_partition, long_tail_indi
                               shard_partition, split_inner_outer)
 from fednest_mpi.data.mnist import LABELS_MAGIC
 
-SHARED = Path(os.environ.get("FEDNEST_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+from shared_data import DATA as SHARED
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,5 @@
 """Hyper-representation oracles against autograd, batching, and a short learning run on real MNIST."""
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +11,9 @@ from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
 from fednest_mpi.problems.hyperrep import N_PIXELS
 
-DATA = Path(os.environ.get("FEDNEST_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
-pytestmark = pytest.mark.skipif(not (DATA / "mnist").is_dir(), reason=f"MNIST not found under {DATA}")
+from shared_data import DATA, requires
+
+pytestmark = requires("mnist")
 
 
 def _cfg(**problem):

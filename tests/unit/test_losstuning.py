@@ -2,8 +2,6 @@
 reference, the untuned baseline, and the outer weights' unbiasedness."""
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +12,9 @@ from fednest_mpi.data import load_mnist
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
 
-DATA = Path(os.environ.get("FEDNEST_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
-pytestmark = pytest.mark.skipif(not (DATA / "mnist").is_dir(), reason=f"MNIST not found under {DATA}")
+from shared_data import DATA, requires
+
+pytestmark = requires("mnist")
 
 
 def _cfg(**problem):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.data import dirichlet_partition, iid_partition, shard_partition, split_inner_outer
+from fednest_mpi.data import dirichlet_partition, iid_partition, load_mnist, resolve_data_dir, shard_partition, split_inner_outer
 
 
 def partition_clients(labels: np.ndarray, cfg, seed: int, equal_shards: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -76,3 +76,30 @@ class HostedSamples:
         self.targets = train_y[used].to(device)
         self.inner = ClientSplit([where[tr] for tr, _ in hosted])
         self.outer = ClientSplit([where[va] for _, va in hosted])
+
+
+class ImageClients(HostedSamples):
+    """An MNIST-format training set (``cfg.dataset`` in ``cfg.data_dir`` or ``$FEDNEST_DATA``)
+    partitioned into clients by ``cfg`` (:func:`partition_clients`), the hosted clients' samples
+    kept on ``device``, and the 10k test set.
+
+    ``select(labels) -> indices`` restricts the training set first (e.g. the long-tail subset);
+    its shards may then differ in size by one, so that no selected sample is dropped.
+    """
+
+    def __init__(self, cfg, seed: int, clients: range, device, dtype, select=None):
+        data = load_mnist(resolve_data_dir(cfg.data_dir or None, cfg.dataset), variant=cfg.dataset)
+        labels = data.train_y.numpy()
+        keep = np.arange(len(labels)) if select is None else select(labels)
+        parts = partition_clients(labels[keep], cfg, seed, equal_shards=select is None)
+        super().__init__(data.train_x, data.train_y, [(keep[tr], keep[va]) for tr, va in parts], clients, device, dtype)
+        self.train_labels = labels[keep]  #: labels of the (selected) training set, every client's
+        self.test_inputs = data.test_x.to(device, dtype)
+        self.test_targets = data.test_y.to(device)
+
+    def attach(self, problem) -> None:
+        """Give ``problem`` the attributes the batched oracles read."""
+        problem._first = self.first
+        problem.inputs, problem.targets, problem.inner, problem.outer = self.inputs, self.targets, self.inner, self.outer
+        problem.test_inputs, problem.test_targets = self.test_inputs, self.test_targets
+

@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fednest_mpi.data import load_mnist, resolve_data_dir
-from fednest_mpi.problems.clientdata import HostedSamples, partition_clients
+from fednest_mpi.problems.clientdata import ImageClients
 from fednest_mpi.problems.representation import RepresentationProblem
 
 N_PIXELS, N_CLASSES = 784, 10
@@ -36,13 +35,7 @@ class HyperRepresentationProblem(RepresentationProblem):
         self.n_clients = cfg.n_clients
         self.device, self.dtype = torch.device(device), dtype
         self._set_shape(N_PIXELS, cfg.hidden, N_CLASSES)
-        data = load_mnist(resolve_data_dir(cfg.data_dir or None, cfg.dataset), variant=cfg.dataset)
-        splits = partition_clients(data.train_y.numpy(), cfg, seed)
-        hosted = HostedSamples(data.train_x, data.train_y, splits, clients, self.device, self.dtype)
-        self._first = hosted.first
-        self.inputs, self.targets, self.inner, self.outer = hosted.inputs, hosted.targets, hosted.inner, hosted.outer
-        self.test_inputs = data.test_x.to(self.device, self.dtype)
-        self.test_targets = data.test_y.to(self.device)
+        ImageClients(cfg, seed, clients, self.device, self.dtype).attach(self)
 
     def _locate(self, split, clients):
         return split, np.asarray(clients, dtype=np.int64) - self._first, self.inputs, self.targets

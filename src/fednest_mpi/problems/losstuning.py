@@ -41,9 +41,9 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.data import load_mnist, long_tail_indices, resolve_data_dir
+from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems.base import BilevelProblem
-from fednest_mpi.problems.clientdata import ClientSplit, HostedSamples, partition_clients
+from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
 
 N_PIXELS, N_CLASSES = 784, 10
 _EVAL_CHUNK = 5000
@@ -61,12 +61,11 @@ class LossTuningProblem(BilevelProblem):
         self.shapes = [(o, i) for i, o in zip(self.widths[:-1], self.widths[1:])]
         self.dim_x = 2 * N_CLASSES
         self.dim_y = sum(o * i + o for o, i in self.shapes)
-        data = load_mnist(resolve_data_dir(cfg.data_dir or None, cfg.dataset), variant=cfg.dataset)
-        labels = data.train_y.numpy()
-        long_tail = long_tail_indices(labels, N_CLASSES, cfg.max_per_class, cfg.imbalance_ratio)
-        splits = [(long_tail[tr], long_tail[va]) for tr, va in partition_clients(labels[long_tail], cfg, seed, equal_shards=False)]
-        prior = np.bincount(labels[long_tail], minlength=N_CLASSES) / len(long_tail)
-        self.class_sizes = np.bincount(labels[long_tail], minlength=N_CLASSES)
+        data = ImageClients(cfg, seed, clients, self.device, dtype,
+                            select=lambda labels: long_tail_indices(labels, N_CLASSES, cfg.max_per_class, cfg.imbalance_ratio))
+        data.attach(self)
+        self.class_sizes = np.bincount(data.train_labels, minlength=N_CLASSES)
+        prior = self.class_sizes / self.class_sizes.sum()
         self.class_weights = torch.as_tensor(1.0 / (N_CLASSES * prior), dtype=dtype, device=self.device)
         hosted = HostedSamples(data.train_x, data.train_y, splits, clients, self.device, dtype)
         self._first = hosted.first
