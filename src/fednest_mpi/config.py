@@ -48,6 +48,8 @@ class QuadraticConfig:
     heterogeneity: float = spec(1.0, "scale of client-to-client differences in g_i and f_i (0 = identical clients)", low=0.0)
     gradient_noise: float = spec(0.0, "std of the additive Gaussian noise of every stochastic gradient oracle (0 = exact)", low=0.0)
     outer_regularization: float = spec(1.0, "weight of the (lambda/2)||x||^2 term in every f_i", low=0.0)
+    lower_level: str = spec("global", "global: one lower level y*(x) = argmin mean_i g_i (FedNest eq. (1)); local: every client its own "
+                            "y*_i(x) = argmin g_i (FedBiO eq. (7)); sets x* and the metrics", choices=("global", "local"))
 
 
 @dataclass(frozen=True)
@@ -138,17 +140,41 @@ class SyntheticConfig:
     eval_samples: int = spec(100, "... each with this many fresh samples (a separate stream)", low=1)
 
 
-PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig,
-                                    "minimax": MinimaxConfig, "compositional": CompositionalConfig, "synthetic": SyntheticConfig}
+@dataclass(frozen=True)
+class FairnessConfig:
+    """Fair federated learning on UCI Adult (FedBiOAcc paper's application): x = group weights, y = a classifier."""
 
-# problems whose every client can be evaluated on any rank (data generated from the client id), and
-# algorithms here keep no per-client state across rounds: the preconditions of balanced placement
+    name: str = spec("fairness", "problem kind", choices=("fairness",))
+    data_dir: str = spec("", "data directory holding adult/; empty: the FEDNEST_DATA environment variable")
+    n_clients: int = spec(20, "number of clients M", low=1)
+    sensitive: str = spec("sex", "sensitive attribute defining the groups", choices=("sex", "race"))
+    weight_cells: str = spec("group_label", "what x weights: group (one weight per sensitive group) or group_label "
+                             "(one per (group, label) cell); the validation set is balanced over the same cells",
+                             choices=("group", "group_label"))
+    dirichlet_alpha: float = spec(0.5, "Dirichlet concentration of the split of the training set over clients, "
+                                  "by (group, label) cell (small = skewed)", low=0.0, low_open=True)
+    val_per_cell: int = spec(100, "samples per weighted cell in the group-balanced validation set (taken from adult.data, "
+                             "dealt round-robin to the clients)", low=1)
+    model: str = spec("logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp"))
+    hidden: int = spec(16, "hidden width of the MLP (model = mlp)", low=1)
+    batch_size: int = spec(64, "minibatch size of the inner local steps", low=1)
+    hypergradient_batch_size: int = spec(0, "minibatch of the outer and second-order oracles; 0 = the client's whole split", low=0)
+    inner_regularization: float = spec(0.01, "mu of the (mu/2)||y||^2 term in g_i (strong convexity)", low=0.0)
+
+
+PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig,
+                                    "minimax": MinimaxConfig, "compositional": CompositionalConfig, "synthetic": SyntheticConfig, "fairness": FairnessConfig}
+
+# problems whose every client can be evaluated on any rank (data generated from the client id): with an
+# algorithm outside STATEFUL_ALGORITHMS, the preconditions of balanced placement
 ANY_CLIENT_PROBLEMS = ("synthetic",)
 
 # ----------------------------------------------------------------------------------------------
 # Algorithm
 
-ALGORITHM_NAMES = ("fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt", "fedavg_s")
+ALGORITHM_NAMES = ("fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt", "fedavg_s", "fedbio", "fedbioacc", "fedavg", "fedsvrg")
+# algorithms with per-client state that lives across rounds (on the rank hosting the client)
+STATEFUL_ALGORITHMS = ("fedbio", "fedbioacc")
 
 
 @dataclass(frozen=True)
@@ -156,7 +182,9 @@ class AlgorithmConfig:
     """FedNest family (paper Table 2) and its step sizes; defaults are the paper's appendix H."""
 
     name: str = spec("fednest", "variant of Table 2 (lfednest_nonalt: appendix H.1; fedavg_s: the simultaneous saddle-point "
-                     "baseline of section 4.3, inner_local_steps steps with inner_lr on y and outer_lr on x, one round)", choices=ALGORITHM_NAMES)
+                     "baseline of section 4.3, inner_local_steps steps with inner_lr on y and outer_lr on x, one round; fedbio, fedbioacc: "
+                     "Li, Huang & Huang, local lower level, sync_period local steps per round; fedavg, fedsvrg: single-level "
+                     "FL on g(x0, .) with x fixed, inner_rounds rounds of LFedInn (Alg. 6) or FedInn (Alg. 4))", choices=ALGORITHM_NAMES)
     outer_iterations: int = spec(100, "outer iterations K of Algorithm 1", low=1)
     inner_rounds: int = spec(1, "FedInn rounds T per outer iteration", low=1)
     clients_per_round: int = spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
@@ -179,6 +207,16 @@ class AlgorithmConfig:
         "direct: the minimax specialisation of eq. (9), nabla_x f_i only, no FedIHGP (problem minimax only)",
         choices=("implicit", "direct"),
     )
+    sync_period: int = spec(5, "fedbio/fedbioacc: I, local iterations (a y step and an x step each) per round; the round "
+                            "averages x (fedbio) or x, x_prev and the momentum nu (fedbioacc)", low=1)
+    local_update_order: str = spec("simultaneous", "fedbio: simultaneous (y and x steps both from (x_t, y_t)) or inner_first "
+                                   "(the x step uses the new y_{t+1})", choices=("simultaneous", "inner_first"))
+    step_schedule: str = spec("constant", "fedbio/fedbioacc step sizes at local iteration t: constant (outer_lr, inner_lr) or "
+                              "storm: scaled by ((u + 1) / (u + t))^(1/3) (MRBO/STORM), u = schedule_offset", choices=("constant", "storm"))
+    schedule_offset: float = spec(10.0, "u of step_schedule = storm", low=0.0)
+    momentum_outer: float = spec(0.5, "fedbioacc: STORM weight a_1 of the fresh hypergradient in nu at t = 1; "
+                                 "a_t = min(1, a_1 (alpha_t / alpha_1)^2)", low=0.0, low_open=True, high=1.0)
+    momentum_inner: float = spec(0.5, "fedbioacc: STORM weight b_1 of the fresh inner gradient in omega; b_t likewise", low=0.0, low_open=True, high=1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -374,6 +412,9 @@ def validate_relations(cfg: RunConfig) -> None:
             f"federation.placement: 'balanced' moves clients between ranks every round, but problem {p.name!r} keeps each "
             f"client's data on its home rank; use placement = 'block' or a problem that generates any client ({', '.join(ANY_CLIENT_PROBLEMS)})"
         )
+    if a.name in STATEFUL_ALGORITHMS and cfg.federation.placement != "block":
+        raise ConfigError(f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
+                          "use placement = 'block'")
     if a.ihgp_mode == "randomized" and a.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
 

@@ -252,34 +252,42 @@ class FedNestFamily:
         return x_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(h))}
 
     # -- outer level, local (LFedOut) -----------------------------------------------------------
-    def _outer_local(self, S: Participants, k: int, x, Y) -> torch.Tensor:
-        """Local steps of LFedOut (Alg. 5): every client uses its own Hessian and Jacobian.
+    def local_hypergradient(self, k: int, nu: int, ids: np.ndarray, X, Y) -> torch.Tensor:
+        """Each client's hypergradient estimate from its own oracles alone (LFedOut, Alg. 5; the
+        estimator Phi of FedBiO/FedBiOAcc, eq. (5) of Li et al.):
 
-        h_{i,nu} = nabla_x f_i(x_{i,nu}, y) - nabla^2_xy g_i(x_{i,nu}, y) p_i,
-        p_i = local Neumann approximation of [nabla^2_yy g_i]^{-1} nabla_y f_i(x_{i,nu}, y).
-        ``Y`` holds one y row per local client (the global y, or the client's own in NonAlt).
+        h_i = nabla_x f_i(X_i, Y_i; xi) - nabla^2_xy g_i(X_i, Y_i) p_i,
+        p_i = local Neumann approximation of [nabla^2_yy g_i]^{-1} nabla_y f_i(X_i, Y_i; xi),
+
+        xi from (OUTER_SAMPLE, k, step nu), an independent minibatch per Hessian product from
+        (HVP_SAMPLE, k, nu). The same (k, nu) gives the same minibatches (STORM differences).
+        With ``hypergradient = "direct"`` (minimax, eq. (9)): the local direct gradient only.
         """
         cfg, prob = self.cfg, self.problem
-        ids, n = S.local_ids, S.local_ids.size
-        Xi = self._rows(x, n)
-        for nu in range(cfg.outer_local_steps):
-            s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
-            if cfg.hypergradient == "direct":  # minimax: the local direct gradient only (eq. (9))
-                Xi = Xi - cfg.outer_lr * prob.grad_x_outer(ids, Xi, Y, s)
-                continue
-            v = prob.grad_y_outer(ids, Xi, Y, s)
-            n_prime = None
-            if cfg.ihgp_mode == "randomized":
-                draws = rng.uniform(self.key(P.IHGP_LENGTH, k, nu, ids.astype(np.int64)), 1)[:, 0]
-                n_prime = torch.as_tensor(np.floor(draws * cfg.neumann_steps).astype(np.int64), device=x.device)[:, None]
+        s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
+        if cfg.hypergradient == "direct":
+            return prob.grad_x_outer(ids, X, Y, s)
+        v = prob.grad_y_outer(ids, X, Y, s)
+        n_prime = None
+        if cfg.ihgp_mode == "randomized":
+            draws = rng.uniform(self.key(P.IHGP_LENGTH, k, nu, ids.astype(np.int64)), 1)[:, 0]
+            n_prime = torch.as_tensor(np.floor(draws * cfg.neumann_steps).astype(np.int64), device=X.device)[:, None]
 
-            def step(j, r, rows=None, Xi=Xi, nu=nu):
-                sub = slice(None) if rows is None else rows.numpy(force=True)
-                return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], Xi[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j))
+        def step(j, r, rows=None):
+            sub = slice(None) if rows is None else rows.numpy(force=True)
+            return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], X[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j))
 
-            p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
-            h = prob.grad_x_outer(ids, Xi, Y, s) - prob.jvp_xy_inner(ids, Xi, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1))
-            Xi = Xi - cfg.outer_lr * h
+        p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
+        return prob.grad_x_outer(ids, X, Y, s) - prob.jvp_xy_inner(ids, X, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1))
+
+    def _outer_local(self, S: Participants, k: int, x, Y) -> torch.Tensor:
+        """Local steps of LFedOut (Alg. 5): every client uses its own Hessian and Jacobian
+        (:meth:`local_hypergradient`). ``Y`` holds one y row per local client (the global y, or
+        the client's own in NonAlt)."""
+        ids = S.local_ids
+        Xi = self._rows(x, ids.size)
+        for nu in range(self.cfg.outer_local_steps):
+            Xi = Xi - self.cfg.outer_lr * self.local_hypergradient(k, nu, ids, Xi, Y)
         return Xi
 
     def lfed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:

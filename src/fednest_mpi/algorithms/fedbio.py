@@ -1,0 +1,195 @@
+"""FedBiO and FedBiOAcc (Li, Huang & Huang, "Local Stochastic Bilevel Optimization with Momentum-Based
+Variance Reduction", arXiv 2205.01608, Algorithms 2 and 3) for the **local lower level** problem
+
+    min_x h(x) = (1/M) sum_m f^(m)(x, y*_m(x)),   y*_m(x) = argmin_y g^(m)(x, y)   (eq. (7)-(8)).
+
+Every client m keeps its own inner variable y^(m) (and, in FedBiOAcc, its inner momentum omega^(m)),
+which is **never averaged**; only x (FedBiO) or x, x_{t-1} and the outer momentum nu (FedBiOAcc)
+are averaged, every I = ``sync_period`` local iterations. One outer iteration of the runner is one
+such communication round: I local iterations, then one fused aggregation.
+
+Local iteration t (global counter t = (k - 1) I + j + 1) of client m, with the local hypergradient
+estimate Phi^(m) of eq. (5) (Q = ``neumann_steps`` Hessian products with independent minibatches,
+scale eta = ``neumann_scale``; :meth:`FedNestFamily.local_hypergradient`):
+
+FedBiO (Algorithm 2), ``local_update_order``:
+    simultaneous:  y <- y - beta_t grad_y g^(m)(x, y);  x <- x - alpha_t Phi^(m)(x, y)  (both at (x_t, y_t))
+    inner_first:   y <- y - beta_t grad_y g^(m)(x, y);  x <- x - alpha_t Phi^(m)(x, y_{t+1})
+
+FedBiOAcc (Algorithm 3), STORM recursions (Cutkosky & Orabona 2019) as in MRBO (Yang, Ji & Liang
+2021), the same minibatch at both points of a difference:
+    nu    <- Phi^(m)(x_t, y_t) + (1 - a_t) (nu - Phi^(m)(x_{t-1}, y_{t-1}))
+    omega <- grad_y g^(m)(x_t, y_t) + (1 - b_t) (omega - grad_y g^(m)(x_{t-1}, y_{t-1}))
+    x_{t+1} = x_t - alpha_t nu,   y_{t+1} = y_t - beta_t omega
+and the round ends by averaging x_t, x_{t-1} and nu over the participants, so the first momentum
+update of the next round runs along the averaged trajectory ("Line 17": x_t, x_{t-1} and nu are
+averaged). At t = 1 (and at a client's first participation, for its omega) the weight is 1: the
+momentum starts as the fresh estimate.
+
+Not recoverable from the paper text (``../shared/notes/fedbio-and-peers.md`` section 1), chosen
+here after the STORM/MRBO template and exposed as config fields: the order of the y and x steps
+(``local_update_order``, FedBiO), the step sizes (``step_schedule``: constant, or MRBO's
+alpha_t proportional to (u + t)^(-1/3)), the momentum weights a_t = min(1, a_1 (alpha_t/alpha_1)^2),
+b_t likewise (MRBO's c alpha_t^2 with c = a_1 / alpha_1^2; ``momentum_outer`` = a_1,
+``momentum_inner`` = b_1), and where in the local iteration the averaging falls (above).
+
+Client sampling (the paper has none): a round's participants S (``clients_per_round``) start from
+the averaged x (and x_{t-1}, nu) and from their own stored y^(m), y_{t-1}^(m), omega^(m); a
+client that skipped rounds resumes with its stored state. The state lives on the rank that hosts
+the client (:class:`ClientStore`), so results do not depend on the number of ranks.
+
+Evaluation: the runner's y is the mean of y^(m) over **all** M clients (not part of the algorithm:
+an uncounted bookkeeping reduction, summed in client order when ``reduction = "ordered"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fednest_mpi.algorithms.fednest import FedNestFamily, P
+from fednest_mpi.federation import Federation
+from fednest_mpi.problems.base import BilevelProblem, Sample
+
+
+class ClientStore:
+    """Per-client rows that persist across rounds, for the clients a rank hosts (``block``).
+
+    Rows start at ``initial[name]``; :meth:`seen` tells which clients have been written.
+    """
+
+    def __init__(self, block: range, initial: dict[str, torch.Tensor]):
+        self.block = block
+        self.rows = {name: row.expand(len(block), row.shape[0]).clone() for name, row in initial.items()}
+        self.written = np.zeros(len(block), dtype=bool)
+
+    def _index(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < self.block.start or ids.max() >= self.block.stop):
+            raise IndexError(f"clients {ids} are not all hosted here ({self.block})")
+        return ids - self.block.start
+
+    def get(self, name: str, ids: np.ndarray) -> torch.Tensor:
+        return self.rows[name][torch.as_tensor(self._index(ids), device=self.rows[name].device)]
+
+    def seen(self, ids: np.ndarray) -> np.ndarray:
+        return self.written[self._index(ids)]
+
+    def put(self, ids: np.ndarray, **rows: torch.Tensor) -> None:
+        idx = self._index(ids)
+        for name, value in rows.items():
+            self.rows[name][torch.as_tensor(idx, device=value.device)] = value
+        self.written[idx] = True
+
+    def export(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
+        """name -> (client ids written so far, their rows)."""
+        ids = np.arange(self.block.start, self.block.stop)[self.written]
+        return {name: (ids, self.get(name, ids).clone()) for name in self.rows}
+
+    def load(self, states: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
+        for name, (ids, rows) in states.items():
+            self.put(ids, **{name: rows.to(self.rows[name])})
+
+
+class FedBiO(FedNestFamily):
+    """FedBiO (``name = "fedbio"``) and FedBiOAcc (``"fedbioacc"``); see the module docstring."""
+
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
+        self.cfg, self.problem, self.fed, self.seed = cfg, problem, fed, seed
+        self.accelerated = cfg.name == "fedbioacc"
+        x0, y0 = problem.initial_point()
+        names = {"y": y0, "y_prev": y0, "omega": torch.zeros_like(y0)} if self.accelerated else {"y": y0}
+        self.store = ClientStore(fed.block, names)
+        self.x_prev: torch.Tensor | None = None  # FedBiOAcc: averaged x_{t-1} and nu (None before round 1)
+        self.nu: torch.Tensor | None = None
+
+    # -- step sizes and momentum weights ---------------------------------------------------------
+    def step_factor(self, t: int) -> float:
+        """alpha_t / alpha_1 (= beta_t / beta_1): 1, or ((u + 1) / (u + t))^(1/3)."""
+        if self.cfg.step_schedule == "constant":
+            return 1.0
+        u = self.cfg.schedule_offset
+        return ((u + 1.0) / (u + t)) ** (1.0 / 3.0)
+
+    # -- checkpoint interface ------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """Replicated state beyond (x, y): FedBiOAcc's averaged x_{t-1} and nu once they exist."""
+        if self.nu is None:
+            return {}
+        return {"x_prev": self.x_prev.clone(), "nu": self.nu.clone()}
+
+    def client_states(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
+        """This rank's hosted clients that have taken part so far: name -> (ids, rows)."""
+        return self.store.export()
+
+    def restore(self, global_state: dict[str, torch.Tensor], client_states: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
+        """Inverse of :meth:`checkpoint_state` / :meth:`client_states` (only this rank's ids)."""
+        self.x_prev = global_state.get("x_prev")
+        self.nu = global_state.get("nu")
+        self.store.load(client_states)
+
+    # -- one communication round -----------------------------------------------------------------
+    def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Round k: I local iterations on the sampled clients, then one fused aggregation."""
+        S = self.sample_clients(P.OUTER_CLIENTS, k)
+        if self.accelerated:
+            x_new = self._fedbioacc_round(S, k, x)
+        else:
+            x_new = self._fedbio_round(S, k, x)
+        return x_new, self.population_mean("y"), {}
+
+    def _fedbio_round(self, S, k: int, x) -> torch.Tensor:
+        cfg, prob, ids = self.cfg, self.problem, S.local_ids
+        X, Y = self._rows(x, ids.size), self.store.get("y", ids)
+        for j in range(cfg.sync_period):
+            f = self.step_factor((k - 1) * cfg.sync_period + j + 1)
+            Y_next = Y - f * cfg.inner_lr * prob.grad_y_inner(ids, X, Y, Sample(self.key(P.INNER_SAMPLE, k), j))
+            Y_phi = Y_next if cfg.local_update_order == "inner_first" else Y
+            X = X - f * cfg.outer_lr * self.local_hypergradient(k, j, ids, X, Y_phi)
+            Y = Y_next
+        self.store.put(ids, y=Y)
+        (x_new,) = self.fed.mean(S, [X])
+        return x_new
+
+    def _fedbioacc_round(self, S, k: int, x) -> torch.Tensor:
+        cfg, prob, ids = self.cfg, self.problem, S.local_ids
+        n = ids.size
+        X, Y = self._rows(x, n), self.store.get("y", ids)
+        X_prev, Y_prev, Om = self._rows(x if self.x_prev is None else self.x_prev, n), self.store.get("y_prev", ids), self.store.get("omega", ids)
+        Nu = self._rows(torch.zeros_like(x) if self.nu is None else self.nu, n)
+        fresh = ~self.store.seen(ids)  # first participation: omega starts as the fresh gradient
+        for j in range(cfg.sync_period):
+            f = self.step_factor((k - 1) * cfg.sync_period + j + 1)
+            a, b = min(1.0, cfg.momentum_outer * f * f), min(1.0, cfg.momentum_inner * f * f)
+            first = self.nu is None and j == 0
+            s_in = Sample(self.key(P.INNER_SAMPLE, k), j)
+            phi = self.local_hypergradient(k, j, ids, X, Y)
+            Nu = phi if first else phi + (1.0 - a) * (Nu - self.local_hypergradient(k, j, ids, X_prev, Y_prev))
+            gy = prob.grad_y_inner(ids, X, Y, s_in)
+            # STORM correction on the rows whose omega exists (at j = 0: clients that took part before)
+            r = np.flatnonzero(~fresh) if j == 0 else np.arange(n)
+            Om_old, Om = Om[r], gy.clone()
+            Om[r] = gy[r] + (1.0 - b) * (Om_old - prob.grad_y_inner(ids[r], X_prev[r], Y_prev[r], s_in))
+            X_prev, Y_prev = X, Y
+            X, Y = X - f * cfg.outer_lr * Nu, Y - f * cfg.inner_lr * Om
+        self.store.put(ids, y=Y, y_prev=Y_prev, omega=Om)
+        x_new, self.x_prev, self.nu = self.fed.mean(S, [X, X_prev, Nu])
+        return x_new
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def population_mean(self, name: str) -> torch.Tensor:
+        """Mean over all M clients of a stored row (uncounted bookkeeping reduction, for evaluation):
+        with ``reduction = "ordered"`` one slot per client, summed in client-id order (bitwise
+        rank-count invariant); else each rank's partial sum."""
+        rows = self.store.rows[name]
+        fed = self.fed
+        if fed.reduction == "ordered":
+            buf = np.zeros((fed.n_clients, rows.shape[1]))
+            buf[fed.block.start:fed.block.stop] = rows.numpy(force=True)
+            total = fed.sum_uncounted(buf).reshape(fed.n_clients, -1)
+            out = total[0].copy()
+            for row in total[1:]:
+                out += row
+        else:
+            out = fed.sum_uncounted(rows.sum(0).numpy(force=True))
+        return torch.as_tensor(out / fed.n_clients, dtype=rows.dtype, device=rows.device)

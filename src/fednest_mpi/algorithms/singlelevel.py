@@ -1,0 +1,43 @@
+"""Single-level federated learning (FedNest paper section 3.3, eq. (14), Theorem 3.2): FedAvg and FedSVRG.
+
+Design: a single-level objective min_y (1/M) sum_i g_i(x0, y) is the **inner level of any problem
+with x frozen** at the problem's initial x0, so every problem of the simulator (quadratic, MNIST
+with the full MLP of ``loss_tuning`` under ``tune_loss = false``, synthetic) doubles as an ordinary
+FL task with no new oracle: y is the model, g_i the client's training loss, and the problem's
+metrics (test accuracy, ``y_error`` = ||y - argmin g(x0, .)|| on the quadratic) measure it.
+
+One outer iteration of the runner = ``inner_rounds`` rounds, each on a fresh client set S:
+
+* ``fedavg``  (McMahan et al. 2017) = LFedInn (Alg. 6): tau local SGD steps from the global y,
+  then y+ = mean_S y_i; one round;
+* ``fedsvrg`` (FedLin-style; Alg. 2 applied to (14) as in the proof of Lemma F.1, which is Alg. 4
+  with the roles renamed): y_{i,nu+1} = y_{i,nu} - beta (q_i(y_{i,nu}) - q_i(y) + q(y)) with
+  q(y) = mean_S q_i(y); two rounds (q, then y).
+
+On heterogeneous clients FedAvg's fixed point is biased by client drift; FedSVRG's correction
+removes it (with full participation its fixed point is the exact minimiser). Both reuse the
+FedNest family's FedInn/LFedInn code, so x is never updated and no outer oracle is called.
+"""
+
+from __future__ import annotations
+
+from fednest_mpi.algorithms.fednest import FedNestFamily, Variant
+from fednest_mpi.federation import Federation
+from fednest_mpi.problems.base import BilevelProblem
+
+SINGLE_LEVEL = {"fedavg": Variant(inner_variance_reduction=False, global_outer=False),
+                "fedsvrg": Variant(inner_variance_reduction=True, global_outer=False)}
+
+
+class SingleLevel(FedNestFamily):
+    """FedAvg or FedSVRG on g(x0, .) (see the module docstring)."""
+
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
+        self.cfg, self.problem, self.fed, self.seed = cfg, problem, fed, seed
+        self.variant = SINGLE_LEVEL[cfg.name]
+
+    def step(self, k: int, x, y):
+        """Outer iteration k: ``inner_rounds`` FedAvg / FedSVRG rounds on y; x unchanged."""
+        for t in range(self.cfg.inner_rounds):
+            y = self.fed_inn(k, t, x, y)
+        return x, y, {}
