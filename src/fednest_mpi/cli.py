@@ -112,6 +112,7 @@ def _run(args) -> int:
     from fednest_mpi.io.h5 import RunWriter, check_directory, check_output_path, check_resumable_output
     from fednest_mpi.logs import setup_logging
     from fednest_mpi.runner import Progress, Simulation
+    from fednest_mpi.series import RunSeries, series_layout
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -144,7 +145,7 @@ def _run(args) -> int:
         return usage_error(exc)
 
     # ---- the run: a usage error while building agrees across ranks; any exception aborts the job
-    writer = progress = None
+    writer = progress = series = None
     last = {"k": None}
     try:
         with checkpoint.StopSignals() as stop:
@@ -158,15 +159,17 @@ def _run(args) -> int:
             if rank == 0:
                 attrs = {"mpi_size": size, "seed": cfg.seed, "problem": cfg.problem.name,
                          "algorithm": cfg.algorithm.name, "config_json": cfg.to_json()}
-                writer = RunWriter(cfg.run.output, attrs, sim.columns(), keep_rows=resume.output_rows if resume else None)
+                keep = resume.output_rows if resume else None
+                writer = RunWriter(cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create)
                 progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every)
+            series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
 
             def on_iteration(k, row):
                 last["k"] = k
                 if progress is not None:
                     progress(k, row)
 
-            result = sim.run(writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume)
+            result = sim.run(writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series)
     except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
         if rank == 0:
             print(f"fednest-mpi: run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({folder}) hold the "
@@ -184,6 +187,8 @@ def _run(args) -> int:
     finally:
         if progress is not None:
             progress.close()
+        if series is not None:
+            series.close()
         if writer is not None:
             writer.close()
     if rank == 0 and result.stopped_by:

@@ -263,6 +263,9 @@ class RunSection:
     checkpoint_every: int = spec(100, "write a checkpoint every k outer iterations; one is also written at iteration 0, at the end "
                                  "and on SIGTERM/SIGUSR1 (0: only then); see docs/reliability.md", low=0)
     checkpoint_dir: str = spec("", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended")
+    client_series: bool = spec(True, "record per-client series (participation, local losses, gradient norms; clients x iterations, "
+                               "one file per rank joined by virtual datasets, docs/hdf5.md); needs federation.placement = block")
+    snapshot_every: int = spec(0, "store x and y in /snapshots every k outer iterations and at the last one (0: never)", low=0)
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ class Federation:
         self.reduction = reduction
         self.block = block_range(n_clients, self.size, self.rank)
         self.stats = CommStats()
+        self.round_times: list[tuple[float, float]] | None = None  # a list: record (enter, exit) of every round
 
     # ---------------------------------------------------------------------------------------
     def sample(self, key, size: int) -> Participants:
@@ -181,6 +182,8 @@ class Federation:
         self.stats.bytes += nbytes
         if self.size == 1:
             return
+        if buf.device.type != "cpu":  # the kernels that produce buf are computation, not communication
+            torch.cuda.current_stream(buf.device).synchronize()
         t0 = MPI.Wtime()
         if buf.device.type == "cpu":
             self._allreduce_array(buf.numpy())
@@ -188,16 +191,18 @@ class Federation:
             if self._cuda_aware is None:
                 self._cuda_aware = cuda_aware_mpi()
             if self._cuda_aware:  # MPI reads and writes device memory (mpi4py takes __cuda_array_interface__)
-                torch.cuda.current_stream(buf.device).synchronize()
                 self._allreduce_array(buf)
             else:  # one contiguous copy to a reused pinned host buffer and back
                 if self._host is None or self._host.numel() < buf.numel() or self._host.dtype != buf.dtype:
                     self._host = torch.empty(buf.numel(), dtype=buf.dtype, pin_memory=True)
                 host = self._host[: buf.numel()]
-                host.copy_(buf)  # synchronous device-to-host copy: waits for the kernels that produced buf
+                host.copy_(buf)
                 self._allreduce_array(host.numpy())
                 buf.copy_(host)
-        self.stats.seconds += MPI.Wtime() - t0
+        t1 = MPI.Wtime()
+        self.stats.seconds += t1 - t0
+        if self.round_times is not None:
+            self.round_times.append((t0, t1))
 
     def _allreduce_array(self, array) -> None:
         if not self.poll:
@@ -213,6 +218,20 @@ class Federation:
                 time.sleep(5e-5)
 
     # ---------------------------------------------------------------------------------------
+    def synchronized_clock(self) -> float:
+        """``MPI.Wtime()`` on this rank right after a barrier: every rank's reading of (nearly) the
+        same instant, the common origin of the per-rank phase times. **Collective**."""
+        if self.size > 1:
+            self.comm.Barrier()
+        return MPI.Wtime()
+
+    def take_round_times(self) -> np.ndarray:
+        """(enter, exit) ``MPI.Wtime()`` of every counted aggregation since the last call, shape (R, 2)
+        (recorded once :attr:`round_times` is set to a list; ranks = 1 do not record)."""
+        times = np.array(self.round_times or [], dtype=np.float64).reshape(-1, 2)
+        self.round_times = []
+        return times
+
     def sum_uncounted(self, values: np.ndarray) -> np.ndarray:
         """SUM over ranks of a small float64 array for bookkeeping (oracle counts, health flags).
 

@@ -115,7 +115,8 @@ class Simulation:
         cols.update(self.problem.metric_info())
         return cols
 
-    def run(self, writer=None, progress=None, checkpoint_dir=None, stop=None, resume: ckpt_io.Checkpoint | None = None) -> RunResult:
+    def run(self, writer=None, progress=None, checkpoint_dir=None, stop=None, resume: ckpt_io.Checkpoint | None = None,
+            series=None) -> RunResult:
         """Iterate Algorithm 1 up to ``outer_iterations``, recording after each step.
 
         Parameters
@@ -130,6 +131,8 @@ class Simulation:
             iteration, with a checkpoint.
         resume : continue after this checkpoint (from :func:`fednest_mpi.checkpoint.load`, read
             from ``checkpoint_dir``) instead of starting at the initial point.
+        series : this rank's :class:`~fednest_mpi.series.RunSeries` (per-client rows, per-rank phase
+            times, snapshots; the phase times ride in the bookkeeping reduction) or None.
         """
         cfg, fed, problem = self.cfg, self.fed, self.problem
         fault_at, fault_kind = _fault(fed.rank)
@@ -156,8 +159,9 @@ class Simulation:
             # failing ranks, sum of their ranks) and stop requests
             flags = [0.0, 0.0] if finite else [1.0, float(fed.rank)]
             flags.append(1.0 if stop is not None and stop.requested else 0.0)
-            totals = fed.sum_uncounted(np.concatenate([problem.counts_vector() + base_counts, flags]))
-            counts, (n_bad, rank_sum, n_stop) = totals[:n_oracles], totals[n_oracles:]
+            phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
+            totals = fed.sum_uncounted(np.concatenate([problem.counts_vector() + base_counts, flags, phases]))
+            counts, (n_bad, rank_sum, n_stop) = totals[:n_oracles], totals[n_oracles:n_oracles + 3]
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
                 raise FloatingPointError(f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); "
@@ -176,6 +180,8 @@ class Simulation:
             row.update(metrics)
             for name, value in row.items():
                 history.setdefault(name, []).append(value)
+            if series is not None:
+                series.after_bookkeeping(k, totals[n_oracles + 3:], x, y)
             if writer is not None:
                 writer.append(row)
             if progress is not None:

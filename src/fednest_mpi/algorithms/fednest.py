@@ -32,6 +32,7 @@ import torch
 from fednest_mpi import rng
 from fednest_mpi.federation import Federation, Participants
 from fednest_mpi.problems.base import BilevelProblem, Sample
+from fednest_mpi.recorder import IHGP, INNER, OFF, OUTER, row_norms
 
 P = rng.Purpose
 
@@ -108,7 +109,12 @@ class FedNestFamily:
     problem : the rank's problem (oracles for the clients it hosts).
     fed : the federation (sampling, aggregation).
     seed : run seed; with ``k`` and the purpose it keys every random stream.
+
+    ``recorder`` (set by the runner; :data:`~fednest_mpi.recorder.OFF` by default) receives the
+    per-client records: roles, local losses at the received iterate, gradient norms computed anyway.
     """
+
+    recorder = OFF
 
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
         self.cfg = cfg
@@ -167,9 +173,14 @@ class FedNestFamily:
         ids, prob, lr = S.local_ids, self.problem, self.cfg.inner_lr
         n = ids.size
         X, Y0 = self._rows(x, n), self._rows(y, n)
+        rec = self.recorder
+        rec.took_part(ids, INNER)
         with prob.outer_fixed(ids, x):
+            rec.record("inner_loss", ids, lambda: prob.inner_value(ids, X, Y0))
             if self.variant.inner_variance_reduction:
-                (q,) = self.fed.mean(S, [prob.grad_y_inner(ids, X, Y0, None)])
+                anchor = prob.grad_y_inner(ids, X, Y0, None)
+                rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
+                (q,) = self.fed.mean(S, [anchor])
             Y = Y0
             for nu in range(self.cfg.inner_local_steps):
                 s = Sample(self.key(P.INNER_SAMPLE, k, t), nu)
@@ -197,7 +208,9 @@ class FedNestFamily:
         cfg, prob = self.cfg, self.problem
 
         def clients(n):
-            return self.sample_clients(P.IHGP_CLIENTS, k, n) if cfg.ihgp_resample_clients else S_out
+            S = self.sample_clients(P.IHGP_CLIENTS, k, n) if cfg.ihgp_resample_clients else S_out
+            self.recorder.took_part(S.local_ids, IHGP)
+            return S
 
         S0 = clients(0)
         n0 = S0.local_ids.size
@@ -224,10 +237,14 @@ class FedNestFamily:
         """
         prob, ids, n = self.problem, S.local_ids, S.local_ids.size
         X, Y = self._rows(x, n), self._rows(y, n)
+        rec = self.recorder
+        rec.took_part(ids, OUTER)
+        rec.record("outer_loss", ids, lambda: prob.outer_value(ids, X, Y))
         h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
         if self.cfg.hypergradient == "implicit":
             p = self.fed_ihgp(k, x, y, S)
             h_i = h_i - prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), self.cfg.neumann_steps + 1))
+        rec.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
         (h,) = self.fed.mean(S, [h_i])
         return h
 
@@ -286,8 +303,14 @@ class FedNestFamily:
         the client's own in NonAlt)."""
         ids = S.local_ids
         Xi = self._rows(x, ids.size)
+        rec = self.recorder
+        rec.took_part(ids, OUTER)
+        rec.record("outer_loss", ids, lambda: self.problem.outer_value(ids, Xi, Y))
         for nu in range(self.cfg.outer_local_steps):
-            Xi = Xi - self.cfg.outer_lr * self.local_hypergradient(k, nu, ids, Xi, Y)
+            h = self.local_hypergradient(k, nu, ids, Xi, Y)
+            if nu == 0:
+                rec.record("local_hypergradient_norm", ids, lambda h=h: row_norms(h))
+            Xi = Xi - self.cfg.outer_lr * h
         return Xi
 
     def lfed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from fednest_mpi.algorithms.fednest import FedNestFamily, P
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems.base import BilevelProblem, Sample
+from fednest_mpi.recorder import INNER, OUTER
 
 
 class FedAvgS(FedNestFamily):
@@ -31,6 +32,7 @@ class FedAvgS(FedNestFamily):
         S = self.sample_clients(P.INNER_CLIENTS, k, 0)
         ids, n = S.local_ids, S.local_ids.size
         X, Y = self._rows(x, n), self._rows(y, n)
+        self.recorder.took_part(ids, INNER | OUTER)  # one set updates both variables
         for nu in range(cfg.inner_local_steps):
             gy = prob.grad_y_inner(ids, X, Y, Sample(self.key(P.INNER_SAMPLE, k, 0), nu))
             gx = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), nu))

@@ -29,11 +29,8 @@ import numpy as np
 
 from fednest_mpi import __version__
 from fednest_mpi.errors import UsageError
+from fednest_mpi.io.schema import FORMAT, GROUP, SCALE, SCHEMA_VERSION  # names live in one module
 
-FORMAT = "fednest-mpi/run"
-SCHEMA_VERSION = 1
-GROUP = "iterations"
-SCALE = "iteration"
 _CHUNK = 256
 
 
@@ -100,9 +97,12 @@ class RunWriter:
         dropped), records the resume in the ``resumes`` attribute (JSON list of iteration,
         mpi_size, time) and is then appended to. The old file is replaced only once the new one is
         complete, so a crash meanwhile leaves it as it was.
+    extend : callable given the open file before it switches to SWMR mode (the last moment new
+        groups may be created): :meth:`fednest_mpi.io.clients.SeriesLayout.create` adds the 2-D groups.
     """
 
-    def __init__(self, path: str | Path, attrs: dict, columns: dict[str, tuple[str, str]], keep_rows: int | None = None):
+    def __init__(self, path: str | Path, attrs: dict, columns: dict[str, tuple[str, str]], keep_rows: int | None = None,
+                 extend=None):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
@@ -141,6 +141,8 @@ class RunWriter:
         for name in self.columns:
             if name != SCALE:
                 group[name].dims[0].attach_scale(group[SCALE])
+        if extend is not None:  # more groups (fednest_mpi.io.clients), while the file may still change structure
+            extend(f)
         f.swmr_mode = True
         # the file appears under its name only once its structure is complete and readers may open it
         os.replace(tmp, path)

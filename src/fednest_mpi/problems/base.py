@@ -90,6 +90,18 @@ class BilevelProblem(ABC):
         self.oracle_counts["jvp_xy_inner"] += len(clients)
         return self._jvp_xy_inner(clients, x, y, v, sample)
 
+    # -- values (optional, not counted) ------------------------------------------------------------
+    def inner_value(self, clients, x, y) -> torch.Tensor | None:
+        """g_i(x, y) on each client's whole local inner data, shape (B,), or None where the problem
+        does not define it. A diagnostic of the per-client series (docs/hdf5.md), not an oracle of
+        the algorithms: not counted in :attr:`oracle_counts`, so the Table 2 counts do not depend
+        on whether a run records it."""
+        return None
+
+    def outer_value(self, clients, x, y) -> torch.Tensor | None:
+        """f_i(x, y) on each client's whole local outer data, shape (B,), or None (see :meth:`inner_value`)."""
+        return None
+
     # -- to implement --------------------------------------------------------------------------
     @abstractmethod
     def _grad_x_outer(self, clients, x, y, sample): ...

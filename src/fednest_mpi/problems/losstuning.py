@@ -167,6 +167,14 @@ class LossTuningProblem(BilevelProblem):
             (jv,) = torch.autograd.grad((gy * v).sum(), x_leaf)
         return jv
 
+    def inner_value(self, clients, x, y):
+        """g_i(x, y): VS-loss on the whole inner split + (lambda/2) ||y||^2 (not counted)."""
+        return self._inner_losses(clients, x, y, None, 0) + 0.5 * self.cfg.inner_regularization * (y * y).sum(1)
+
+    def outer_value(self, clients, x, y):
+        """f_i(x, y): class-weighted cross-entropy on the whole outer split (not counted)."""
+        return self._outer_losses(clients, y, None)
+
     # -- evaluation ----------------------------------------------------------------------------
     def metric_info(self):
         return {

@@ -148,6 +148,18 @@ class QuadraticProblem(BilevelProblem):
     def _jvp_xy_inner(self, clients, x, y, v, sample):
         return -torch.einsum("bij,bi->bj", self._local("B", clients), v)
 
+    def inner_value(self, clients, x, y):
+        """g_i(x, y) = 1/2 y^T G_i y - y^T (B_i x + c_i) per client (not counted)."""
+        G, B, c = (self._local(k, clients) for k in "GBc")
+        Gy, Bx = torch.einsum("bij,bj->bi", G, y), torch.einsum("bij,bj->bi", B, x)
+        return (y * (0.5 * Gy - Bx - c)).sum(1)
+
+    def outer_value(self, clients, x, y):
+        """f_i(x, y) = 1/2 (y - a_i)^T P_i (y - a_i) + lambda/2 ||x||^2 + e_i^T x per client (not counted)."""
+        P, a, e = (self._local(k, clients) for k in "Pae")
+        r = y - a
+        return (0.5 * r * torch.einsum("bij,bj->bi", P, r)).sum(1) + (x * (0.5 * self.cfg.outer_regularization * x + e)).sum(1)
+
     # -- closed forms --------------------------------------------------------------------------
     @property
     def global_hessian(self) -> torch.Tensor:

@@ -1,0 +1,303 @@
+"""The 2-D groups of a run file: per-client series, per-rank phase times, snapshots of x and y.
+
+* ``/clients/<series>`` (clients x iterations) are **not** gathered to rank 0: every rank writes the
+  rows of the clients it hosts to its own file ``RUN.clients/rankNNNNN.h5`` (SWMR, flushed every
+  iteration), and the run file holds one virtual dataset per series that joins the per-rank files
+  (HDF5 VDS, with an unlimited iteration axis, so a reader of the run file sees the rows live).
+* ``/ranks/<phase>`` (ranks x iterations) and ``/snapshots/{iteration,x,y}`` are written by rank 0
+  into the run file (the phase times reach rank 0 with the per-iteration bookkeeping reduction).
+
+Parallel HDF5 (h5py built with MPI, ``h5py.get_config().mpi``) would let every rank write its rows
+of one shared dataset directly; this h5py is not built with MPI, so that path is not implemented
+(``docs/hdf5.md`` says how it would be chosen). Names come from :mod:`fednest_mpi.io.schema`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from fednest_mpi.errors import UsageError
+from fednest_mpi.io import schema as S
+
+_CLIENT_CHUNK = (256, 8)  # clients x iterations per chunk: only chunks holding participants are allocated
+_RANK_CHUNK = 64  # iterations per chunk of /ranks
+_SNAPSHOT_CHUNK = 1 << 22  # numbers per chunk of a snapshot row
+
+
+def parallel_hdf5() -> bool:
+    """Whether h5py is built against MPI-parallel HDF5 (then one shared file could replace the per-rank files)."""
+    return bool(h5py.get_config().mpi)
+
+
+@dataclass(frozen=True)
+class SeriesLayout:
+    """What the 2-D groups of a run hold; the same on every rank."""
+
+    run_path: Path
+    n_clients: int
+    blocks: tuple[range, ...]  # client ids of every rank
+    client_series: bool
+    snapshot_every: int
+    dim_x: int
+    dim_y: int
+    dtype: str  # numpy dtype of the snapshots (the run's float type)
+    keep_rows: int | None = None  # resuming: keep iterations 0..keep_rows-1 of the existing run
+
+    @property
+    def size(self) -> int:
+        return len(self.blocks)
+
+    def create(self, f: h5py.File) -> None:
+        """Create the 2-D groups in the new run file ``f`` (rank 0, before SWMR mode; needs
+        /iterations/iteration). When resuming, the existing run file is still at ``run_path``: the
+        kept iterations of its phase times and snapshots are copied, and the per-rank client
+        files are cut back (and re-partitioned for a new number of ranks) by :func:`truncate_client_files`."""
+        old = _read_head(self.run_path, self.keep_rows, self.size) if self.keep_rows is not None else {}
+        iteration = f[S.GROUP][S.SCALE]
+        group = f.create_group(S.RANKS)
+        group.create_dataset(S.RANK_SCALE, data=np.arange(self.size, dtype=np.int64)).make_scale(S.RANK_SCALE)
+        for name, (description, units) in S.RANK_SERIES.items():
+            d = group.create_dataset(name, shape=(self.size, 0), maxshape=(self.size, None), dtype=np.float64,
+                                     chunks=(min(self.size, 1024), _RANK_CHUNK), fillvalue=np.nan)
+            _describe(d, description, units, group[S.RANK_SCALE], iteration)
+            if self.keep_rows is not None:  # NaN where the resumed run had another number of ranks
+                d.resize((self.size, self.keep_rows))
+                if name in old:
+                    d[...] = old[name]
+        if self.client_series:
+            self._create_virtual(f, iteration)
+            if self.keep_rows is not None:
+                truncate_client_files(self.run_path, self.keep_rows, self.blocks)
+            else:  # files of an overwritten run
+                _remove_rank_files(self.run_path)
+        if self.snapshot_every > 0:
+            snap = f.create_group(S.SNAPSHOTS)
+            scale = snap.create_dataset(S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64)
+            scale.make_scale(S.SNAPSHOT_SCALE)
+            scale.attrs.update(description="outer iteration of each snapshot", units="1")
+            for name, dim in (("x", self.dim_x), ("y", self.dim_y)):
+                d = snap.create_dataset(name, shape=(0, dim), maxshape=(None, dim), dtype=self.dtype, chunks=(1, min(dim, _SNAPSHOT_CHUNK)))
+                d.attrs.update(description=S.SNAPSHOT_SERIES[name], units="1")
+                d.dims[0].attach_scale(scale)
+            for name in (S.SNAPSHOT_SCALE, "x", "y"):
+                if "snapshot_" + name in old:
+                    snap[name].resize(len(old["snapshot_" + name]), axis=0)
+                    snap[name][...] = old["snapshot_" + name]
+
+    def _create_virtual(self, f: h5py.File, iteration) -> None:
+        """One virtual dataset per client series, mapping each rank's block of rows (all iterations) to its file."""
+        group = f.create_group(S.CLIENTS)
+        group.create_dataset(S.CLIENT_SCALE, data=np.arange(self.n_clients, dtype=np.int64)).make_scale(S.CLIENT_SCALE)
+        folder = S.client_dir(self.run_path).name  # relative: HDF5 looks next to the run file
+        for name, (dtype, fill, description, units) in S.CLIENT_SERIES.items():
+            layout = h5py.VirtualLayout(shape=(self.n_clients, 1), dtype=dtype, maxshape=(self.n_clients, None))
+            for rank, rows in enumerate(self.blocks):
+                if len(rows):
+                    source = h5py.VirtualSource(f"{folder}/{S.rank_file(rank)}", f"{S.CLIENTS}/{name}", shape=(len(rows), 1),
+                                                maxshape=(len(rows), None), dtype=dtype)
+                    layout[rows.start:rows.stop, :h5py.h5s.UNLIMITED] = source[:, :h5py.h5s.UNLIMITED]
+            d = group.create_virtual_dataset(name, layout, fillvalue=fill)
+            _describe(d, description, units, group[S.CLIENT_SCALE], iteration)
+
+
+def _describe(d, description: str, units: str, row_scale, iteration_scale) -> None:
+    d.attrs.update(description=description, units=units)
+    d.dims[0].attach_scale(row_scale)
+    d.dims[1].attach_scale(iteration_scale)
+
+
+def _extend_columns(d, k: int) -> None:
+    """Make column k the last of a (rows, iterations) dataset."""
+    d.resize((d.shape[0], k + 1))
+
+
+class ClientFile:
+    """One rank's per-client rows (the clients ``hosted``), streamed to ``RUN.clients/rankNNNNN.h5``.
+
+    ``append=True`` continues an existing file (a resumed run, after :func:`truncate_client_files`).
+    """
+
+    def __init__(self, run_path: str | Path, rank: int, hosted: range, append: bool = False):
+        path = S.client_dir(run_path) / S.rank_file(rank)
+        if append and path.exists():
+            self.file = h5py.File(path, "a", libver="latest")
+        else:
+            self.file = _create_client_file(path, rank, hosted)
+        self.file.swmr_mode = True
+        self.group = self.file[S.CLIENTS]
+
+    def append(self, k: int, records: dict[str, np.ndarray]) -> None:
+        """Column k (iteration k) of every series: the participants' values (others keep the fill) ; flushed."""
+        rows = np.flatnonzero(records["participation"])
+        for name in S.CLIENT_SERIES:
+            d = self.group[name]
+            _extend_columns(d, k)
+            if rows.size:
+                d[rows, k] = records[name][rows]
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file.id.valid:
+            self.file.close()
+
+
+def _create_client_file(path: Path, rank: int, hosted: range) -> h5py.File:
+    """A new, empty per-rank client file (open, not yet in SWMR mode)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = h5py.File(path, "w", libver="latest")
+    f.attrs.update(format=S.FORMAT + "/clients", schema_version=S.SCHEMA_VERSION, rank=rank, first_client=hosted.start,
+                   n_hosted=len(hosted))
+    group = f.create_group(S.CLIENTS)
+    n = len(hosted)
+    for name, (dtype, fill, description, units) in S.CLIENT_SERIES.items():
+        d = group.create_dataset(name, shape=(n, 0), maxshape=(n, None), dtype=dtype,
+                                 chunks=(min(n, _CLIENT_CHUNK[0]), _CLIENT_CHUNK[1]), fillvalue=fill)
+        d.attrs.update(description=description, units=units)
+    return f
+
+
+class MainSeries:
+    """Rank 0's writer of ``/ranks`` and ``/snapshots`` in the open run file ``f`` (created by :meth:`SeriesLayout.create`)."""
+
+    def __init__(self, f: h5py.File):
+        self.f = f
+
+    def append(self, k: int, phases: dict[str, np.ndarray], snapshot=None) -> None:
+        """Column k of every phase series and, if ``snapshot`` = (x, y) is given, one snapshot row.
+
+        Call before the run file's per-iteration row is appended (which flushes the file)."""
+        for name in S.RANK_SERIES:
+            d = self.f[S.RANKS][name]
+            _extend_columns(d, k)
+            d[:, k] = phases[name]
+        if snapshot is not None:
+            group = self.f[S.SNAPSHOTS]
+            n = group[S.SNAPSHOT_SCALE].shape[0]
+            for name, value in zip(("x", "y"), snapshot):
+                group[name].resize((n + 1, group[name].shape[1]))
+                group[name][n] = value.detach().cpu().numpy()
+            group[S.SNAPSHOT_SCALE].resize((n + 1,))
+            group[S.SNAPSHOT_SCALE][n] = k
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and truncation
+
+
+def _open_checked(path: str | Path) -> tuple[h5py.File, int]:
+    """(open run file, number of completed iterations); validates the file like :func:`~fednest_mpi.io.h5.read_run`."""
+    from fednest_mpi.io.h5 import read_run
+
+    _, data = read_run(path)
+    return h5py.File(path, "r", libver="latest", swmr=True), len(data[S.SCALE])
+
+
+def read_clients(path: str | Path) -> dict[str, np.ndarray]:
+    """{series: (clients, completed iterations) array} of a run file (also while the run writes it).
+
+    Raises UsageError when the run was written without per-client series.
+    """
+    f, n = _open_checked(path)
+    with f:
+        if S.CLIENTS not in f:
+            raise UsageError(f"{str(path)!r} holds no per-client series (written with run.client_series = false); "
+                             "rerun with run.client_series = true")
+        group = f[S.CLIENTS]
+        out = {name: group[name][:, :n] for name in S.CLIENT_SERIES}
+    if any(a.shape[1] < n for a in out.values()):
+        raise UsageError(f"{str(path)!r}: the per-rank client files in {str(S.client_dir(path))!r} are missing or shorter "
+                         f"than the run's {n} iterations; keep that folder next to the run file")
+    return out
+
+
+def read_ranks(path: str | Path) -> dict[str, np.ndarray]:
+    """{phase: (ranks, completed iterations) array} of a run file."""
+    f, n = _open_checked(path)
+    with f:
+        return {name: f[S.RANKS][name][:, :n] for name in S.RANK_SERIES}
+
+
+def read_snapshots(path: str | Path) -> dict[str, np.ndarray]:
+    """{"iteration": (s,), "x": (s, d1), "y": (s, d2)} of a run file; empty arrays when it has no snapshots."""
+    f, n = _open_checked(path)
+    with f:
+        if S.SNAPSHOTS not in f:
+            return {"iteration": np.zeros(0, dtype=np.int64), "x": np.zeros((0, 0)), "y": np.zeros((0, 0))}
+        group = f[S.SNAPSHOTS]
+        it = group[S.SNAPSHOT_SCALE][:]
+        keep = int(np.searchsorted(it, n))  # snapshots of completed iterations only
+        return {"iteration": it[:keep], "x": group["x"][:keep], "y": group["y"][:keep]}
+
+
+def _remove_rank_files(run_path, pattern: str = "rank*.h5*") -> None:
+    folder = S.client_dir(run_path)
+    for path in folder.glob(pattern) if folder.is_dir() else ():
+        path.unlink()
+
+
+def _rank_files(run_path) -> list[tuple[range, Path]]:
+    """(client ids, path) of every existing per-rank client file of a run."""
+    folder = S.client_dir(run_path)
+    out = []
+    for path in sorted(folder.glob("rank*.h5")) if folder.is_dir() else ():
+        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+            first, n = int(f.attrs["first_client"]), int(f.attrs["n_hosted"])
+        out.append((range(first, first + n), path))
+    return out
+
+
+def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple[range, ...] | None = None) -> None:
+    """Cut the per-rank client files of a run back to iterations 0..n_iterations-1 (a resumed run
+    continues at iteration ``n_iterations``).
+
+    ``blocks`` (client ids of every rank of the resumed run) different from the existing files'
+    re-partitions them: the new files are written next to the old ones and replace them once all
+    are complete. Not collective: rank 0 calls it before any rank opens its file for appending.
+    """
+    existing = _rank_files(run_path)
+    if blocks is None or [r for r, _ in existing] == [b for b in blocks if len(b)]:
+        for _, path in existing:
+            with h5py.File(path, "a", libver="latest") as f:
+                for name in S.CLIENT_SERIES:
+                    d = f[S.CLIENTS][name]
+                    d.resize((d.shape[0], min(d.shape[1], n_iterations)))
+        return
+    folder = S.client_dir(run_path)
+    for rank, rows in enumerate(blocks):
+        if not len(rows):
+            continue
+        target = _create_client_file(folder / (S.rank_file(rank) + ".partial"), rank, rows)
+        with target:
+            for old_rows, path in existing:
+                lo, hi = max(rows.start, old_rows.start), min(rows.stop, old_rows.stop)
+                if lo >= hi:
+                    continue
+                with h5py.File(path, "r", libver="latest") as f:
+                    for name in S.CLIENT_SERIES:
+                        src, dst = f[S.CLIENTS][name], target[S.CLIENTS][name]
+                        n = min(src.shape[1], n_iterations)
+                        if dst.shape[1] < n:
+                            dst.resize((dst.shape[0], n))
+                        dst[lo - rows.start:hi - rows.start, :n] = src[lo - old_rows.start:hi - old_rows.start, :n]
+    _remove_rank_files(run_path, "rank*.h5")
+    for rank, rows in enumerate(blocks):
+        if len(rows):
+            os.replace(folder / (S.rank_file(rank) + ".partial"), folder / S.rank_file(rank))
+
+
+def _read_head(run_path, rows: int, size: int) -> dict[str, np.ndarray]:
+    """The first ``rows`` iterations of the phase times (if the run had ``size`` ranks) and snapshots of a run file."""
+    out = {}
+    with h5py.File(run_path, "r", libver="latest", swmr=True) as f:
+        for name in S.RANK_SERIES if S.RANKS in f and f[S.RANKS][S.RANK_SCALE].shape[0] == size else ():
+            out[name] = f[S.RANKS][name][:, :rows]
+        if S.SNAPSHOTS in f:
+            group = f[S.SNAPSHOTS]
+            keep = int(np.searchsorted(group[S.SNAPSHOT_SCALE][:], rows))
+            out.update({"snapshot_" + name: group[name][:keep] for name in (S.SNAPSHOT_SCALE, "x", "y")})
+    return out

@@ -1,0 +1,120 @@
+"""What a run records beyond its per-iteration row: per-client records and per-rank phase times.
+
+No MPI and no HDF5 here (the runner moves the numbers, :mod:`fednest_mpi.io.clients` stores them).
+
+**Per-client records.** An algorithm reports, for the clients this rank evaluates, in which role
+each took part in the current outer iteration and a few local quantities, through the
+:class:`ClientRecorder` the runner gives it (``algorithm.recorder``; :data:`OFF` when nobody
+stores them, which skips their computation). Roles are bits of a mask (paper Algorithms 2-6):
+
+* :data:`INNER` (1) -- a member of a FedInn / LFedInn client set (Alg. 4 / 6);
+* :data:`IHGP` (2)  -- a member of a FedIHGP client set S_n (Alg. 3);
+* :data:`OUTER` (4) -- a member of the FedOut / LFedOut client set (Alg. 2 / 5).
+
+A value reported twice in one iteration (a client in two of the T FedInn rounds) keeps the last.
+
+**Per-rank phase times.** :func:`phase_times` splits every rank's algorithm time of one iteration
+into local computation, waiting and transfer, from the enter/exit times of its counted
+aggregations (:attr:`fednest_mpi.federation.Federation.round_times`): an ``Allreduce`` cannot
+finish before the last rank has entered it, so a rank that enters round j at e_j waits
+``max_r e_{r,j} - e_j`` for the others and spends the rest of the call, until it leaves, in the
+reduction itself ("wait at N x N" of Scalasca).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+INNER, IHGP, OUTER = 1, 2, 4
+
+#: per-client value series an algorithm may report (name -> meaning); see docs/hdf5.md
+CLIENT_VALUES = ("inner_loss", "outer_loss", "inner_gradient_norm", "local_hypergradient_norm")
+
+
+def row_norms(rows: torch.Tensor) -> torch.Tensor:
+    """Euclidean norm of every row of a (B, d) tensor."""
+    return torch.linalg.vector_norm(rows, dim=1)
+
+
+class ClientRecorder:
+    """One outer iteration's records of the clients ``hosted`` (a range of client ids) by this rank."""
+
+    enabled = True
+
+    def __init__(self, hosted: range):
+        self.hosted = hosted
+        self._reset()
+
+    def _reset(self) -> None:
+        n = len(self.hosted)
+        self.roles = np.zeros(n, dtype=np.uint8)
+        self.values = {name: np.full(n, np.nan) for name in CLIENT_VALUES}
+
+    def _rows(self, ids) -> np.ndarray:
+        rows = np.asarray(ids, dtype=np.int64) - self.hosted.start
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self.hosted)):
+            raise ValueError(f"clients {ids} are not all hosted by this rank ({self.hosted}); per-client records need block placement")
+        return rows
+
+    def took_part(self, ids, role: int) -> None:
+        """Clients ``ids`` are members of a client set of the given role in this iteration."""
+        self.roles[self._rows(ids)] |= np.uint8(role)
+
+    def record(self, name: str, ids, compute: Callable[[], torch.Tensor | None]) -> None:
+        """Store ``compute()`` (one number per client of ``ids``, or None when the problem has no such
+        value) as the clients' ``name`` of this iteration; ``compute`` is not called when recording is off."""
+        values = compute()
+        if values is not None:
+            self.values[name][self._rows(ids)] = values.detach().to("cpu", torch.float64).numpy()
+
+    def take(self) -> dict[str, np.ndarray]:
+        """This iteration's records (``participation`` and :data:`CLIENT_VALUES`, one entry per hosted
+        client, NaN / 0 for non-participants); starts the next iteration."""
+        out = {"participation": self.roles, **self.values}
+        self._reset()
+        return out
+
+
+class _Off:
+    """The recorder of a run that stores no per-client series: records nothing, computes nothing."""
+
+    enabled = False
+
+    def took_part(self, ids, role: int) -> None:
+        pass
+
+    def record(self, name: str, ids, compute) -> None:
+        pass
+
+
+OFF = _Off()
+
+#: per-rank phase series (name -> meaning); see docs/hdf5.md
+PHASES = ("compute_seconds", "wait_seconds", "transfer_seconds")
+
+
+def local_phase_vector(algorithm_seconds: float, round_times: np.ndarray, clock_origin: float) -> np.ndarray:
+    """This rank's entry for the bookkeeping reduction: [algorithm seconds, enter time of every
+    counted aggregation of the iteration (relative to the common ``clock_origin``), exit times]."""
+    rt = np.asarray(round_times, dtype=np.float64).reshape(-1, 2) - clock_origin
+    return np.concatenate([[algorithm_seconds], rt[:, 0], rt[:, 1]])
+
+
+def phase_times(per_rank: np.ndarray) -> dict[str, np.ndarray]:
+    """Split each rank's algorithm time into compute, wait and transfer seconds.
+
+    ``per_rank`` is (ranks, 1 + 2R): every rank's :func:`local_phase_vector` of one iteration with R
+    aggregations. Wait in round j = min(exit, max over ranks of enter) - enter (>= 0); transfer =
+    the rest of the time in the call; compute = algorithm time - time in calls.
+    """
+    per_rank = np.asarray(per_rank, dtype=np.float64)
+    alg = per_rank[:, 0]
+    n_rounds = (per_rank.shape[1] - 1) // 2
+    enter, leave = per_rank[:, 1:1 + n_rounds], per_rank[:, 1 + n_rounds:]
+    last_enter = enter.max(axis=0, initial=-np.inf)[None, :]
+    wait = np.clip(np.minimum(leave, last_enter) - enter, 0.0, None).sum(axis=1)
+    in_calls = (leave - enter).sum(axis=1)
+    return {"compute_seconds": alg - in_calls, "wait_seconds": wait, "transfer_seconds": in_calls - wait}
