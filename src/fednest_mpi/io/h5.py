@@ -65,6 +65,8 @@ def check_directory(path: str | Path, field: str, min_free: int = MIN_FREE_BYTES
 def check_output_path(path: str | Path, overwrite: bool) -> None:
     """Refuse an existing output unless ``overwrite``; refuse an unwritable or full directory. No I/O beyond stat."""
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"run.output: {str(p)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}")
     if p.exists() and not overwrite:
         raise UsageError(f"run.output: {str(p)!r} already exists; choose another path or pass --overwrite (run.overwrite = true), "
                          "or continue it from its checkpoint with --resume")

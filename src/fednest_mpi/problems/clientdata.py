@@ -13,6 +13,7 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.data import dirichlet_partition, iid_partition, load_mnist, resolve_data_dir, shard_partition, split_inner_outer
+from fednest_mpi.errors import ConfigError
 
 
 def partition_clients(labels: np.ndarray, cfg, seed: int, equal_shards: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -24,7 +25,22 @@ def partition_clients(labels: np.ndarray, cfg, seed: int, equal_shards: bool = T
                                 shards_per_client=cfg.shards_per_client, equal_shards=equal_shards)
     else:
         parts = dirichlet_partition(labels, cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=2)
-    return split_inner_outer(parts, cfg.val_fraction, seed)
+    splits = split_inner_outer(parts, cfg.val_fraction, seed)
+    check_batch_sizes(splits, cfg)
+    return splits
+
+
+def check_batch_sizes(splits: list[tuple[np.ndarray, np.ndarray]], cfg) -> None:
+    """ConfigError when a minibatch is larger than the smallest client's split. The partition is
+    the same on every rank, so is the verdict."""
+    for name, side, what in (("batch_size", 0, "inner (training)"), ("hypergradient_batch_size", 1, "outer (validation)")):
+        counts = np.array([len(split[side]) for split in splits])
+        size = getattr(cfg, name)
+        if size > counts.min():
+            client = int(np.argmin(counts))
+            raise ConfigError(f"problem.{name}: {size} is more than the {counts[client]} {what} samples of the smallest client "
+                              f"(client {client} of the {cfg.partition} partition); lower problem.{name} to at most "
+                              f"{counts[client]}, or use fewer clients")
 
 
 class ClientSplit:
