@@ -238,3 +238,48 @@ def test_truncation_keeps_the_first_iterations_for_any_number_of_ranks(tmp_path,
             assert f.attrs["first_client"] == rows.start
             got = f[S.CLIENTS]["inner_loss"][:]
         np.testing.assert_array_equal(got, 100.0 * np.arange(rows.start, rows.stop)[:, None] + np.arange(3)[None, :])
+
+
+def _cli(*args, ranks=1, env=None):
+    cmd = [sys.executable, "-m", "fednest_mpi", "run", *map(str, args), "-q"]
+    if ranks > 1:
+        cmd = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(ranks), *cmd]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1", **(env or {})})
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_four_rank_run_resumed_on_two_ranks_has_the_series_of_an_uninterrupted_run(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"""seed = 5
+[problem]
+name = "quadratic"
+n_clients = 8
+dim_x = 3
+dim_y = 5
+gradient_noise = 0.1
+[algorithm]
+outer_iterations = 8
+clients_per_round = 4
+inner_local_steps = 3
+neumann_steps = 4
+ihgp_mode = "randomized"
+[federation]
+reduction = "ordered"
+[run]
+output = "{tmp_path / 'out.h5'}"
+checkpoint_every = 3
+snapshot_every = 2
+""")
+    _cli(cfg, ranks=4, env={"FEDNEST_MPI_INJECT_FAULT": "3:5:term"})  # stops after iteration 5, checkpoint at 5
+    _cli(cfg, "--resume", ranks=2)
+    _cli(cfg, "--output", tmp_path / "ref.h5")
+    got, ref = read_clients(tmp_path / "out.h5"), read_clients(tmp_path / "ref.h5")
+    for name in S.CLIENT_SERIES:
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+    assert sorted(p.name for p in S.client_dir(tmp_path / "out.h5").iterdir()) == [S.rank_file(0), S.rank_file(1)]
+    snaps, ref_snaps = read_snapshots(tmp_path / "out.h5"), read_snapshots(tmp_path / "ref.h5")
+    assert snaps["iteration"].tolist() == [0, 2, 4, 6, 8]
+    np.testing.assert_array_equal(snaps["y"], ref_snaps["y"])
+    phases = read_ranks(tmp_path / "out.h5")["wait_seconds"]
+    assert phases.shape == (2, 9) and np.isnan(phases[:, :6]).all() and np.isfinite(phases[:, 6:]).all()
