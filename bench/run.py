@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fednest_mpi import config  # noqa: E402
+from fednest_mpi.config import _merge  # noqa: E402  (table-by-table merge of the config files' base chains)
 from fednest_mpi.data import resolve_data_dir  # noqa: E402
 from fednest_mpi.errors import UsageError  # noqa: E402
 from fednest_mpi.io.bench import write_bench  # noqa: E402
@@ -68,13 +69,6 @@ def load_spec(path: str, overrides: list[str]) -> dict:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
     return spec
-
-
-def _merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def case_config(case: dict, clients: int) -> dict:
@@ -200,6 +194,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0 if argv else 2
     spec = load_spec(argv[0], argv[1:])
+    out = Path(spec.get("output", "bench/results/bench.h5"))
+    attrs = {"spec_json": json.dumps(spec), "cpu_count": os.cpu_count() or 0}
     rows = []
     for case in spec.get("case", []):
         if case.get("requires_data"):
@@ -217,10 +213,10 @@ def main(argv: list[str]) -> int:
             rows.append(row)
             print(f"  {case['name']} {mode} P={ranks} |S|={clients}: {row['alg_s']:.4f} s algorithm, "
                   f"{row['eval_s']:.4f} s evaluation ({row['seconds']:.0f} s)", flush=True)
+            derive(rows)
+            write_bench(out, rows, COLUMNS, attrs)  # after every measurement: a crash keeps the others
     derive(rows)
-    out = Path(spec.get("output", "bench/results/bench.h5"))
-    write_bench(out, rows, COLUMNS, {"spec_json": json.dumps(spec), "cpu_count": os.cpu_count() or 0,
-                                     "loadavg_at_end": " ".join(f"{v:.2f}" for v in os.getloadavg())})
+    write_bench(out, rows, COLUMNS, attrs)
     print(table(rows))
     written = plot(rows, str(out.with_suffix("")))
     print(f"wrote {out}" + (" and " + ", ".join(written) if written else ""))

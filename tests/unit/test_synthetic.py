@@ -102,20 +102,6 @@ def test_memory_holds_only_the_recent_client_sets(problem):
     assert len(prob._sets) == CACHED_SETS and list(prob._sets.values())[-1].ids.tolist() == list(range(35, 40))
 
 
-def test_frozen_x_feature_cache_gives_the_same_oracles(problem):
-    prob, _ = problem
-    x, y = prob.initial_point()
-    ids = np.array([3, 5, 6])
-    X, Y = x.expand(3, -1), y.expand(3, -1)
-    samples = [Sample(rng.key(4), 0), Sample(rng.key(4), 5), None]
-    plain = [prob.grad_y_inner(ids, X, Y, s) for s in samples]
-    with prob.outer_fixed(ids, x):
-        assert prob._cached_features(prob.inner, ids, X) is not None
-        cached = [prob.grad_y_inner(ids, X, Y, s) for s in samples]
-    for a, b in zip(plain, cached):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-
-
 def test_balanced_placement_needs_a_problem_that_generates_any_client():
     _cfg(federation={"placement": "balanced"})  # synthetic: fine
     with pytest.raises(ConfigError, match="federation.placement"):

@@ -49,6 +49,12 @@ _EVAL_CHUNK = 5000
 FEATURE_SETS = 2  # cached (split, client set) features: FedOut's outer and inner split of one set
 
 
+def _rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for an integer index of any shape, by ``index_select`` (a contiguous copy,
+    about twice as fast as advanced indexing on CPU)."""
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
+
+
 class RepresentationProblem(BilevelProblem):
     """x = representation layer d -> H, y = linear head H -> C; see the module docstring.
 
@@ -92,7 +98,7 @@ class RepresentationProblem(BilevelProblem):
         """Pre-activations A W1^T + b1 for (B, b, d) inputs and x rows (one GEMM when x is shared)."""
         W1, b1 = self._unpack_x(x)
         if x.shape[0] and x.stride(0) == 0:
-            return A @ W1[0].T + b1[0]
+            return torch.addmm(b1[0], A.reshape(-1, A.shape[-1]), W1[0].T).view(*A.shape[:-1], -1)
         return torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2))
 
     @contextmanager
@@ -127,7 +133,7 @@ class RepresentationProblem(BilevelProblem):
         part, rows, inputs, _ = self._locate(split, clients)
         width = part.index.shape[1]
         pos = part.positions(rows, np.broadcast_to(np.arange(width), (len(rows), width)))
-        H = torch.relu(self._hidden(inputs[torch.as_tensor(pos, device=self.device)], x))
+        H = torch.relu(self._hidden(_rows(inputs, torch.as_tensor(pos, device=self.device)), x))
         self._feature_cache[key] = (x, x._version, H)
         while len(self._feature_cache) > FEATURE_SETS:
             self._feature_cache.popitem(last=False)
@@ -144,13 +150,13 @@ class RepresentationProblem(BilevelProblem):
         part, rows, inputs, targets = self._locate(split, clients)
         cols, weights = part.batch(rows, clients, sample, batch_size)
         pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
-        t = targets[pos]
+        t = _rows(targets, pos)
         w = torch.as_tensor(weights, dtype=self.dtype, device=self.device)
         whole = sample is None or batch_size <= 0
         cached = self._features_of(split, clients, x, create=whole)
         if cached is not None:  # x shared and unchanged: no input pass
             drop = None
-            A = inputs[pos] if need_x else None
+            A = _rows(inputs, pos) if need_x else None
             if whole:
                 H = cached
             else:
@@ -158,7 +164,7 @@ class RepresentationProblem(BilevelProblem):
                 H = cached.flatten(0, 1).index_select(0, flat.flatten()).reshape(*cols.shape, -1)
             pre = H  # only its sign is used: relu(z) > 0 exactly where z > 0
         else:
-            A = inputs[pos]  # (B, b, d)
+            A = _rows(inputs, pos)  # (B, b, d)
             pre = self._hidden(A, x)
             drop = self._dropout(clients, sample, pre.shape) if self.cfg.dropout > 0 else None
             if drop is not None:
