@@ -1,10 +1,12 @@
 """Analysis of run files: tables, sweeps, text reports and plots.
 
-Everything here reads run files through :func:`fednest_mpi.io.h5.read_run` (the only HDF5 code
-is in :mod:`fednest_mpi.io.h5`) and is a pure function of the files it is given. pandas and
+Everything here reads run files through :func:`fednest_mpi.io.h5.read_run` and
+:mod:`fednest_mpi.io.clients` (the only HDF5 code is in :mod:`fednest_mpi.io`) and is a pure
+function of the files it is given. pandas and
 matplotlib are imported inside the functions that need them, so importing this module is cheap.
 
 * :func:`load_run`           -- one run as a DataFrame (one row per iteration, ``df.attrs`` = file attributes).
+* :func:`load_clients`, :func:`load_ranks` -- its per-client series and per-rank phase times, long format.
 * :func:`load_sweep`         -- several runs stacked, with a ``run`` column and one column per
   config field that differs between the runs (dotted names, e.g. ``algorithm.name``).
 * :func:`config_differences` -- those differing fields and their value in every run.
@@ -44,6 +46,8 @@ __all__ = [
     "format_seconds",
     "group_mean_sd",
     "higher_is_better",
+    "load_clients",
+    "load_ranks",
     "load_run",
     "load_sweep",
     "plot",
@@ -57,7 +61,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_METRICS = ("x_error", "outer_objective", "hypergradient_norm", "test_accuracy", "test_loss")
 
 #: Config fields that do not change the numbers a run produces; never reported as differences.
-IGNORED_FIELDS = frozenset({"run.output", "run.overwrite", "run.progress", "run.log_every"})
+IGNORED_FIELDS = frozenset({"run.output", "run.overwrite", "run.progress", "run.log_every", "run.client_series", "run.snapshot_every"})
 
 #: Suggested x-axes of :func:`plot` (any monotone column of the run files is accepted).
 X_AXES = ("iteration", "comm_rounds", "wall_time")
@@ -169,6 +173,36 @@ def load_run(path) -> "pandas.DataFrame":  # noqa: F821
     df = _frame(run.data)
     df.attrs = dict(run.attrs)
     return df
+
+
+def _long_frame(arrays: dict[str, np.ndarray], row_name: str, keep=None):
+    """{series: (rows, iterations)} -> one DataFrame row per (row, iteration), rows where ``keep`` (same shape) holds."""
+    import pandas as pd
+
+    first = next(iter(arrays.values()))
+    rows, its = np.indices(first.shape)
+    mask = np.ones(first.shape, dtype=bool) if keep is None else keep
+    return pd.DataFrame({row_name: rows[mask], "iteration": its[mask], **{k: v[mask] for k, v in arrays.items()}})
+
+
+def load_clients(path, participants_only: bool = True) -> "pandas.DataFrame":  # noqa: F821
+    """The per-client series of one run file, long format: columns ``client``, ``iteration``,
+    ``participation`` (role bitmask: 1 FedInn, 2 FedIHGP, 4 FedOut), ``inner_loss``, ``outer_loss``,
+    ``inner_gradient_norm``, ``local_hypergradient_norm``; one row per client and iteration in
+    which it took part (``participants_only``), or per client and iteration. The arrays
+    (clients x iterations) are :func:`fednest_mpi.io.clients.read_clients`."""
+    from fednest_mpi.io.clients import read_clients
+
+    data = read_clients(path)
+    return _long_frame(data, "client", data["participation"] > 0 if participants_only else None)
+
+
+def load_ranks(path) -> "pandas.DataFrame":  # noqa: F821
+    """Per-rank phase times of one run file, long format: columns ``rank``, ``iteration``,
+    ``compute_seconds``, ``wait_seconds``, ``transfer_seconds`` (:func:`fednest_mpi.io.clients.read_ranks`)."""
+    from fednest_mpi.io.clients import read_ranks
+
+    return _long_frame(read_ranks(path), "rank")
 
 
 def _differences(runs: Sequence[_Run], ignore=IGNORED_FIELDS) -> dict[str, list]:

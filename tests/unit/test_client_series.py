@@ -283,3 +283,17 @@ snapshot_every = 2
     np.testing.assert_array_equal(snaps["y"], ref_snaps["y"])
     phases = read_ranks(tmp_path / "out.h5")["wait_seconds"]
     assert phases.shape == (2, 9) and np.isnan(phases[:, :6]).all() and np.isfinite(phases[:, 6:]).all()
+
+
+def test_analysis_frames_of_the_series(small_config, tmp_path):
+    from fednest_mpi.analysis import load_clients, load_ranks
+
+    _simulate_to_file(small_config, tmp_path / "r.h5")
+    arrays = read_clients(tmp_path / "r.h5")
+    df = load_clients(tmp_path / "r.h5")
+    assert len(df) == int((arrays["participation"] > 0).sum()) and (df["participation"] > 0).all()
+    for name in S.CLIENT_SERIES:
+        np.testing.assert_array_equal(df[name], arrays[name][df["client"], df["iteration"]], err_msg=name)
+    assert len(load_clients(tmp_path / "r.h5", participants_only=False)) == 12 * 6
+    ranks = load_ranks(tmp_path / "r.h5")
+    assert list(ranks.columns) == ["rank", "iteration", *S.RANK_SERIES] and len(ranks) == 6
