@@ -70,11 +70,11 @@ class SeriesLayout:
                 if name in old:
                     d[...] = old[name]
         if self.client_series:
-            self._create_virtual(f, iteration)
-            if self.keep_rows is not None:
+            if self.keep_rows is not None:  # first: the virtual datasets open their sources
                 truncate_client_files(self.run_path, self.keep_rows, self.blocks)
             else:  # files of an overwritten run
                 _remove_rank_files(self.run_path)
+            self._create_virtual(f, iteration)
         if self.snapshot_every > 0:
             snap = f.create_group(S.SNAPSHOTS)
             scale = snap.create_dataset(S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64)
@@ -255,18 +255,15 @@ def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple
     """Cut the per-rank client files of a run back to iterations 0..n_iterations-1 (a resumed run
     continues at iteration ``n_iterations``).
 
-    ``blocks`` (client ids of every rank of the resumed run) different from the existing files'
-    re-partitions them: the new files are written next to the old ones and replace them once all
-    are complete. Not collective: rank 0 calls it before any rank opens its file for appending.
+    The files are rewritten, partitioned by ``blocks`` (client ids of every rank of the resumed
+    run; default: as they are): the new files are written next to the old ones, which are only
+    read (in SWMR mode, so also the files of a killed run, which HDF5 refuses to open otherwise),
+    and replace them once all are complete. Not collective: rank 0 calls it before any rank opens
+    its file for appending.
     """
     existing = _rank_files(run_path)
-    if blocks is None or [r for r, _ in existing] == [b for b in blocks if len(b)]:
-        for _, path in existing:
-            with h5py.File(path, "a", libver="latest") as f:
-                for name in S.CLIENT_SERIES:
-                    d = f[S.CLIENTS][name]
-                    d.resize((d.shape[0], min(d.shape[1], n_iterations)))
-        return
+    if blocks is None:
+        blocks = tuple(rows for rows, _ in existing)
     folder = S.client_dir(run_path)
     for rank, rows in enumerate(blocks):
         if not len(rows):
@@ -277,7 +274,7 @@ def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple
                 lo, hi = max(rows.start, old_rows.start), min(rows.stop, old_rows.stop)
                 if lo >= hi:
                     continue
-                with h5py.File(path, "r", libver="latest") as f:
+                with h5py.File(path, "r", libver="latest", swmr=True) as f:
                     for name in S.CLIENT_SERIES:
                         src, dst = f[S.CLIENTS][name], target[S.CLIENTS][name]
                         n = min(src.shape[1], n_iterations)
