@@ -158,7 +158,8 @@ class FairnessConfig:
     model: str = spec("logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp"))
     hidden: int = spec(16, "hidden width of the MLP (model = mlp)", low=1)
     batch_size: int = spec(64, "minibatch size of the inner local steps", low=1)
-    hypergradient_batch_size: int = spec(0, "minibatch of the outer and second-order oracles; 0 = the client's whole split", low=0)
+    hypergradient_batch_size: int = spec(0, "minibatch of the second-order oracles (training split); 0 = the client's whole split; "
+                                         "the outer loss always uses the client's whole (small) validation split", low=0)
     inner_regularization: float = spec(0.01, "mu of the (mu/2)||y||^2 term in g_i (strong convexity)", low=0.0)
 
 

@@ -6,6 +6,7 @@ import torch
 
 from fednest_mpi.problems.base import ORACLES, BilevelProblem
 from fednest_mpi.problems.compositional import CompositionalProblem
+from fednest_mpi.problems.fairness import FairnessProblem
 from fednest_mpi.problems.hyperrep import HyperRepresentationProblem
 from fednest_mpi.problems.losstuning import LossTuningProblem
 from fednest_mpi.problems.minimax import MinimaxProblem
@@ -13,9 +14,9 @@ from fednest_mpi.problems.quadratic import QuadraticProblem
 from fednest_mpi.problems.synthetic import SyntheticProblem
 
 PROBLEMS = {"quadratic": QuadraticProblem, "hyper_representation": HyperRepresentationProblem, "loss_tuning": LossTuningProblem,
-            "minimax": MinimaxProblem, "compositional": CompositionalProblem, "synthetic": SyntheticProblem}
+            "minimax": MinimaxProblem, "compositional": CompositionalProblem, "synthetic": SyntheticProblem, "fairness": FairnessProblem}
 
-__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "CompositionalProblem", "MinimaxProblem", "HyperRepresentationProblem", "LossTuningProblem", "QuadraticProblem", "SyntheticProblem", "build_problem"]
+__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "CompositionalProblem", "FairnessProblem", "MinimaxProblem", "HyperRepresentationProblem", "LossTuningProblem", "QuadraticProblem", "SyntheticProblem", "build_problem"]
 
 
 def build_problem(cfg, seed: int, clients: range, device: str = "cpu", dtype=torch.float64) -> BilevelProblem:

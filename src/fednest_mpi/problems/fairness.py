@@ -1,0 +1,256 @@
+"""Fair federated learning on UCI Adult: the application of FedBiOAcc (Li, Huang & Huang, section 5),
+with the formulation of ``../shared/notes/fedbio-and-peers.md`` section 2.2 (the paper's exact
+setup was not recoverable: its datasets, model and numbers are missing from the text).
+
+Cells c: the sensitive groups (``weight_cells = "group"``: sex or race) or the (group, label)
+pairs (``"group_label"``); C cells. The outer variable x in R^C gives the cell weights
+w(x) = C softmax(x) (mean 1; x = 0 is plain unweighted training). Client i holds a training split
+D_i and a small validation split V_i:
+
+    g_i(x, y) = (1/|D_i|) sum_{j in D_i} w_{c_j}(x) l(y; a_j, t_j) + (mu/2) ||y||^2
+    f_i(x, y) = sum_{j in V_i} omega_ij l(y; a_j, t_j),   omega_ij proportional to 1/m_{c_j}
+
+with l the logistic loss of the classifier y (logistic regression, or a 1-hidden-layer tanh MLP)
+and m_c the number of validation samples of cell c, normalised per client: f is the
+cell-balanced validation loss. f does not depend on x (zero direct gradient); the hypergradient
+is all implicit. Logistic regression with mu > 0 makes g_i strongly convex in y.
+
+Data (identical on every rank, from the seed): a cell-balanced validation pool of
+min(``val_per_cell``, half the cell) samples per cell is drawn from ``adult.data`` and dealt
+round-robin to the clients (each client's V_i is close to balanced); the rest of ``adult.data`` is
+split over the clients by a Dirichlet(``dirichlet_alpha``) partition over the (group, label)
+pairs, so group and label mixes differ between clients. Metrics use ``adult.test`` (16,281 rows):
+accuracy, demographic-parity gap max_s P(yhat=1|s) - min_s P(yhat=1|s), equal-opportunity gap
+(the same over true-positive rates), worst-group accuracy, over the sensitive groups.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from fednest_mpi import rng
+from fednest_mpi.data import dirichlet_partition, load_adult, resolve_data_dir
+from fednest_mpi.data.adult import RACES, SEXES
+from fednest_mpi.errors import ConfigError
+from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.problems.clientdata import HostedSamples
+
+_POOL = 201  # stream of the validation pool (beyond rng.Purpose and data.partition's purposes)
+
+
+@functools.lru_cache(maxsize=2)
+def _adult(data_dir: str):
+    return load_adult(resolve_data_dir(data_dir or None, "adult"))
+
+
+def fairness_splits(cells: np.ndarray, full_cells: np.ndarray, cfg, seed: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Per client (train indices, validation indices) and the per-sample validation cell sizes m_c
+    (indexed by sample; 0 outside the pool). ``cells``: weighted cell of every training sample;
+    ``full_cells``: its (group, label) pair, the Dirichlet label."""
+    pool = []
+    for c in np.unique(cells):
+        idx = np.flatnonzero(cells == c)
+        idx = idx[rng.permutation(rng.key(seed, _POOL, c), len(idx))]
+        pool.append(idx[: min(cfg.val_per_cell, len(idx) // 2)])
+    sizes = np.zeros(len(cells))
+    for part in pool:
+        sizes[part] = len(part)
+    pool = np.concatenate(pool)
+    rest = np.setdiff1d(np.arange(len(cells)), pool)
+    parts = dirichlet_partition(full_cells[rest], cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=cfg.batch_size)
+    splits = [(np.sort(rest[p]), np.sort(pool[i::cfg.n_clients])) for i, p in enumerate(parts)]
+    return splits, sizes
+
+
+class FairnessProblem(BilevelProblem):
+    """See the module docstring. ``clients`` lists the client ids this instance hosts."""
+
+    def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float64):
+        super().__init__()
+        self.cfg, self.seed = cfg, seed
+        self.n_clients = cfg.n_clients
+        self.device, self.dtype = torch.device(device), dtype
+        data = _adult(cfg.data_dir)
+        names = SEXES if cfg.sensitive == "sex" else RACES
+        self.group_names = names
+        self.n_groups = len(names)
+        groups = getattr(data, f"train_{cfg.sensitive}").numpy()
+        labels = data.train_y.numpy()
+        full = 2 * groups + labels
+        self.by_label = cfg.weight_cells == "group_label"
+        cells = full if self.by_label else groups
+        self.dim_x = 2 * self.n_groups if self.by_label else self.n_groups
+        self.n_features = data.train_x.shape[1]
+        h = cfg.hidden
+        self.dim_y = self.n_features + 1 if cfg.model == "logistic" else h * self.n_features + 2 * h + 1
+        if len(np.unique(cells)) < self.dim_x:
+            raise ValueError(f"adult.data lacks some of the {self.dim_x} cells of {cfg.sensitive}")
+        splits, sizes = fairness_splits(cells, full, cfg, seed)
+        smallest = min(len(train) for train, _ in splits)
+        for name in ("batch_size", "hypergradient_batch_size"):
+            if getattr(cfg, name) > smallest:
+                raise ConfigError(f"problem.{name}: {getattr(cfg, name)} is more than the {smallest} training samples of the "
+                                  f"smallest client; lower it to at most {smallest}, raise dirichlet_alpha or use fewer clients")
+        # targets carry the (group, label) pair: label = t % 2, group = t // 2
+        hosted = HostedSamples(data.train_x, torch.as_tensor(full), splits, clients, self.device, dtype)
+        self._first, self.inputs, self.targets = hosted.first, hosted.inputs, hosted.targets
+        self.inner, self.outer = hosted.inner, hosted.outer
+        used = np.unique(np.concatenate([np.concatenate(splits[i]) for i in clients])) if len(clients) else np.zeros(0, np.int64)
+        self.inv_size = torch.as_tensor(np.where(sizes[used] > 0, 1.0 / np.maximum(sizes[used], 1), 0.0), dtype=dtype, device=self.device)
+        self.test_inputs = data.test_x.to(self.device, dtype)
+        self.test_labels = data.test_y.to(self.device)
+        self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
+
+    # -- model -------------------------------------------------------------------------------------
+    def _logits(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Logits (B, n) of inputs A (B, n, d) under the classifiers y (B, d2)."""
+        d = self.n_features
+        if self.cfg.model == "logistic":
+            return torch.einsum("bnd,bd->bn", A, y[:, :d]) + y[:, d:]
+        h = self.cfg.hidden
+        W1 = y[:, : h * d].reshape(-1, h, d)
+        b1, w2, b2 = y[:, h * d: h * d + h], y[:, h * d + h: h * d + 2 * h], y[:, -1:]
+        hidden = torch.tanh(torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2)))
+        return torch.einsum("bnh,bh->bn", hidden, w2) + b2
+
+    def cell_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """w(x) = C softmax(x), rows (B, C)."""
+        return self.dim_x * torch.softmax(x, dim=-1)
+
+    def _batch(self, split, clients, sample, batch_size):
+        clients = np.asarray(clients, dtype=np.int64)
+        rows = clients - self._first
+        cols, weights = split.batch(rows, clients, sample, batch_size)
+        pos = torch.as_tensor(split.positions(rows, cols), device=self.device)
+        return pos, torch.as_tensor(weights, dtype=self.dtype, device=self.device)
+
+    def _inner_losses(self, clients, x, y, sample, batch_size) -> torch.Tensor:
+        """Per-client weighted training loss (B,) without the regulariser."""
+        pos, w = self._batch(self.inner, clients, sample, batch_size)
+        t = self.targets[pos]
+        cell = t if self.by_label else t // 2
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (t % 2).to(self.dtype), reduction="none")
+        return (w * torch.gather(self.cell_weights(x), 1, cell) * loss).sum(1)
+
+    def _outer_losses(self, clients, y, sample) -> torch.Tensor:
+        """Per-client cell-balanced validation loss (B,)."""
+        pos, w = self._batch(self.outer, clients, sample, 0)  # V_i is small: always all of it
+        omega = w * self.inv_size[pos]
+        omega = omega / omega.sum(1, keepdim=True)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
+        return (omega * loss).sum(1)
+
+    # -- oracles (reverse-mode autograd on the batched model; row b depends on row b only) --------
+    @staticmethod
+    def _leaf(t):
+        return t.detach().clone().requires_grad_(True)
+
+    def _grad_y_inner_graph(self, clients, x, y, sample):
+        """(y leaf, nabla_y g_i without the regulariser) on ``hypergradient_batch_size`` samples."""
+        y_leaf = self._leaf(y)
+        loss = self._inner_losses(clients, x, y_leaf, sample, self.cfg.hypergradient_batch_size)
+        (gy,) = torch.autograd.grad(loss.sum(), y_leaf, create_graph=True)
+        return y_leaf, gy
+
+    def _grad_y_inner(self, clients, x, y, sample):
+        with torch.enable_grad():
+            y_leaf = self._leaf(y)
+            (gy,) = torch.autograd.grad(self._inner_losses(clients, x, y_leaf, sample, self.cfg.batch_size).sum(), y_leaf)
+        return gy + self.cfg.inner_regularization * y
+
+    def _grad_y_outer(self, clients, x, y, sample):
+        with torch.enable_grad():
+            y_leaf = self._leaf(y)
+            (gy,) = torch.autograd.grad(self._outer_losses(clients, y_leaf, sample).sum(), y_leaf)
+        return gy
+
+    def _grad_x_outer(self, clients, x, y, sample):
+        return torch.zeros(len(clients), self.dim_x, dtype=self.dtype, device=self.device)
+
+    def _hvp_yy_inner(self, clients, x, y, v, sample):
+        with torch.enable_grad():
+            y_leaf, gy = self._grad_y_inner_graph(clients, x, y, sample)
+            (hv,) = torch.autograd.grad((gy * v).sum(), y_leaf)
+        return hv + self.cfg.inner_regularization * v
+
+    def _jvp_xy_inner(self, clients, x, y, v, sample):
+        with torch.enable_grad():
+            x_leaf = self._leaf(x)
+            _, gy = self._grad_y_inner_graph(clients, x_leaf, y, sample)
+            (jv,) = torch.autograd.grad((gy * v).sum(), x_leaf)
+        return jv
+
+    # -- values (uncounted) --------------------------------------------------------------------------
+    def inner_value(self, clients, x, y):
+        with torch.no_grad():
+            return self._inner_losses(clients, x, y, None, 0) + 0.5 * self.cfg.inner_regularization * (y * y).sum(1)
+
+    def outer_value(self, clients, x, y):
+        with torch.no_grad():
+            return self._outer_losses(clients, y, None)
+
+    # -- run interface -------------------------------------------------------------------------------
+    def initial_point(self):
+        """x = 0 (unweighted); y = 0 for logistic regression, a keyed U(+-1/sqrt(fan_in)) MLP otherwise."""
+        x = torch.zeros(self.dim_x, dtype=self.dtype, device=self.device)
+        if self.cfg.model == "logistic":
+            return x, torch.zeros(self.dim_y, dtype=self.dtype, device=self.device)
+        u = rng.uniform(rng.key(self.seed, rng.Purpose.INIT, 0), self.dim_y)
+        scale = np.full(self.dim_y, 1 / math.sqrt(self.n_features))
+        scale[self.cfg.hidden * self.n_features + self.cfg.hidden:] = 1 / math.sqrt(self.cfg.hidden)
+        return x, torch.as_tensor((2 * u - 1) * scale, dtype=self.dtype, device=self.device)
+
+    def cell_names(self) -> list[str]:
+        if self.by_label:
+            return [f"{g}_{label}" for g in self.group_names for label in ("le50K", "gt50K")]
+        return list(self.group_names)
+
+    def metric_info(self):
+        info = {
+            "test_accuracy": ("accuracy on adult.test", "%"),
+            "dp_gap": ("demographic-parity gap: max - min over groups of P(yhat = 1 | group), adult.test", "%"),
+            "eo_gap": ("equal-opportunity gap: max - min over groups of the true-positive rate, adult.test", "%"),
+            "worst_group_accuracy": ("lowest accuracy over the sensitive groups, adult.test", "%"),
+            "test_loss": ("mean logistic loss on adult.test", "nats"),
+            "balanced_test_loss": ("mean over (group, label) cells of the test loss (the outer objective's target)", "nats"),
+        }
+        for name in self.cell_names():
+            info[f"weight_{name}"] = (f"cell weight w(x) of {name} (mean 1)", "1")
+        return info
+
+    def evaluate(self, x, y):
+        with torch.no_grad():
+            z = self._logits(self.test_inputs[None], y[None])[0]
+            t, g = self.test_labels, self.test_groups
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z, t.to(z.dtype), reduction="none")
+            pred = z > 0
+            correct = (pred == t.bool()).to(torch.float64)
+            acc, positive, tpr, cell_loss = [], [], [], []
+            for s in range(self.n_groups):
+                m = g == s
+                if not bool(m.any()):
+                    continue
+                acc.append(float(correct[m].mean()))
+                positive.append(float(pred[m].to(torch.float64).mean()))
+                pos = m & t.bool()
+                if bool(pos.any()):
+                    tpr.append(float(pred[pos].to(torch.float64).mean()))
+                for label in (0, 1):
+                    cell = m & (t == label)
+                    if bool(cell.any()):
+                        cell_loss.append(float(loss[cell].mean()))
+            weights = self.cell_weights(x)
+        out = {
+            "test_accuracy": 100 * float(correct.mean()),
+            "dp_gap": 100 * (max(positive) - min(positive)),
+            "eo_gap": 100 * (max(tpr) - min(tpr)),
+            "worst_group_accuracy": 100 * min(acc),
+            "test_loss": float(loss.mean()),
+            "balanced_test_loss": float(np.mean(cell_loss)),
+        }
+        out.update({f"weight_{name}": float(w) for name, w in zip(self.cell_names(), weights)})
+        return out

@@ -1,0 +1,122 @@
+"""Fair FL on UCI Adult: data split, oracles against autograd, metrics against hand counts, a short run."""
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from fednest_mpi import config
+from fednest_mpi.errors import ConfigError
+from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.fairness import FairnessProblem
+from fednest_mpi.runner import simulate
+
+from oracle_check import assert_oracles_match_autograd
+from shared_data import DATA, requires
+
+pytestmark = requires("adult")
+
+
+def _cfg(problem=None, **algorithm):
+    return config.from_dict({
+        "seed": 1, "problem": {"name": "fairness", "n_clients": 6, "data_dir": str(DATA), "val_per_cell": 30,
+                               "hypergradient_batch_size": 64} | (problem or {}),
+        "algorithm": {"name": "fedbio", "outer_iterations": 2, "clients_per_round": 6, "inner_lr": 0.5, "outer_lr": 1.0,
+                      "neumann_steps": 3, "neumann_scale": 0.5, "sync_period": 2, "inner_local_steps": 3} | algorithm,
+        "run": {"output": "unused.h5"},
+    })
+
+
+def _problem(**problem):
+    cfg = _cfg(problem)
+    return build_problem(cfg.problem, cfg.seed, range(cfg.problem.n_clients))
+
+
+def _client_data(prob: FairnessProblem, i, split):
+    pos = split.index[i - prob._first][: split.count[i - prob._first]]
+    return prob.inputs[pos], prob.targets[pos], prob.inv_size[pos]
+
+
+@pytest.mark.parametrize("problem", [{"weight_cells": "group_label"}, {"weight_cells": "group", "sensitive": "race", "model": "mlp", "hidden": 3}])
+def test_oracles_match_autograd_of_the_written_out_losses(problem):
+    prob = _problem(**problem)
+    mu = prob.cfg.inner_regularization
+
+    def f_g(i, x, y):
+        A, t, inv = _client_data(prob, i, prob.inner)
+        cell = t if prob.by_label else t // 2
+        w = prob.dim_x * torch.softmax(x, 0)
+        z = prob._logits(A[None], y[None])[0]
+        lab = (t % 2).to(z.dtype)
+        loss = -(lab * torch.nn.functional.logsigmoid(z) + (1 - lab) * torch.nn.functional.logsigmoid(-z))
+        g = (w[cell] * loss).mean() + 0.5 * mu * y @ y
+        A, t, inv = _client_data(prob, i, prob.outer)
+        z = prob._logits(A[None], y[None])[0]
+        lab = (t % 2).to(z.dtype)
+        loss = -(lab * torch.nn.functional.logsigmoid(z) + (1 - lab) * torch.nn.functional.logsigmoid(-z))
+        f = (inv * loss).sum() / inv.sum()
+        return f, g
+
+    assert_oracles_match_autograd(prob, [0, 3, 5], f_g)
+
+
+def test_validation_pool_is_cell_balanced_and_disjoint_from_training():
+    prob = _problem()
+    n_val, n_train, cells_seen = 0, 0, np.zeros(prob.dim_x)
+    for i in range(prob.n_clients):
+        _, t_val, inv = _client_data(prob, i, prob.outer)
+        _, t_train, _ = _client_data(prob, i, prob.inner)
+        n_val, n_train = n_val + len(t_val), n_train + len(t_train)
+        np.add.at(cells_seen, t_val.numpy(), 1)
+        assert len(t_train) >= prob.cfg.batch_size
+    # 30 samples of each of the 4 (sex, label) cells, every sample of adult.data used once
+    np.testing.assert_array_equal(cells_seen, [30, 30, 30, 30])
+    assert n_val + n_train == 32561
+    # the Dirichlet split gives the clients different (group, label) mixes
+    shares = np.array([np.bincount(_client_data(prob, i, prob.inner)[1].numpy(), minlength=4) / prob.inner.count[i]
+                       for i in range(prob.n_clients)])
+    assert np.ptp(shares, axis=0).max() > 0.2
+
+
+def test_metrics_of_the_all_negative_classifier_are_the_hand_counts():
+    prob = _problem()
+    x, y = prob.initial_point()  # y = 0: every logit is 0, every prediction "<=50K"
+    m = prob.evaluate(x, y)
+    t, g = prob.test_labels.numpy(), prob.test_groups.numpy()
+    assert m["test_accuracy"] == pytest.approx(100 * np.mean(t == 0))
+    assert m["worst_group_accuracy"] == pytest.approx(100 * min(np.mean(t[g == s] == 0) for s in (0, 1)))
+    assert m["dp_gap"] == 0.0 and m["eo_gap"] == 0.0
+    assert m["test_loss"] == pytest.approx(np.log(2))
+    assert all(m[f"weight_{name}"] == pytest.approx(1.0) for name in prob.cell_names())
+
+
+def test_metrics_of_a_group_dependent_classifier():
+    prob = _problem()
+    x, _ = prob.initial_point()
+    y = torch.zeros(prob.dim_y, dtype=torch.float64)
+    y[list(_feature_names()).index("sex=Male")] = 10.0  # predicts ">50K" for men only
+    m = prob.evaluate(x, y)
+    t, g = prob.test_labels.numpy(), prob.test_groups.numpy()
+    assert m["dp_gap"] == pytest.approx(100.0) and m["eo_gap"] == pytest.approx(100.0)
+    assert m["worst_group_accuracy"] == pytest.approx(100 * np.mean(t[g == 1] == 1))
+
+
+def _feature_names():
+    from fednest_mpi.problems.fairness import _adult
+
+    return _adult(str(DATA)).feature_names
+
+
+@pytest.mark.parametrize("name", ["fedbio", "fedbioacc", "fednest", "fedavg"])
+def test_short_runs_record_the_fairness_metrics(name):
+    h = simulate(_cfg(name=name), MPI.COMM_SELF).history
+    for key in ("test_accuracy", "dp_gap", "eo_gap", "worst_group_accuracy"):
+        assert len(h[key]) == 3 and all(np.isfinite(h[key]))
+    assert h["test_accuracy"][-1] > h["test_accuracy"][0]  # training moved away from the all-negative start
+    moved = any(abs(h[f"weight_{c}"][-1] - 1.0) > 1e-6 for c in ("Female_le50K", "Male_gt50K"))
+    assert moved == (name != "fedavg")  # FedAvg trains the unweighted model only
+
+
+def test_batch_larger_than_a_client_is_a_config_error():
+    with pytest.raises(ConfigError, match="problem.hypergradient_batch_size"):
+        _problem(hypergradient_batch_size=10**6)
