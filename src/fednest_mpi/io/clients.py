@@ -129,15 +129,19 @@ class ClientFile:
         else:
             self.file = _create_client_file(path, rank, hosted)
         self.file.swmr_mode = True
-        self.group = self.file[S.CLIENTS]
+        self.datasets = {name: self.file[S.CLIENTS][name] for name in S.CLIENT_SERIES}
 
     def append(self, k: int, records: dict[str, np.ndarray]) -> None:
-        """Column k (iteration k) of every series: the participants' values (others keep the fill) ; flushed."""
+        """Column k (iteration k) of every series, flushed. Only the participants' entries are written
+        (the others keep the fill value, and chunks without participants are never allocated): one
+        slice from the first to the last participant when they are dense, else entry by entry."""
         rows = np.flatnonzero(records["participation"])
-        for name in S.CLIENT_SERIES:
-            d = self.group[name]
+        dense = rows.size and 2 * rows.size >= rows[-1] - rows[0] + 1
+        for name, d in self.datasets.items():
             _extend_columns(d, k)
-            if rows.size:
+            if dense:  # the entries between participants already hold the fill value
+                d[rows[0]:rows[-1] + 1, k] = records[name][rows[0]:rows[-1] + 1]
+            elif rows.size:
                 d[rows, k] = records[name][rows]
         self.file.flush()
 
@@ -166,13 +170,13 @@ class MainSeries:
 
     def __init__(self, f: h5py.File):
         self.f = f
+        self.phases = {name: f[S.RANKS][name] for name in S.RANK_SERIES}
 
     def append(self, k: int, phases: dict[str, np.ndarray], snapshot=None) -> None:
         """Column k of every phase series and, if ``snapshot`` = (x, y) is given, one snapshot row.
 
         Call before the run file's per-iteration row is appended (which flushes the file)."""
-        for name in S.RANK_SERIES:
-            d = self.f[S.RANKS][name]
+        for name, d in self.phases.items():
             _extend_columns(d, k)
             d[:, k] = phases[name]
         if snapshot is not None:
