@@ -70,6 +70,7 @@ class RepresentationProblem(BilevelProblem):
         self.n_inputs, self.hidden, self.n_classes = n_inputs, hidden, n_classes
         self.dim_x, self.dim_y = hidden * n_inputs + hidden, n_classes * hidden + n_classes
         self._feature_cache: OrderedDict = OrderedDict()  # see _features_of
+        self._last_batch = None  # see _batch
 
     @abstractmethod
     def _locate(self, split, clients: np.ndarray):
@@ -148,7 +149,7 @@ class RepresentationProblem(BilevelProblem):
         inputs A (for gradients with respect to x) when the features come from the cache."""
         clients = np.asarray(clients, dtype=np.int64)
         part, rows, inputs, targets = self._locate(split, clients)
-        cols, weights = part.batch(rows, clients, sample, batch_size)
+        cols, weights = self._batch(part, rows, clients, sample, batch_size)
         pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
         t = _rows(targets, pos)
         w = torch.as_tensor(weights, dtype=self.dtype, device=self.device)
@@ -175,6 +176,17 @@ class RepresentationProblem(BilevelProblem):
         P = torch.softmax(logits, dim=-1)
         E = torch.nn.functional.one_hot(t, self.n_classes).to(self.dtype)
         return {"A": A, "w": w, "pre": pre, "drop": drop, "H": H, "W2": W2, "P": P, "E": E, "logits": logits}
+
+    def _batch(self, part, rows, clients, sample, batch_size):
+        """``part.batch(...)``, remembered for one call: FedInn's SVRG step evaluates the same
+        minibatch at y_i and at the anchor y (Alg. 4), so the second draw is free. The key holds
+        everything the draw depends on."""
+        key = (clients.tobytes(), part.count[rows].tobytes(), part.index.shape[1], sample, batch_size)
+        if self._last_batch is not None and self._last_batch[0] == key:
+            return self._last_batch[1]
+        out = part.batch(rows, clients, sample, batch_size)
+        self._last_batch = (key, out)
+        return out
 
     def _dropout(self, clients, sample, shape):
         step = -1 if sample is None else sample.step
@@ -240,6 +252,13 @@ class RepresentationProblem(BilevelProblem):
     def outer_value(self, clients, x, y):
         """f_i(x, y): cross-entropy on the whole outer split (not counted)."""
         return self._cross_entropy(self.outer, clients, x, y)
+
+    def correct_counts(self, clients, x, y):
+        """(correct, total) predictions of the global-model head on each client's inner split."""
+        s = self._forward(self.inner, clients, x, y, None, 0)
+        valid = s["w"] > 0
+        hit = (s["logits"].argmax(-1) == s["E"].argmax(-1)) & valid
+        return hit.sum(1), valid.sum(1)
 
     # -- evaluation ----------------------------------------------------------------------------
     def predict_logits(self, x, y, inputs):
