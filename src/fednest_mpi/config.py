@@ -148,7 +148,7 @@ class FairnessConfig:
     data_dir: str = spec("", "data directory holding adult/; empty: the FEDNEST_DATA environment variable")
     n_clients: int = spec(20, "number of clients M", low=1)
     sensitive: str = spec("sex", "sensitive attribute defining the groups", choices=("sex", "race"))
-    weight_cells: str = spec("group_label", "what x weights: group (one weight per sensitive group) or group_label "
+    weight_cells: str = spec("group", "what x weights: group (one weight per sensitive group) or group_label "
                              "(one per (group, label) cell); the validation set is balanced over the same cells",
                              choices=("group", "group_label"))
     dirichlet_alpha: float = spec(0.5, "Dirichlet concentration of the split of the training set over clients, "
@@ -266,6 +266,9 @@ class RunSection:
     checkpoint_dir: str = spec("", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended")
     client_series: bool = spec(True, "record per-client series (participation, local losses, gradient norms; clients x iterations, "
                                "one file per rank joined by virtual datasets, docs/hdf5.md); needs federation.placement = block")
+    train_eval_every: int = spec(0, "every k outer iterations also evaluate on the training data of all clients: "
+                                    "outer_loss = mean_i f_i(x, y), inner_loss = mean_i g_i(x, y) and train_accuracy "
+                                    "where the problem classifies (NaN in between; 0: never)", low=0)
     snapshot_every: int = spec(0, "store x and y in /snapshots every k outer iterations and at the last one (0: never)", low=0)
 
 

@@ -23,7 +23,7 @@ from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, UsageError
 from fednest_mpi.federation import Federation, torch_device
-from fednest_mpi.problems import ORACLES, build_problem
+from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,39 @@ def agree_on_usage_error(comm, error: UsageError | None) -> None:
     raise cls(message)
 
 
+TRAINING_COLUMNS = {
+    "outer_loss": ("mean over all clients of f_i(x, y) on their outer (validation) data (every run.train_eval_every iterations, else NaN)", "1"),
+    "inner_loss": ("mean over all clients of g_i(x, y) on their inner (training) data (every run.train_eval_every iterations, else NaN)", "1"),
+    "train_accuracy": ("accuracy on the inner (training) data of all clients (every run.train_eval_every iterations, else NaN)", "%"),
+}
+
+
+def training_sums(problem, block: range, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> np.ndarray:
+    """[sum_i f_i, sum_i g_i, clients, correct, samples] over the hosted clients' whole local data
+    (NaN sums where the problem defines no value oracle), ``chunk`` clients at a time. No MPI."""
+    sums = np.zeros(5)
+    with torch.no_grad():
+        for lo in range(block.start, block.stop, chunk):
+            ids = np.arange(lo, min(lo + chunk, block.stop))
+            X, Y = x.expand(ids.size, -1), y.expand(ids.size, -1)
+            for slot, values in ((0, problem.outer_value(ids, X, Y)), (1, problem.inner_value(ids, X, Y))):
+                sums[slot] += math.nan if values is None else float(values.sum())
+            counts = problem.correct_counts(ids, X, Y)
+            if counts is not None:
+                sums[3] += float(counts[0].sum())
+                sums[4] += float(counts[1].sum())
+            sums[2] += ids.size
+    return sums
+
+
+def training_metrics(totals: np.ndarray, names) -> dict[str, float]:
+    """The :data:`TRAINING_COLUMNS` in ``names`` from the summed :func:`training_sums`."""
+    f, g, n, correct, samples = totals
+    values = {"outer_loss": f / n if n else math.nan, "inner_loss": g / n if n else math.nan,
+              "train_accuracy": 100.0 * correct / samples if samples else math.nan}
+    return {name: values[name] for name in names}
+
+
 class Simulation:
     """A run of ``cfg`` on ``comm``: problem, federation and algorithm, built on every rank.
 
@@ -113,7 +146,20 @@ class Simulation:
         cols = dict(BOOKKEEPING)
         cols.update(ORACLE_COLUMNS)
         cols.update(self.problem.metric_info())
+        for name, info in self._training_columns().items():
+            cols[name] = info
         return cols
+
+    def _training_columns(self) -> dict[str, tuple[str, str]]:
+        """The training-set columns this run records: none unless ``run.train_eval_every`` > 0;
+        the problem's own metrics of the same name (closed forms) take precedence."""
+        if self.cfg.run.train_eval_every <= 0:
+            return {}
+        kind, own = type(self.problem), self.problem.metric_info()
+        defined = {"outer_loss": kind.outer_value is not BilevelProblem.outer_value,
+                   "inner_loss": kind.inner_value is not BilevelProblem.inner_value,
+                   "train_accuracy": kind.correct_counts is not BilevelProblem.correct_counts}
+        return {name: info for name, info in TRAINING_COLUMNS.items() if defined[name] and name not in own}
 
     def run(self, writer=None, progress=None, checkpoint_dir=None, stop=None, resume: ckpt_io.Checkpoint | None = None,
             series=None) -> RunResult:
@@ -148,11 +194,14 @@ class Simulation:
             base_counts = resume.oracle_totals.numpy() if fed.rank == 0 else np.zeros(n_oracles)
         start = time.perf_counter()
         state: dict = {}
+        train_columns = list(self._training_columns())
 
         def record(k: int, alg_seconds: float, diag: dict) -> bool:
             """Evaluate, agree on health and stop requests, record; True when a stop was requested."""
             t0 = time.perf_counter()
             metrics = problem.evaluate(x, y)
+            train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
+            train = training_sums(problem, fed.block, x, y) if train_due else np.zeros(5)
             eval_seconds = time.perf_counter() - t0
             finite = all(math.isfinite(v) for v in metrics.values()) and bool(torch.isfinite(x).all() and torch.isfinite(y).all())
             # one small bookkeeping reduction: oracle counts (sum), the health of every rank (count of
@@ -160,7 +209,7 @@ class Simulation:
             flags = [0.0, 0.0] if finite else [1.0, float(fed.rank)]
             flags.append(1.0 if stop is not None and stop.requested else 0.0)
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
-            totals = fed.sum_uncounted(np.concatenate([problem.counts_vector() + base_counts, flags, phases]))
+            totals = fed.sum_uncounted(np.concatenate([problem.counts_vector() + base_counts, flags, train, phases]))
             counts, (n_bad, rank_sum, n_stop) = totals[:n_oracles], totals[n_oracles:n_oracles + 3]
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
@@ -178,10 +227,13 @@ class Simulation:
             }
             row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
+            if train_columns:
+                row.update(training_metrics(totals[n_oracles + 3:n_oracles + 8], train_columns) if train_due
+                           else dict.fromkeys(train_columns, math.nan))
             for name, value in row.items():
                 history.setdefault(name, []).append(value)
             if series is not None:
-                series.after_bookkeeping(k, totals[n_oracles + 3:], x, y)
+                series.after_bookkeeping(k, totals[n_oracles + 8:], x, y)
             if writer is not None:
                 writer.append(row)
             if progress is not None:

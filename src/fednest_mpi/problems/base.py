@@ -102,6 +102,12 @@ class BilevelProblem(ABC):
         """f_i(x, y) on each client's whole local outer data, shape (B,), or None (see :meth:`inner_value`)."""
         return None
 
+    def correct_counts(self, clients, x, y) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(correctly classified, total) samples of each client's whole inner (training) data,
+        shapes (B,), for classification problems; None elsewhere (the training accuracy of
+        ``run.train_eval_every``; not counted as an oracle)."""
+        return None
+
     # -- to implement --------------------------------------------------------------------------
     @abstractmethod
     def _grad_x_outer(self, clients, x, y, sample): ...

@@ -67,11 +67,6 @@ class LossTuningProblem(BilevelProblem):
         self.class_sizes = np.bincount(data.train_labels, minlength=N_CLASSES)
         prior = self.class_sizes / self.class_sizes.sum()
         self.class_weights = torch.as_tensor(1.0 / (N_CLASSES * prior), dtype=dtype, device=self.device)
-        hosted = HostedSamples(data.train_x, data.train_y, splits, clients, self.device, dtype)
-        self._first = hosted.first
-        self.inputs, self.targets, self.inner, self.outer = hosted.inputs, hosted.targets, hosted.inner, hosted.outer
-        self.test_inputs = data.test_x.to(self.device, dtype)
-        self.test_targets = data.test_y.to(self.device)
 
     # -- parameters ----------------------------------------------------------------------------
     def _layers(self, y):
@@ -174,6 +169,13 @@ class LossTuningProblem(BilevelProblem):
     def outer_value(self, clients, x, y):
         """f_i(x, y): class-weighted cross-entropy on the whole outer split (not counted)."""
         return self._outer_losses(clients, y, None)
+
+    def correct_counts(self, clients, x, y):
+        """(correct, total) predictions of the network (plain logits, as at test time) on each client's inner split."""
+        A, t, w = self._batch(self.inner, clients, None, 0)
+        valid = w > 0
+        hit = (self._logits(A, y).argmax(-1) == t) & valid
+        return hit.sum(1), valid.sum(1)
 
     # -- evaluation ----------------------------------------------------------------------------
     def metric_info(self):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(os.environ.get("FEDNEST_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+DATA = Path(os.environ.get("FEDNEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 def requires(folder: str):
