@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fednest_mpi.federation import block_range
-from fednest_mpi.io.clients import ClientFile, MainSeries, SeriesLayout
+from fednest_mpi.io.clients import ClientFile, MainSeries, SeriesLayout, parallel_hdf5
 from fednest_mpi.recorder import OFF, ClientRecorder, local_phase_vector, phase_times
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ class RunSeries:
         if cfg.run.client_series and not records_clients(cfg) and fed.rank == 0:
             logger.warning("run.client_series: no per-client series with federation.placement = %r (clients move "
                            "between ranks); use placement = 'block' to record them", cfg.federation.placement)
+        if records_clients(cfg) and parallel_hdf5() and fed.rank == 0:
+            logger.info("h5py is built with parallel HDF5; the per-client series still use per-rank files (docs/hdf5.md)")
         self.recorder = ClientRecorder(fed.block) if records_clients(cfg) else OFF
         sim.algorithm.recorder = self.recorder
         self.main = MainSeries(writer.file) if writer is not None else None

@@ -2,10 +2,8 @@
 live reading, truncation/re-partition for resumed runs."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -21,6 +19,8 @@ from fednest_mpi.problems import build_problem
 from fednest_mpi.recorder import IHGP, INNER, OFF, OUTER, ClientRecorder, phase_times
 from fednest_mpi.runner import Simulation
 from fednest_mpi.series import RunSeries, series_layout
+from shared_data import DATA, requires
+from test_checkpoint import _cli_config, run_cli  # the small CLI run of the checkpoint tests (bitwise on 1, 2, 4 ranks)
 
 COLUMNS = {"iteration": ("k", "1"), "x_error": ("||x - x*||", "1")}
 
@@ -100,15 +100,12 @@ def test_representation_values_match_the_gradient_oracles():
     _check_values(prob, np.array([2, 3, 17]))
 
 
-MNIST = Path(os.environ.get("FEDNEST_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
-
-
-@pytest.mark.skipif(not (MNIST / "mnist").is_dir(), reason=f"MNIST not found under {MNIST}")
+@requires("mnist")
 @pytest.mark.parametrize("problem", [{"name": "hyper_representation", "hidden": 6}, {"name": "loss_tuning", "hidden1": 7, "hidden2": 5}])
 def test_mnist_values_match_the_gradient_oracles(problem):
     from fednest_mpi import config
 
-    cfg = config.from_dict({"problem": {"data_dir": str(MNIST), "n_clients": 20, "partition": "shards", **problem},
+    cfg = config.from_dict({"problem": {"data_dir": str(DATA), "n_clients": 20, "partition": "shards", **problem},
                             "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
     prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
     _check_values(prob, np.array([4, 7, 11]))
@@ -241,41 +238,12 @@ def test_truncation_keeps_the_first_iterations_for_any_number_of_ranks(tmp_path,
 
 
 def _cli(*args, ranks=1, env=None, ok=True):
-    cmd = [sys.executable, "-m", "fednest_mpi", "run", *map(str, args), "-q"]
-    if ranks > 1:
-        cmd = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(ranks), *cmd]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                         env={**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1", **(env or {})})
+    res = run_cli("run", *args, "-q", "--set", "run.snapshot_every=2", ranks=ranks, env=env, timeout=180)
     assert (res.returncode == 0) == ok, res.stderr
 
 
-def _small_config(tmp_path):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f"""seed = 5
-[problem]
-name = "quadratic"
-n_clients = 8
-dim_x = 3
-dim_y = 5
-gradient_noise = 0.1
-[algorithm]
-outer_iterations = 8
-clients_per_round = 4
-inner_local_steps = 3
-neumann_steps = 4
-ihgp_mode = "randomized"
-[federation]
-reduction = "ordered"
-[run]
-output = "{tmp_path / 'out.h5'}"
-checkpoint_every = 3
-snapshot_every = 2
-""")
-    return cfg
-
-
 def test_a_sigkilled_two_rank_run_leaves_per_client_series_of_its_completed_iterations(tmp_path):
-    cfg = _small_config(tmp_path)
+    cfg = _cli_config(tmp_path)
     _cli(cfg, ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:4:kill"}, ok=False)  # rank 1 dies inside iteration 4
     _cli(cfg, "--output", tmp_path / "ref.h5", "--set", "algorithm.outer_iterations=3")
     got, ref = read_clients(tmp_path / "out.h5"), read_clients(tmp_path / "ref.h5")
@@ -284,7 +252,7 @@ def test_a_sigkilled_two_rank_run_leaves_per_client_series_of_its_completed_iter
 
 
 def test_a_four_rank_run_resumed_on_two_ranks_has_the_series_of_an_uninterrupted_run(tmp_path):
-    cfg = _small_config(tmp_path)
+    cfg = _cli_config(tmp_path)
     _cli(cfg, ranks=4, env={"FEDNEST_MPI_INJECT_FAULT": "3:5:term"})  # stops after iteration 5, checkpoint at 5
     _cli(cfg, "--resume", ranks=2)
     _cli(cfg, "--output", tmp_path / "ref.h5")
@@ -293,10 +261,10 @@ def test_a_four_rank_run_resumed_on_two_ranks_has_the_series_of_an_uninterrupted
         np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
     assert sorted(p.name for p in S.client_dir(tmp_path / "out.h5").iterdir()) == [S.rank_file(0), S.rank_file(1)]
     snaps, ref_snaps = read_snapshots(tmp_path / "out.h5"), read_snapshots(tmp_path / "ref.h5")
-    assert snaps["iteration"].tolist() == [0, 2, 4, 6, 8]
+    assert snaps["iteration"].tolist() == [0, 2, 4, 6, 8, 10]
     np.testing.assert_array_equal(snaps["y"], ref_snaps["y"])
     phases = read_ranks(tmp_path / "out.h5")["wait_seconds"]
-    assert phases.shape == (2, 9) and np.isnan(phases[:, :6]).all() and np.isfinite(phases[:, 6:]).all()
+    assert phases.shape == (2, 11) and np.isnan(phases[:, :6]).all() and np.isfinite(phases[:, 6:]).all()
 
 
 def test_analysis_frames_of_the_series(small_config, tmp_path):

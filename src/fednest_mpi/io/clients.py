@@ -23,6 +23,7 @@ import numpy as np
 
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
+from fednest_mpi.io.h5 import read_run
 
 _CLIENT_CHUNK = (256, 8)  # clients x iterations per chunk: only chunks holding participants are allocated
 _RANK_CHUNK = 64  # iterations per chunk of /ranks
@@ -195,8 +196,6 @@ class MainSeries:
 
 def _open_checked(path: str | Path) -> tuple[h5py.File, int]:
     """(open run file, number of completed iterations); validates the file like :func:`~fednest_mpi.io.h5.read_run`."""
-    from fednest_mpi.io.h5 import read_run
-
     _, data = read_run(path)
     return h5py.File(path, "r", libver="latest", swmr=True), len(data[S.SCALE])
 
