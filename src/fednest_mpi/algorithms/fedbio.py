@@ -50,6 +50,7 @@ import torch
 from fednest_mpi.algorithms.fednest import FedNestFamily, P
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems.base import BilevelProblem, Sample
+from fednest_mpi.recorder import INNER, OUTER
 
 
 class ClientStore:
@@ -132,6 +133,7 @@ class FedBiO(FedNestFamily):
     def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Round k: I local iterations on the sampled clients, then one fused aggregation."""
         S = self.sample_clients(P.OUTER_CLIENTS, k)
+        self.recorder.took_part(S.local_ids, INNER | OUTER)  # every participant updates its y^(m) and x
         if self.accelerated:
             x_new = self._fedbioacc_round(S, k, x)
         else:
