@@ -36,6 +36,7 @@ from fednest_mpi import rng
 from fednest_mpi.data import dirichlet_partition, load_adult, resolve_data_dir
 from fednest_mpi.data.adult import RACES, SEXES
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems.base import BilevelProblem
 from fednest_mpi.problems.clientdata import HostedSamples
 
@@ -66,8 +67,8 @@ def fairness_splits(cells: np.ndarray, full_cells: np.ndarray, cfg, seed: int) -
     return splits, sizes
 
 
-class FairnessProblem(BilevelProblem):
-    """See the module docstring. ``clients`` lists the client ids this instance hosts."""
+class FairnessProblem(AutogradOracles, BilevelProblem):
+    """See the module docstring; oracles by autograd (:class:`AutogradOracles`). ``clients`` lists the client ids this instance hosts."""
 
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float64):
         super().__init__()
@@ -143,46 +144,6 @@ class FairnessProblem(BilevelProblem):
         omega = omega / omega.sum(1, keepdim=True)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
         return (omega * loss).sum(1)
-
-    # -- oracles (reverse-mode autograd on the batched model; row b depends on row b only) --------
-    @staticmethod
-    def _leaf(t):
-        return t.detach().clone().requires_grad_(True)
-
-    def _grad_y_inner_graph(self, clients, x, y, sample):
-        """(y leaf, nabla_y g_i without the regulariser) on ``hypergradient_batch_size`` samples."""
-        y_leaf = self._leaf(y)
-        loss = self._inner_losses(clients, x, y_leaf, sample, self.cfg.hypergradient_batch_size)
-        (gy,) = torch.autograd.grad(loss.sum(), y_leaf, create_graph=True)
-        return y_leaf, gy
-
-    def _grad_y_inner(self, clients, x, y, sample):
-        with torch.enable_grad():
-            y_leaf = self._leaf(y)
-            (gy,) = torch.autograd.grad(self._inner_losses(clients, x, y_leaf, sample, self.cfg.batch_size).sum(), y_leaf)
-        return gy + self.cfg.inner_regularization * y
-
-    def _grad_y_outer(self, clients, x, y, sample):
-        with torch.enable_grad():
-            y_leaf = self._leaf(y)
-            (gy,) = torch.autograd.grad(self._outer_losses(clients, y_leaf, sample).sum(), y_leaf)
-        return gy
-
-    def _grad_x_outer(self, clients, x, y, sample):
-        return torch.zeros(len(clients), self.dim_x, dtype=self.dtype, device=self.device)
-
-    def _hvp_yy_inner(self, clients, x, y, v, sample):
-        with torch.enable_grad():
-            y_leaf, gy = self._grad_y_inner_graph(clients, x, y, sample)
-            (hv,) = torch.autograd.grad((gy * v).sum(), y_leaf)
-        return hv + self.cfg.inner_regularization * v
-
-    def _jvp_xy_inner(self, clients, x, y, v, sample):
-        with torch.enable_grad():
-            x_leaf = self._leaf(x)
-            _, gy = self._grad_y_inner_graph(clients, x_leaf, y, sample)
-            (jv,) = torch.autograd.grad((gy * v).sum(), x_leaf)
-        return jv
 
     # -- values (uncounted) --------------------------------------------------------------------------
     def inner_value(self, clients, x, y):
