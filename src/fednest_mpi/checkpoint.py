@@ -115,8 +115,9 @@ def _load(path: Path) -> dict:
 def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates) -> None:
     """Write ``ckpt`` and every rank's ``client_states`` (name -> (ids, rows)) to ``folder``.
 
-    **Collective** over ``comm`` (one gather of file names to rank 0). Rank 0's ``ckpt`` is
-    saved; ``ckpt.client_files`` is filled in here.
+    **Collective** over ``comm`` (a gather of file names to rank 0, then a barrier: every rank
+    returns once the checkpoint is complete). Rank 0's ``ckpt`` is saved; ``ckpt.client_files``
+    is filled in here.
     """
     folder = Path(folder)
     rank = comm.Get_rank()
@@ -129,8 +130,13 @@ def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates
         atomic_save({"format": FORMAT, "version": VERSION, "states": states}, folder / name)
         mine = (name, torch.unique(torch.cat([ids for ids, _ in states.values()])))
     written = comm.gather(mine, root=0)
-    if rank != 0:
-        return
+    if rank == 0:
+        _commit(folder, ckpt, written)
+    comm.Barrier()
+
+
+def _commit(folder: Path, ckpt: Checkpoint, written: list) -> None:
+    """Rank 0: write the manifest naming the client files just ``written``, then drop older ones."""
     ckpt.client_files = dict(item for item in written if item is not None)
     record = {f.name: getattr(ckpt, f.name) for f in dataclasses.fields(ckpt)}
     record["x"], record["y"] = ckpt.x.detach().cpu(), ckpt.y.detach().cpu()

@@ -1,0 +1,80 @@
+"""Checkpoints taken on one number of ranks resume on another, bitwise (``federation.reduction =
+"ordered"``), also for algorithms with per-client state (FedBiOAcc keeps y_i, y_prev_i, omega_i on
+the rank hosting client i; the checkpoint files are keyed by client id).
+
+Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4`` (``make test-mpi``). The first part of a run
+stops at iteration 3 (``outer_iterations = 3``; a resumed run may raise it), the rest continues
+from the checkpoint on half the ranks, or on all ranks after a 1-rank start; both are compared
+with an uninterrupted 1-rank run.
+"""
+
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from fednest_mpi import checkpoint
+from fednest_mpi.runner import Simulation, simulate
+
+TIMING = {"wall_time", "algorithm_time", "evaluation_time", "comm_seconds"}
+CASES = {
+    "fednest": ({"name": "fednest", "ihgp_mode": "randomized"}, {}),
+    "fedbioacc": ({"name": "fedbioacc", "sync_period": 2, "step_schedule": "storm", "neumann_steps": 3}, {"lower_level": "local"}),
+}
+
+
+@pytest.fixture
+def folder():
+    """A folder every rank sees (made by rank 0)."""
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(tempfile.mkdtemp(prefix="fednest-resume-") if comm.rank == 0 else None, root=0)
+    yield path
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _configs(small_config, case):
+    algorithm, problem = CASES[case]
+    common = {"problem": {"gradient_noise": 0.1} | problem, "federation": {"reduction": "ordered"}, "run": {"checkpoint_every": 2}}
+    return (small_config(algorithm=algorithm | {"outer_iterations": 3}, **common),
+            small_config(algorithm=algorithm | {"outer_iterations": 7}, **common))
+
+
+def _check(first, second, whole):
+    for name, values in whole.history.items():
+        if name not in TIMING:
+            np.testing.assert_array_equal(first.history[name] + second.history[name], values, err_msg=name)
+    assert torch.equal(second.x, whole.x) and torch.equal(second.y, whole.y)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_resume_on_half_the_ranks(small_config, folder, case):
+    comm = MPI.COMM_WORLD
+    short, full = _configs(small_config, case)
+    whole = simulate(full, MPI.COMM_SELF)
+    first = Simulation(short, comm).run(checkpoint_dir=folder)
+    saved = checkpoint.load(folder)
+    assert saved.iteration == 3 and saved.mpi_size == comm.size
+    assert bool(saved.client_files) == (case == "fedbioacc")
+    half = comm.Split(0 if comm.rank < max(1, comm.size // 2) else MPI.UNDEFINED, comm.rank)
+    if half != MPI.COMM_NULL:
+        second = Simulation(full, half).run(checkpoint_dir=folder, resume=saved)
+        _check(first, second, whole)
+        half.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_resume_a_one_rank_start_on_every_rank(small_config, folder, case):
+    comm = MPI.COMM_WORLD
+    short, full = _configs(small_config, case)
+    whole = simulate(full, MPI.COMM_SELF)
+    first = Simulation(short, MPI.COMM_SELF).run(checkpoint_dir=folder) if comm.rank == 0 else None
+    first = comm.bcast(first, root=0)  # after rank 0's checkpoint is complete
+    second = Simulation(full, comm).run(checkpoint_dir=folder, resume=checkpoint.load(folder))
+    _check(first, second, whole)
