@@ -84,7 +84,9 @@ def test_metrics_of_the_all_negative_classifier_are_the_hand_counts():
     m = prob.evaluate(x, y)
     t, g = prob.test_labels.numpy(), prob.test_groups.numpy()
     assert m["test_accuracy"] == pytest.approx(100 * np.mean(t == 0))
-    assert m["worst_group_accuracy"] == pytest.approx(100 * min(np.mean(t[g == s] == 0) for s in (0, 1)))
+    group_acc = [100 * np.mean(t[g == s] == 0) for s in (0, 1)]
+    assert m["worst_group_accuracy"] == pytest.approx(min(group_acc))
+    assert m["group_accuracy_gap"] == pytest.approx(max(group_acc) - min(group_acc))
     assert m["dp_gap"] == 0.0 and m["eo_gap"] == 0.0
     assert m["test_loss"] == pytest.approx(np.log(2))
     assert all(m[f"weight_{name}"] == pytest.approx(1.0) for name in prob.cell_names())

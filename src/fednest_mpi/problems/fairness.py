@@ -21,7 +21,8 @@ round-robin to the clients (each client's V_i is close to balanced); the rest of
 split over the clients by a Dirichlet(``dirichlet_alpha``) partition over the (group, label)
 pairs, so group and label mixes differ between clients. Metrics use ``adult.test`` (16,281 rows):
 accuracy, demographic-parity gap max_s P(yhat=1|s) - min_s P(yhat=1|s), equal-opportunity gap
-(the same over true-positive rates), worst-group accuracy, over the sensitive groups.
+(the same over true-positive rates), worst-group accuracy and the group accuracy gap (max - min),
+over the sensitive groups.
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "dp_gap": ("demographic-parity gap: max - min over groups of P(yhat = 1 | group), adult.test", "%"),
             "eo_gap": ("equal-opportunity gap: max - min over groups of the true-positive rate, adult.test", "%"),
             "worst_group_accuracy": ("lowest accuracy over the sensitive groups, adult.test", "%"),
+            "group_accuracy_gap": ("highest minus lowest accuracy over the sensitive groups, adult.test", "%"),
             "test_loss": ("mean logistic loss on adult.test", "nats"),
             "balanced_test_loss": ("mean over (group, label) cells of the test loss (the outer objective's target)", "nats"),
         }
@@ -210,6 +212,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "dp_gap": 100 * (max(positive) - min(positive)),
             "eo_gap": 100 * (max(tpr) - min(tpr)),
             "worst_group_accuracy": 100 * min(acc),
+            "group_accuracy_gap": 100 * (max(acc) - min(acc)),
             "test_loss": float(loss.mean()),
             "balanced_test_loss": float(np.mean(cell_loss)),
         }
