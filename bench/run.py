@@ -11,7 +11,8 @@ process (``mpiexec -n P`` for P > 1, see :mod:`bench.worker`):
 
 then writes every measurement to HDF5 (:mod:`fednest_mpi.io.bench`), prints the side-by-side
 table (medians; ratios between rows of the same run) and plots speed-up and parallel efficiency.
-Top-level keys of the spec can be overridden as ``key=value`` (TOML values), e.g. ``iterations=2``.
+Top-level keys of the spec can be overridden as ``key=value`` (TOML values), e.g. ``iterations=2``;
+``only=["synth"]`` runs just the named cases.
 """
 
 from __future__ import annotations
@@ -197,7 +198,10 @@ def main(argv: list[str]) -> int:
     out = Path(spec.get("output", "bench/results/bench.h5"))
     attrs = {"spec_json": json.dumps(spec), "cpu_count": os.cpu_count() or 0}
     rows = []
+    only = spec.get("only")  # e.g. only=["synth"]: run just these cases of the spec
     for case in spec.get("case", []):
+        if only is not None and case["name"] not in only:
+            continue
         if case.get("requires_data"):
             try:
                 resolve_data_dir(None, "mnist")

@@ -32,9 +32,8 @@ def test_sequential_baseline_matches_the_batched_oracles(problems, sample):
     batched, seq = problems
     ids = np.array([2, 9, 21])
     gen = torch.Generator().manual_seed(1)
-    X = 0.3 * torch.randn(3, batched.dim_x, dtype=torch.float64, generator=gen)
-    Y = 0.3 * torch.randn(3, batched.dim_y, dtype=torch.float64, generator=gen)
-    V = torch.randn(3, batched.dim_y, dtype=torch.float64, generator=gen)
+    X, Y, V = (scale * torch.randn(3, dim, dtype=torch.float64, generator=gen)
+               for scale, dim in ((0.3, batched.dim_x), (0.3, batched.dim_y), (1.0, batched.dim_y)))
     for name in ("grad_x_outer", "grad_y_outer", "grad_y_inner"):
         torch.testing.assert_close(getattr(seq, name)(ids, X, Y, sample), getattr(batched, name)(ids, X, Y, sample), msg=name)
     for name in ("hvp_yy_inner", "jvp_xy_inner"):

@@ -38,7 +38,8 @@ def test_labels_are_the_teacher_argmax_and_inputs_have_the_stated_moments():
     n = 20000
     a, t, _ = generate(spec, 1, [7], [n])
     W, b, v = client_model(spec, 1, 7)
-    assert torch.equal(t, torch.argmax(a @ W.T + b, dim=1))
+    assert torch.equal(t, torch.argmax(torch.addmm(b, a, W.T), dim=1))
+    a, v = a.double(), v.double()
     j = torch.arange(1, spec.n_inputs + 1, dtype=torch.float64)
     var = j ** -1.2
     # sample mean within 5 standard errors of v_i, sample variance within 5 % of j^-1.2
