@@ -25,9 +25,8 @@ priors scaled to mean 1 over the data (theirs: mu^{-c} normalised to unit Euclid
 paper's 784-200-100-10 MLP (their HEAD builds 784-200-10); a squared L2 term for strong convexity.
 
 Oracles: y enters through a deep network, so the oracles use reverse-mode autograd on the
-**batched** network (one graph for a whole block of clients: client b's loss depends only on row b
-of x and y, so the gradient of the sum is the stack of per-client gradients); second-order
-products are double-backward (Pearlmutter), never a Hessian.
+**batched** network (:class:`~fednest_mpi.problems.autograd_oracles.AutogradOracles`: one graph for
+a whole block of clients; second-order products are double-backward, never a Hessian).
 
 Long-tail set: class c keeps its first ceil(6000 mu^c) training images (mu = ratio^{-1/9}),
 5923 / 3597 / ... / 61 = 14,818 images for ratio 100 (MNIST's class 0 has only 5,923).
@@ -42,6 +41,7 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
+from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems.base import BilevelProblem
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
 
@@ -49,7 +49,7 @@ N_PIXELS, N_CLASSES = 784, 10
 _EVAL_CHUNK = 5000
 
 
-class LossTuningProblem(BilevelProblem):
+class LossTuningProblem(AutogradOracles, BilevelProblem):
     """See the module docstring. ``clients`` lists the client ids this instance hosts."""
 
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
@@ -120,47 +120,11 @@ class LossTuningProblem(BilevelProblem):
         ce = torch.nn.functional.cross_entropy(self._logits(A, y).transpose(1, 2), t, reduction="none")
         return (w * self.class_weights[t] * ce).sum(1)
 
-    @staticmethod
-    def _leaf(rows):
-        return rows.detach().clone().requires_grad_(True)
-
-    def _grad_y_inner_graph(self, clients, x, y, sample, batch_size):
-        """(y leaf, nabla_y g rows with graph) for second-order products."""
-        y = self._leaf(y)
-        loss = self._inner_losses(clients, x, y, sample, batch_size).sum()
-        (gy,) = torch.autograd.grad(loss, y, create_graph=True)
-        return y, gy
-
-    # -- oracles -------------------------------------------------------------------------------
-    def _grad_y_inner(self, clients, x, y, sample):
-        with torch.enable_grad():
-            y_leaf = self._leaf(y)
-            (gy,) = torch.autograd.grad(self._inner_losses(clients, x, y_leaf, sample, self.cfg.batch_size).sum(), y_leaf)
-        return gy + self.cfg.inner_regularization * y
-
-    def _grad_y_outer(self, clients, x, y, sample):
-        with torch.enable_grad():
-            y_leaf = self._leaf(y)
-            (gy,) = torch.autograd.grad(self._outer_losses(clients, y_leaf, sample).sum(), y_leaf)
-        return gy
-
-    def _grad_x_outer(self, clients, x, y, sample):
-        return torch.zeros(len(clients), self.dim_x, dtype=self.dtype, device=self.device)
-
-    def _hvp_yy_inner(self, clients, x, y, v, sample):
-        with torch.enable_grad():
-            y_leaf, gy = self._grad_y_inner_graph(clients, x, y, sample, self.cfg.hypergradient_batch_size)
-            (hv,) = torch.autograd.grad((gy * v).sum(), y_leaf)
-        return hv + self.cfg.inner_regularization * v
-
+    # -- oracles: reverse-mode autograd (AutogradOracles), x frozen at 0 when the loss is not tuned --
     def _jvp_xy_inner(self, clients, x, y, v, sample):
         if not self.cfg.tune_loss:
             return torch.zeros(len(clients), self.dim_x, dtype=self.dtype, device=self.device)
-        with torch.enable_grad():
-            x_leaf = self._leaf(x)
-            _, gy = self._grad_y_inner_graph(clients, x_leaf, y, sample, self.cfg.hypergradient_batch_size)
-            (jv,) = torch.autograd.grad((gy * v).sum(), x_leaf)
-        return jv
+        return super()._jvp_xy_inner(clients, x, y, v, sample)
 
     def inner_value(self, clients, x, y):
         """g_i(x, y): VS-loss on the whole inner split + (lambda/2) ||y||^2 (not counted)."""
