@@ -53,28 +53,24 @@ def _check(first, second, whole):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_resume_on_half_the_ranks(small_config, folder, case):
+@pytest.mark.parametrize("start", ["all ranks", "rank 0 alone"])
+def test_resume_on_another_number_of_ranks(small_config, folder, case, start):
+    """Started on every rank and resumed on half of them, or started on rank 0 alone and resumed on every rank."""
     comm = MPI.COMM_WORLD
     short, full = _configs(small_config, case)
     whole = simulate(full, MPI.COMM_SELF)
-    first = Simulation(short, comm).run(checkpoint_dir=folder)
+    if start == "all ranks":
+        first = Simulation(short, comm).run(checkpoint_dir=folder)
+        resume_comm = comm.Split(0 if comm.rank < max(1, comm.size // 2) else MPI.UNDEFINED, comm.rank)
+    else:
+        first = Simulation(short, MPI.COMM_SELF).run(checkpoint_dir=folder) if comm.rank == 0 else None
+        first = comm.bcast(first, root=0)  # after rank 0's checkpoint is complete
+        resume_comm = comm
     saved = checkpoint.load(folder)
-    assert saved.iteration == 3 and saved.mpi_size == comm.size
+    assert saved.iteration == 3 and saved.mpi_size == (comm.size if start == "all ranks" else 1)
     assert bool(saved.client_files) == (case == "fedbioacc")
-    half = comm.Split(0 if comm.rank < max(1, comm.size // 2) else MPI.UNDEFINED, comm.rank)
-    if half != MPI.COMM_NULL:
-        second = Simulation(full, half).run(checkpoint_dir=folder, resume=saved)
+    if resume_comm != MPI.COMM_NULL:
+        second = Simulation(full, resume_comm).run(checkpoint_dir=folder, resume=saved)
         _check(first, second, whole)
-        half.Free()
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_resume_a_one_rank_start_on_every_rank(small_config, folder, case):
-    comm = MPI.COMM_WORLD
-    short, full = _configs(small_config, case)
-    whole = simulate(full, MPI.COMM_SELF)
-    first = Simulation(short, MPI.COMM_SELF).run(checkpoint_dir=folder) if comm.rank == 0 else None
-    first = comm.bcast(first, root=0)  # after rank 0's checkpoint is complete
-    second = Simulation(full, comm).run(checkpoint_dir=folder, resume=checkpoint.load(folder))
-    _check(first, second, whole)
+        if resume_comm != comm:
+            resume_comm.Free()
