@@ -161,7 +161,8 @@ def _run(args) -> int:
                          "algorithm": cfg.algorithm.name, "config_json": cfg.to_json()}
                 keep = resume.output_rows if resume else None
                 writer = RunWriter(cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create)
-                progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every)
+                progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every,
+                                    start=resume.iteration if resume else 0)
             series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
 
             def on_iteration(k, row):

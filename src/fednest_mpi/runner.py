@@ -292,14 +292,14 @@ def simulate(cfg: RunConfig, comm, writer=None, progress=None, **checkpointing) 
 class Progress:
     """Rank 0's progress: a tqdm bar on a terminal, else one log line every ``log_every`` iterations."""
 
-    def __init__(self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds")):
+    def __init__(self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds"), start: int = 0):
         self.total, self.log_every, self.keys = total, log_every, keys
         use_bar = mode == "always" or (mode == "auto" and sys.stderr.isatty())
         self.bar = None
         if use_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="it", file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=start, unit="it", file=sys.stderr, dynamic_ncols=True)  # start: a resumed run
 
     def __call__(self, k: int, row: dict) -> None:
         summary = {key: row[key] for key in self.keys if key in row}
