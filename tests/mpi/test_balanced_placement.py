@@ -1,5 +1,5 @@
 """Balanced placement (federation.placement = "balanced"): even per-rank participant counts, and the
-same run as on 1 rank. Run under ``mpiexec -n 1, 2, 4`` (``make test-mpi``)."""
+same run as on 1 rank (to rounding). Run under ``mpiexec -n 1, 2, 4`` (``make test-mpi``)."""
 
 import numpy as np
 import pytest
@@ -26,7 +26,7 @@ def test_every_rank_gets_within_one_client_of_the_same_count(size):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["fednest", "lfednest_nonalt"])
-def test_balanced_placement_is_bitwise_rank_count_invariant(name):
+def test_balanced_placement_is_rank_count_invariant(name):
     cfg = config.from_dict({
         "seed": 2,
         "problem": {"name": "synthetic", "n_clients": 40, "hidden": 6, "n_inputs": 9, "n_classes": 4, "samples_per_client": 12,
@@ -36,5 +36,8 @@ def test_balanced_placement_is_bitwise_rank_count_invariant(name):
         "run": {"dtype": "float64"},
     })
     world, single = simulate(cfg, MPI.COMM_WORLD), simulate(cfg, MPI.COMM_SELF)
-    assert torch.equal(world.x, single.x) and torch.equal(world.y, single.y)
-    np.testing.assert_array_equal(world.history["test_loss"], single.history["test_loss"])
+    # not bitwise: a rank's block of clients goes through one GEMM whose row results may depend on the
+    # number of rows (BLAS blocking), so only rounding differs between rank counts
+    torch.testing.assert_close(world.x, single.x, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(world.y, single.y, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(world.history["test_loss"], single.history["test_loss"], rtol=1e-10)
