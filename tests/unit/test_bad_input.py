@@ -129,7 +129,13 @@ def _disk_full(tmp, monkeypatch):
     return [], "is full (4096 bytes free"
 
 
-BAD_PATHS = [_output_under_a_file, _output_is_a_folder, _checkpoint_under_a_file, _disk_full]
+def _not_writable(tmp, monkeypatch):
+    (tmp / "locked").mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp / "locked")  # as root, chmod would not stop us
+    return ["--output", str(tmp / "locked" / "sub" / "out.h5")], "run.output: directory '" + str(tmp / "locked") + "' is not writable"
+
+
+BAD_PATHS = [_output_under_a_file, _output_is_a_folder, _checkpoint_under_a_file, _disk_full, _not_writable]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,7 +242,7 @@ def test_bad_config_file(tmp_path, capsys, text, message):
 def test_bad_path(tmp_path, capsys, monkeypatch, case):
     cfg = tmp_path / "q.toml"
     cfg.write_text(QUADRATIC + f'[run]\noutput = "{tmp_path / "default.h5"}"\n')
-    args, message = case(tmp_path, monkeypatch) if case is _disk_full else case(tmp_path)
+    args, message = case(tmp_path, monkeypatch) if case in (_disk_full, _not_writable) else case(tmp_path)
     code, err = run_main(capsys, cfg, *args)
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "default.h5").exists()
