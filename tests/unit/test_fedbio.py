@@ -11,6 +11,7 @@ from fednest_mpi.errors import ConfigError
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems import build_problem
 from fednest_mpi.runner import simulate
+from shared_data import DATA, requires
 
 NAMES = ["fedbio", "fedbioacc"]
 
@@ -115,3 +116,29 @@ def test_balanced_placement_is_rejected_for_stateful_algorithms():
     with pytest.raises(ConfigError, match="federation.placement"):
         config.from_dict({"problem": {"name": "quadratic", "n_clients": 4}, "algorithm": {"name": "fedbio", "clients_per_round": 2},
                           "federation": {"placement": "balanced"}})
+
+
+@requires("mnist")
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("problem", ["hyper_representation", "loss_tuning"])
+def test_runs_on_the_mnist_problems_with_client_state_by_id(name, problem):
+    sizes = {"hidden": 6} if problem == "hyper_representation" else {"hidden1": 8, "hidden2": 6, "imbalance_ratio": 10.0}
+    cfg = config.from_dict({
+        "problem": {"name": problem, "data_dir": str(DATA), "n_clients": 20, "partition": "shards", "batch_size": 16} | sizes,
+        "algorithm": {"name": name, "outer_iterations": 2, "clients_per_round": 4, "sync_period": 2, "inner_lr": 0.1,
+                      "outer_lr": 0.01, "neumann_steps": 2, "neumann_scale": 0.01},
+        "run": {"dtype": "float32"},
+    })
+    prob, fed, alg = _setup(cfg)
+    x0, y0 = prob.initial_point()
+    x, y = _run(alg, prob, 1, 2, x0, y0)
+    assert bool(torch.isfinite(x).all()) and bool(torch.isfinite(y).all()) and not torch.equal(x, x0)
+    ids = np.arange(20)
+    took_part = alg.store.seen(ids)
+    rows = alg.store.get("y", ids)
+    assert 4 <= took_part.sum() <= 8
+    assert all(torch.equal(rows[i], y0) for i in ids[~took_part])  # clients not sampled keep y0
+    moved = rows[took_part]
+    assert len({tuple(r[:5].tolist()) for r in moved}) == len(moved)  # each its own inner variable
+    torch.testing.assert_close(y, rows.mean(0))
+    assert np.isfinite(prob.evaluate(x, y)["test_accuracy"])
