@@ -181,7 +181,7 @@ def plot(rows: list[dict], prefix: str) -> list[str]:
         ax1.plot([1, top], [1, top], "k:", label="ideal")
         ax2.axhline(1.0, color="k", ls=":")
         ax1.set(xlabel="ranks", ylabel="speed-up", title=f"{mode} scaling")
-        ax2.set(xlabel="ranks", ylabel="parallel efficiency", ylim=(0, 1.2))
+        ax2.set(xlabel="ranks", ylabel="parallel efficiency", ylim=(0, max(1.2, 1.1 * max(e for pts in series.values() for _, _, e in pts))))
         ax1.legend(fontsize=7)
         fig.tight_layout()
         out = f"{prefix}_{mode}.png"
