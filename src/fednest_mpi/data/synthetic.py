@@ -11,11 +11,13 @@ paper writes N(0, alpha) without saying which; its released generator draws with
 alpha = beta = 0 gives clients whose teachers and inputs differ only by the N(., 1) draws;
 larger values make them more heterogeneous.
 
-Nothing is stored: everything about client i is a pure function of (seed, i), drawn from Philox
-streams keyed by :func:`fednest_mpi.rng.key` (``Purpose.PROBLEM_DATA``), so any rank can produce
-any client, a run with 10^6 clients costs memory only for the clients of the current round,
-and the data do not depend on the number of ranks. Generation is a per-client loop (one seeded
-torch generator each, about 0.1-0.2 ms for 100 samples here); the oracles never loop over clients.
+Nothing is stored: everything about client i is a pure function of (seed, i), drawn from torch
+CPU generators seeded with keys of :func:`fednest_mpi.rng.key` (``Purpose.PROBLEM_DATA``, client
+id, stream tag) -- the sample counts from ``rng.normal`` directly -- so any rank can produce any
+client, a run with 10^6 clients costs memory only for the clients of the current round, and the
+data do not depend on the number of ranks (for a given torch version: the generator's stream is
+torch's). Generation is a per-client loop (one seeded generator per client and stream, about
+0.1-0.5 ms of CPU for 100 samples here, float32); the oracles never loop over clients.
 
 Sample counts are ``fixed`` (n_i = n) or ``lognormal`` (n_i = clip(round(n exp(sigma z_i)), 2,
 max), z_i ~ N(0, 1): a heavy-tailed, power-law-like spread with median n; FedProx uses
