@@ -387,7 +387,7 @@ def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
         assert res.stdout.strip().endswith(f"output: out/{tasks[task_id].name}.h5")
     assert "srun: 2 ranks: fednest-mpi run" in log.read_text()
     outputs = {task_id: tmp_path / "out" / f"lfednest_seed{seed}.h5" for task_id, seed in ((0, 4), (1, 5))}
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in outputs.values())
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.h5")) == sorted(p.name for p in outputs.values())
     for task_id, path in outputs.items():
         attrs, data = read_run(path)
         assert attrs["mpi_size"] == 2
@@ -417,7 +417,7 @@ def test_local_script_runs_the_sweep(tmp_path, fakebin):
         assert (attrs["config"]["seed"], attrs["config"]["algorithm"]["name"], attrs["mpi_size"]) == (seed, algorithm, 1)
         assert f"task {0 if seed == 1 else 3}/4 {name}: done, output: out/{name}.h5" in res.stdout
         assert (tmp_path / "jobs" / "logs" / f"{name}.log").is_file()
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fednest_s1.h5", "lfednest_s2.h5"]
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.h5")) == ["fednest_s1.h5", "lfednest_s2.h5"]
     # an existing output is the run's usage error: reported, and the script fails
     res = subprocess.run(["bash", str(script), "0"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 1 and "FAILED with exit 2" in res.stderr and "failed tasks: 0" in res.stderr
