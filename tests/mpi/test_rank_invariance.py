@@ -74,3 +74,15 @@ def test_blocks_cover_every_client_once():
     for n in [1, 3, 4, 10, 101]:
         ids = [i for r in range(size) for i in block_range(n, size, r)]
         assert ids == list(range(n))
+
+
+@pytest.mark.mpi
+def test_ordered_reduction_is_bitwise_with_single_client_blocks(small_config):
+    # 3 of 12 clients per round: on 2 or 4 ranks some rank evaluates a block of one client, whose
+    # oracle rows must round exactly as inside a larger block
+    cfg = small_config(algorithm={"clients_per_round": 3, "outer_iterations": 8}, federation={"reduction": "ordered"},
+                       problem={"dim_x": 10, "dim_y": 20})
+    world = simulate(cfg, MPI.COMM_WORLD)
+    single = simulate(cfg, MPI.COMM_SELF)
+    _compare(world.history, single.history, exact=True)
+    assert torch.equal(world.x, single.x) and torch.equal(world.y, single.y)

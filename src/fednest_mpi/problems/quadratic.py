@@ -55,6 +55,19 @@ def _spd(keys: np.ndarray, d: int, low: float, high: float) -> np.ndarray:
     return np.einsum("bij,bj,bkj->bik", q, lam, q)
 
 
+def _rows_times(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A_b v_b for every row b, shapes (B, n, m) x (B, m) -> (B, n), as an elementwise product and a
+    sum over the last axis: each row's result does not depend on how many rows are in the block
+    (a batched einsum may take another kernel, and other rounding, for a block of one client,
+    which would make results depend on the rank count)."""
+    return (A * v[:, None, :]).sum(-1)
+
+
+def _rows_times_transposed(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A_b^T v_b for every row b, shapes (B, n, m) x (B, n) -> (B, m); see :func:`_rows_times`."""
+    return (A * v[:, :, None]).sum(1)
+
+
 class QuadraticProblem(BilevelProblem):
     """See the module docstring. ``clients`` lists the client ids this instance hosts."""
 
@@ -132,33 +145,33 @@ class QuadraticProblem(BilevelProblem):
     # -- oracles -------------------------------------------------------------------------------
     def _grad_y_inner(self, clients, x, y, sample):
         G, B, c = (self._local(k, clients) for k in "GBc")
-        g = torch.einsum("bij,bj->bi", G, y) - torch.einsum("bij,bj->bi", B, x) - c
+        g = _rows_times(G, y) - _rows_times(B, x) - c
         return g + self._noise(clients, sample, "grad_y_inner", self.dim_y)
 
     def _grad_y_outer(self, clients, x, y, sample):
         P, a = self._local("P", clients), self._local("a", clients)
-        return torch.einsum("bij,bj->bi", P, y - a) + self._noise(clients, sample, "grad_y_outer", self.dim_y)
+        return _rows_times(P, y - a) + self._noise(clients, sample, "grad_y_outer", self.dim_y)
 
     def _grad_x_outer(self, clients, x, y, sample):
         return self.cfg.outer_regularization * x + self._local("e", clients) + self._noise(clients, sample, "grad_x_outer", self.dim_x)
 
     def _hvp_yy_inner(self, clients, x, y, v, sample):
-        return torch.einsum("bij,bj->bi", self._local("G", clients), v)
+        return _rows_times(self._local("G", clients), v)
 
     def _jvp_xy_inner(self, clients, x, y, v, sample):
-        return -torch.einsum("bij,bi->bj", self._local("B", clients), v)
+        return -_rows_times_transposed(self._local("B", clients), v)
 
     def inner_value(self, clients, x, y):
         """g_i(x, y) = 1/2 y^T G_i y - y^T (B_i x + c_i) per client (not counted)."""
         G, B, c = (self._local(k, clients) for k in "GBc")
-        Gy, Bx = torch.einsum("bij,bj->bi", G, y), torch.einsum("bij,bj->bi", B, x)
+        Gy, Bx = _rows_times(G, y), _rows_times(B, x)
         return (y * (0.5 * Gy - Bx - c)).sum(1)
 
     def outer_value(self, clients, x, y):
         """f_i(x, y) = 1/2 (y - a_i)^T P_i (y - a_i) + lambda/2 ||x||^2 + e_i^T x per client (not counted)."""
         P, a, e = (self._local(k, clients) for k in "Pae")
         r = y - a
-        return (0.5 * r * torch.einsum("bij,bj->bi", P, r)).sum(1) + (x * (0.5 * self.cfg.outer_regularization * x + e)).sum(1)
+        return (0.5 * r * _rows_times(P, r)).sum(1) + (x * (0.5 * self.cfg.outer_regularization * x + e)).sum(1)
 
     # -- closed forms --------------------------------------------------------------------------
     @property
