@@ -53,7 +53,7 @@ def _client_batch(prob, split, client, sample, batch_size):
 
 def _g(prob, cfg, client, x, y, sample, batch_size):
     a, t, w = _client_batch(prob, prob.inner, client, sample, batch_size)
-    z = _mlp(y, a, prob.widths) * torch.exp(x[:10]) + x[10:]
+    z = _mlp(y, a, prob.widths) * (2 * torch.sigmoid(x[:10])) + x[10:]
     ce = torch.nn.functional.cross_entropy(z, t, reduction="none")
     return (w * ce).sum() + 0.5 * cfg.problem.inner_regularization * y @ y
 
