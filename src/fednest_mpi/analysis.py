@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import textwrap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -539,8 +540,8 @@ def group_mean_sd(frames, metric: str, x_axis: str = "iteration") -> GroupStats:
     """Mean +- sd of ``metric`` over several runs (``frames``: DataFrames or {column: array} mappings).
 
     When the runs share their x values (``iteration``; ``comm_rounds`` of a deterministic
-    schedule), the statistics are taken pointwise on the x values common to all of them (runs
-    of different lengths are cut to the shortest). Otherwise (``wall_time``, random round
+    schedule), the statistics are taken pointwise over the runs that reach each x (a run that
+    stopped early, e.g. diverged, counts up to its last iteration; ``n`` says how many). Otherwise (``wall_time``, random round
     counts) every run is linearly interpolated onto the union of the x values inside the range
     that all runs cover. NaN values are left out of the statistics (``n`` counts the runs used).
     """
@@ -558,10 +559,13 @@ def group_mean_sd(frames, metric: str, x_axis: str = "iteration") -> GroupStats:
             raise UsageError(f"group_mean_sd: run {i} has no recorded iteration")
         xs.append(x)
         ys.append(y)
-    n_min = min(x.size for x in xs)
-    if all(np.array_equal(x[:n_min], xs[0][:n_min]) for x in xs):
-        grid = xs[0][:n_min]
-        Y = np.vstack([y[:n_min] for y in ys])
+    longest = max(xs, key=lambda x: x.size)
+    if all(np.array_equal(x, longest[:x.size]) for x in xs):
+        # shared x values; a shorter run (stopped, diverged) leaves the statistics where it ends
+        grid = longest
+        Y = np.full((len(ys), grid.size), np.nan)
+        for row, y in zip(Y, ys):
+            row[:y.size] = y
     else:
         for i, x in enumerate(xs):
             if np.any(np.diff(x) < 0):
@@ -756,7 +760,7 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
     how = (f"mean \u00b1 sd over the runs of each {', '.join(fields)} value" if fields else f"{len(runs)} run{'s' if len(runs) > 1 else ''}")
     if smooth > 1:
         how += f", {smooth}-iteration running mean"
-    fig.suptitle(f"{problems}: {how}", fontsize="medium")
+    fig.suptitle(textwrap.fill(f"{problems}: {how}", 60 * ncols), fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     return out

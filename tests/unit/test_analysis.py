@@ -312,3 +312,13 @@ def test_plot_and_table_group_by_two_fields(runs, tmp_path):
     table = analysis.checkpoint_table(runs, "x_error", at=[3], group_by=["algorithm.name", "seed"])
     assert len(table.splitlines()) == 2 + len(ALGORITHMS) * len(SEEDS)
     assert all(row.split("|")[2].strip() == "1" for row in table.splitlines()[2:])
+
+
+def test_group_mean_sd_keeps_runs_until_they_stop():
+    long = {"iteration": np.arange(5), "m": np.array([1.0, 2.0, 3.0, 4.0, 5.0])}
+    short = {"iteration": np.arange(3), "m": np.array([3.0, 4.0, 5.0])}  # e.g. diverged after iteration 2
+    stats = analysis.group_mean_sd([long, short], "m")
+    np.testing.assert_array_equal(stats.x, np.arange(5))
+    np.testing.assert_allclose(stats.mean, [2.0, 3.0, 4.0, 4.0, 5.0])
+    np.testing.assert_array_equal(stats.n, [2, 2, 2, 1, 1])
+    assert np.isnan(stats.sd[3:]).all()
