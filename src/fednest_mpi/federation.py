@@ -14,9 +14,10 @@ Placement (``placement``): ``"block"`` -- a contiguous block of client ids per r
 ``"balanced"`` -- every round, rank r evaluates the r-th of P near-equal contiguous slices of S
 (sorted by client id), so every rank is within one client of |S|/P. Balanced placement needs a
 problem that can evaluate any client anywhere (data generated from the client id) and
-algorithms without per-client state that persists across rounds (config validation enforces the
-first; no algorithm here keeps such state). Results do not depend on the placement beyond
-floating-point summation order (``reduction = "sum"``) or not at all (``"ordered"``).
+algorithms without per-client state that persists across rounds (config validation enforces
+both: it refuses balanced placement for FedBiO / FedBiOAcc, whose y^(m) live on the hosting rank).
+Results do not depend on the placement beyond floating-point rounding (``reduction = "sum"``; the
+GEMM of a block may round a row differently in a block of another size).
 
 Devices: with ``run.device = "cuda"`` every rank takes GPU ``node rank mod GPUs per node``
 (:func:`torch_device`). Aggregation buffers on a GPU go through one reused pinned host buffer,
