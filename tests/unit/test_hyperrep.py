@@ -11,16 +11,13 @@ from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
 from fednest_mpi.problems.hyperrep import N_PIXELS
 
-from shared_data import DATA, requires
+from shared_data import DATA, requires, small_mnist_config
 
 pytestmark = requires("mnist")
 
 
 def _cfg(**problem):
-    base = {"name": "hyper_representation", "data_dir": str(DATA), "n_clients": 20, "hidden": 6,
-            "partition": "shards", "batch_size": 16}
-    base.update(problem)
-    return config.from_dict({"problem": base, "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
+    return small_mnist_config("hyper_representation", **{"hidden": 6, **problem})
 
 
 @pytest.fixture(scope="module")

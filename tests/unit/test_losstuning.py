@@ -7,21 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from fednest_mpi import config, rng
+from fednest_mpi import rng
 from fednest_mpi.data import load_mnist
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
 
-from shared_data import DATA, requires
+from shared_data import DATA, requires, small_mnist_config
 
 pytestmark = requires("mnist")
 
 
 def _cfg(**problem):
-    base = {"name": "loss_tuning", "data_dir": str(DATA), "n_clients": 20, "hidden1": 7, "hidden2": 5,
-            "partition": "shards", "batch_size": 16}
-    base.update(problem)
-    return config.from_dict({"problem": base, "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
+    return small_mnist_config("loss_tuning", **{"hidden1": 7, "hidden2": 5, **problem})
 
 
 @pytest.fixture(scope="module")
