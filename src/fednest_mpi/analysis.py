@@ -344,6 +344,7 @@ def format_seconds(s) -> str:
     s = float(s)
     if s == 0:
         return "0 s"
+    s = float(f"{s:.3g}")  # round first, so that 0.9996 s reads '1 s', not '1e+03 ms'
     if abs(s) < 1e-6:
         return f"{s * 1e9:.3g} ns"
     if abs(s) < 1e-3:

@@ -175,6 +175,7 @@ def test_formatting_helpers():
     assert analysis.format_bytes(44800) == "44.8 kB"
     assert analysis.format_seconds(0.0123) == "12.3 ms"
     assert analysis.format_seconds(2.5e-5) == "25 us"
+    assert analysis.format_seconds(0.9996) == "1 s" and analysis.format_seconds(119.97) == "2 min"
     assert analysis.format_number(float("nan")) == "-"
     assert analysis.format_number(0.123456) == "0.1235"
 
