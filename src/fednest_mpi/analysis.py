@@ -650,16 +650,11 @@ def checkpoint_table(paths, metric: str, at: Sequence[int], group_by: str | Sequ
     head = ["|".join(["", ", ".join(fields) or "run", "runs"] + [f" {k} " for k in at] + [" s/iteration", ""])]
     head.append("|".join([""] + ["---"] * (len(at) + 3) + [""]))
     rows = []
+    smoothed = {id(r): (np.asarray(r.data["iteration"]), running_mean(r.data[metric], smooth)) for r in runs}
     for label, members in groups:
         cells = []
         for k in at:
-            values = []
-            for r in members:
-                it = np.asarray(r.data["iteration"])
-                hit = np.flatnonzero(it == k)
-                if hit.size:
-                    values.append(running_mean(r.data[metric], smooth)[hit[0]])
-            values = np.asarray(values, dtype=float)
+            values = np.asarray([y[it == k][0] for it, y in (smoothed[id(r)] for r in members) if (it == k).any()], dtype=float)
             if not values.size:
                 cells.append(" - ")
             elif values.size == 1:
