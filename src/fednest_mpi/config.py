@@ -166,10 +166,6 @@ class FairnessConfig:
 PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig,
                                     "minimax": MinimaxConfig, "compositional": CompositionalConfig, "synthetic": SyntheticConfig, "fairness": FairnessConfig}
 
-# problems whose every client can be evaluated on any rank (data generated from the client id): with an
-# algorithm outside STATEFUL_ALGORITHMS, the preconditions of balanced placement
-ANY_CLIENT_PROBLEMS = ("synthetic",)
-
 # ----------------------------------------------------------------------------------------------
 # Algorithm
 
@@ -245,7 +241,8 @@ class FederationConfig:
         "block",
         "which rank evaluates which client: block (contiguous blocks of client ids, a rank hosts their data); "
         "balanced (each round's participants split evenly, every rank within one client of the same count; "
-        "needs a problem that can evaluate any client on any rank: synthetic)",
+        "every rank then holds every client's data -- synthetic generates it from the client id -- and no per-client "
+        "records are written)",
         choices=("block", "balanced"),
     )
 
@@ -414,11 +411,6 @@ def validate_relations(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm.name: 'fedavg_s' is a saddle-point method for problem 'minimax'; choose a FedNest variant for problem {p.name!r}")
     if isinstance(p, CompositionalConfig) and p.dim_y < p.dim_x:
         raise ConfigError(f"problem.dim_y: {p.dim_y} is below problem.dim_x = {p.dim_x}; the compositional x* is unique only for dim_y >= dim_x")
-    if cfg.federation.placement == "balanced" and p.name not in ANY_CLIENT_PROBLEMS:
-        raise ConfigError(
-            f"federation.placement: 'balanced' moves clients between ranks every round, but problem {p.name!r} keeps each "
-            f"client's data on its home rank; use placement = 'block' or a problem that generates any client ({', '.join(ANY_CLIENT_PROBLEMS)})"
-        )
     if a.name in STATEFUL_ALGORITHMS and cfg.federation.placement != "block":
         raise ConfigError(f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
                           "use placement = 'block'")

@@ -12,10 +12,12 @@ primitives (paper notation: S is a round's client set):
 Placement (``placement``): ``"block"`` -- a contiguous block of client ids per rank
 (:func:`block_range`; ranks may hold no client), and a rank evaluates the members of S it hosts;
 ``"balanced"`` -- every round, rank r evaluates the r-th of P near-equal contiguous slices of S
-(sorted by client id), so every rank is within one client of |S|/P. Balanced placement needs a
-problem that can evaluate any client anywhere (data generated from the client id) and
-algorithms without per-client state that persists across rounds (config validation enforces
-both: it refuses balanced placement for FedBiO / FedBiOAcc, whose y^(m) live on the hosting rank).
+(sorted by client id), so every rank is within one client of |S|/P. Balanced placement needs
+every rank to be able to evaluate any client: :attr:`Federation.hosted` is then all M clients
+(problems with stored data keep every client's samples on every rank -- 188 MB of MNIST images
+per rank -- and the synthetic problem generates any client from its id), and algorithms without
+per-client state that persists across rounds (config validation refuses balanced placement for
+FedBiO / FedBiOAcc, whose y^(m) live on the hosting rank).
 Results do not depend on the placement beyond floating-point rounding (``reduction = "sum"``; the
 GEMM of a block may round a row differently in a block of another size).
 
@@ -111,6 +113,8 @@ class Federation:
         self.n_clients = n_clients
         self.reduction = reduction
         self.block = block_range(n_clients, self.size, self.rank)
+        # the clients whose data this rank needs: its block, or every client when any rank may evaluate any client
+        self.hosted = self.block if placement == "block" else range(n_clients)
         self.stats = CommStats()
         self.round_times: list[tuple[float, float]] | None = None  # a list: record (enter, exit) of every round
 

@@ -93,8 +93,8 @@ TRAINING_COLUMNS = {
 
 
 def training_sums(problem, block: range, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> np.ndarray:
-    """[sum_i f_i, sum_i g_i, clients, correct, samples] over the hosted clients' whole local data
-    (NaN sums where the problem defines no value oracle), ``chunk`` clients at a time. No MPI."""
+    """[sum_i f_i, sum_i g_i, clients, correct, samples] over the whole local data of
+    the clients in ``block`` (NaN sums where the problem defines no value oracle), ``chunk`` clients at a time. No MPI."""
     sums = np.zeros(5)
     with torch.no_grad():
         for lo in range(block.start, block.stop, chunk):
@@ -135,7 +135,7 @@ class Simulation:
         error = None
         try:
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
-            self.problem = build_problem(cfg.problem, cfg.seed, self.fed.block, device=device, dtype=torch_dtype(cfg.run.dtype))
+            self.problem = build_problem(cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype))
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
         except UsageError as exc:
             error = exc

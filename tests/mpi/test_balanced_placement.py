@@ -1,5 +1,7 @@
 """Balanced placement (federation.placement = "balanced"): even per-rank participant counts, and the
-same run as on 1 rank (to rounding). Run under ``mpiexec -n 1, 2, 4`` (``make test-mpi``)."""
+same run as on 1 rank -- bitwise where the oracles are per-row products (quadratic), to rounding
+where a rank's block goes through one GEMM (synthetic, MNIST). Problems with stored data hold every
+client's samples on every rank. Run under ``mpiexec -n 1, 2, 4`` (``make test-mpi``)."""
 
 import numpy as np
 import pytest
@@ -9,6 +11,11 @@ from mpi4py import MPI
 from fednest_mpi import config
 from fednest_mpi.federation import Federation
 from fednest_mpi.runner import simulate
+
+from conftest import make_config
+from shared_data import requires, small_mnist_config
+
+TIMING = {"wall_time", "algorithm_time", "evaluation_time", "comm_seconds"}
 
 
 @pytest.mark.mpi
@@ -41,3 +48,36 @@ def test_balanced_placement_is_rank_count_invariant(name):
     torch.testing.assert_close(world.x, single.x, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(world.y, single.y, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(world.history["test_loss"], single.history["test_loss"], rtol=1e-10)
+
+
+@pytest.mark.mpi
+def test_balanced_quadratic_run_is_bitwise_the_one_rank_block_run():
+    """Per-row oracles: neither the placement nor the rank count changes a single bit."""
+    cfg = make_config(algorithm={"clients_per_round": 7}, federation={"placement": "balanced", "reduction": "ordered"})
+    block = make_config(algorithm={"clients_per_round": 7}, federation={"reduction": "ordered"})
+    world, single = simulate(cfg, MPI.COMM_WORLD), simulate(block, MPI.COMM_SELF)
+    assert torch.equal(world.x, single.x) and torch.equal(world.y, single.y)
+    for key, values in single.history.items():
+        if key not in TIMING:
+            np.testing.assert_array_equal(world.history[key], values, err_msg=key)
+
+
+@pytest.mark.mpi
+@requires("mnist")
+@pytest.mark.parametrize("name", ["hyper_representation", "loss_tuning"])
+def test_balanced_mnist_run_is_rank_count_invariant(name):
+    """Every rank holds all clients' images; participants are dealt evenly; training sums
+    (train_eval_every) still count each client once."""
+    small = small_mnist_config(name, hidden=8) if name == "hyper_representation" else small_mnist_config(name, hidden1=8, hidden2=6)
+    cfg = config.from_dict({
+        "seed": 1, "problem": small.to_dict()["problem"],
+        "algorithm": {"outer_iterations": 2, "clients_per_round": 7, "inner_local_steps": 3, "neumann_steps": 2},
+        "federation": {"placement": "balanced", "reduction": "ordered"},
+        "run": {"dtype": "float64", "train_eval_every": 1},
+    })
+    world, single = simulate(cfg, MPI.COMM_WORLD), simulate(cfg, MPI.COMM_SELF)
+    torch.testing.assert_close(world.x, single.x, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(world.y, single.y, rtol=1e-10, atol=1e-12)
+    for key, values in single.history.items():
+        if key not in TIMING:
+            np.testing.assert_allclose(world.history[key], values, rtol=1e-10, atol=1e-12, err_msg=key)

@@ -7,7 +7,6 @@ from mpi4py import MPI
 
 from fednest_mpi import config, rng
 from fednest_mpi.data.synthetic import SyntheticSpec, client_model, generate, sample_counts
-from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
 from fednest_mpi.problems.synthetic import CACHED_SETS
@@ -101,12 +100,6 @@ def test_memory_holds_only_the_recent_client_sets(problem):
     assert len(prob._sets) == CACHED_SETS
     prob.client_set(np.array([36, 38]))  # a subset of the last set: no new generation
     assert len(prob._sets) == CACHED_SETS and list(prob._sets.values())[-1].ids.tolist() == list(range(35, 40))
-
-
-def test_balanced_placement_needs_a_problem_that_generates_any_client():
-    _cfg(federation={"placement": "balanced"})  # synthetic: fine
-    with pytest.raises(ConfigError, match="federation.placement"):
-        config.from_dict({"problem": {"name": "quadratic"}, "federation": {"placement": "balanced"}})
 
 
 def test_fednest_learns_on_synthetic_data():
