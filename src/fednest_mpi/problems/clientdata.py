@@ -53,6 +53,20 @@ class ClientSplit:
         for row, ix in enumerate(index_lists):
             pad[row, : len(ix)] = ix
         self.index = pad  # rows: hosted clients; entries: positions in the rank's sample tensor
+        self._last_shuffle = None  # (key, permutations) of the last epoch shuffle, see batch
+
+    def _shuffle(self, key: int, clients: np.ndarray, epoch: np.ndarray, count: np.ndarray) -> np.ndarray:
+        """Each client's epoch permutation of its columns (padding last), keyed by (key, client,
+        epoch). Remembered for one (key, clients, epoch): the local steps of an epoch reuse it."""
+        memo = (key, clients.tobytes(), epoch.tobytes())
+        if self._last_shuffle is not None and self._last_shuffle[0] == memo:
+            return self._last_shuffle[1]
+        width = self.index.shape[1]
+        u = rng.uniform(rng.key(key, clients, epoch), width)
+        u[np.arange(width)[None, :] >= count[:, None]] = 2.0  # padding sorts last
+        perm = np.argsort(u, axis=1, kind="stable")
+        self._last_shuffle = (memo, perm)
+        return perm
 
     def batch(self, rows: np.ndarray, clients: np.ndarray, sample, batch_size: int):
         """(columns (B, b) into the rows of :attr:`index`, weights (B, b)) of each client's minibatch;
@@ -65,9 +79,7 @@ class ClientSplit:
         else:
             steps = -(-count // batch_size)  # batches per epoch
             epoch, j = sample.step // steps, sample.step % steps
-            u = rng.uniform(rng.key(sample.key, clients, epoch), width)
-            u[np.arange(width)[None, :] >= count[:, None]] = 2.0  # padding sorts last
-            perm = np.argsort(u, axis=1, kind="stable")
+            perm = self._shuffle(sample.key, clients, epoch, count)
             slots = j[:, None] * batch_size + np.arange(batch_size)[None, :]
             valid = slots < count[:, None]
             cols = np.take_along_axis(perm, np.minimum(slots, width - 1), axis=1)
