@@ -46,13 +46,71 @@ from fednest_mpi.problems.base import BilevelProblem
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
-FEATURE_SETS = 2  # cached (split, client set) features: FedOut's outer and inner split of one set
+FEATURE_BUDGET_BYTES = 256 * 2**20  # cached per-client features beyond the current client set (see FeatureStore)
 
 
 def _rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table[index]`` for an integer index of any shape, by ``index_select`` (a contiguous copy,
     about twice as fast as advanced indexing on CPU)."""
     return table.index_select(0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
+
+
+class FeatureStore:
+    """Hidden features relu(A W1^T + b1) of whole client splits for **one** shared x, per client.
+
+    Every oracle of an outer iteration sees the same x (FedInn freezes it; the hypergradient,
+    FedIHGP included, is taken at it), but on several client sets (FedInn's, FedOut's, FedIHGP's
+    fresh S_n): a client drawn again reads its rows instead of recomputing them. An entry is valid
+    while x is the same storage at the same version (the store holds a reference to x, so the
+    storage cannot be reused); a new x empties it. Rows are kept per (split, client), oldest
+    evicted first beyond the clients of the set being assembled plus :data:`FEATURE_BUDGET_BYTES`.
+    The last assembled set is remembered, so FedInn's minibatch steps gather from it directly.
+    """
+
+    def __init__(self):
+        self.x = None  # (x, version) the rows belong to
+        self.rows: OrderedDict = OrderedDict()  # (split, client) -> (n_c, H) features
+        self.assembled = None  # ((split, clients bytes, width), (B, width, H))
+
+    def matches(self, x) -> bool:
+        return self.x is not None and self.x[0].data_ptr() == x.data_ptr() and self.x[1] == x._version
+
+    def reset(self, x) -> None:
+        self.x, self.assembled = (x, x._version), None
+        self.rows.clear()
+
+    def lookup(self, split, clients: np.ndarray, width: int):
+        key = (split, clients.tobytes(), width)
+        return self.assembled[1] if self.assembled is not None and self.assembled[0] == key else None
+
+    def missing(self, split, clients: np.ndarray) -> np.ndarray:
+        return np.array([c for c in clients.tolist() if (split, c) not in self.rows], dtype=np.int64)
+
+    def add(self, split, clients: np.ndarray, counts: np.ndarray, features: torch.Tensor) -> None:
+        """Keep rows [:count] of each client's (padded) features."""
+        for c, n, H in zip(clients.tolist(), counts.tolist(), features):
+            self.rows[(split, c)] = H[:n]
+
+    def assemble(self, split, clients: np.ndarray, width: int, hidden: int, like: torch.Tensor) -> torch.Tensor:
+        """(B, width, H): each client's rows, zero rows as padding (their weights are 0)."""
+        parts = [self.rows[(split, c)] for c in clients.tolist()]
+        for c in clients.tolist():
+            self.rows.move_to_end((split, c))
+        out = like.new_zeros(len(parts), width, hidden)
+        counts = torch.tensor([len(H) for H in parts], dtype=torch.int64)
+        if parts:
+            flat = torch.repeat_interleave(torch.arange(len(parts)) * width - torch.cumsum(counts, 0) + counts, counts) + torch.arange(int(counts.sum()))
+            out.view(-1, hidden).index_copy_(0, flat.to(out.device), torch.cat(parts))
+        self.assembled = ((split, clients.tobytes(), width), out)
+        self._evict(keep=len(parts), row_bytes=hidden * out.element_size())
+        return out
+
+    def _evict(self, keep: int, row_bytes: int) -> None:
+        total = sum(len(H) for H in self.rows.values()) * row_bytes
+        recent = sum(len(H) for H in list(self.rows.values())[-keep:]) * row_bytes if keep else 0
+        while len(self.rows) > keep and total > recent + FEATURE_BUDGET_BYTES:
+            _, H = self.rows.popitem(last=False)
+            total -= len(H) * row_bytes
 
 
 class RepresentationProblem(BilevelProblem):
@@ -69,7 +127,7 @@ class RepresentationProblem(BilevelProblem):
     def _set_shape(self, n_inputs: int, hidden: int, n_classes: int) -> None:
         self.n_inputs, self.hidden, self.n_classes = n_inputs, hidden, n_classes
         self.dim_x, self.dim_y = hidden * n_inputs + hidden, n_classes * hidden + n_classes
-        self._feature_cache: OrderedDict = OrderedDict()  # see _features_of
+        self._features = FeatureStore()  # see _features_of
         self._last_batch = None  # see _batch
 
     @abstractmethod
@@ -113,32 +171,34 @@ class RepresentationProblem(BilevelProblem):
 
     def _features_of(self, split, clients, x, create: bool):
         """relu(A W1^T + b1) of the **whole** split of ``clients`` for a shared row ``x`` (stride 0),
-        without dropout; None otherwise.
+        without dropout, as (B, width, H) with zero rows as padding; None otherwise.
 
-        Kept in a small LRU cache (:data:`FEATURE_SETS` entries) while x is unchanged: an entry
-        holds a reference to x (so its storage cannot be reused by another tensor) and matches
-        only the same storage at the same version. Whole-split oracles (FedIHGP products, the
-        hypergradient) on the same clients and x therefore share one d x H product (e.g. all N
-        Hessian products and the Jacobian product when FedIHGP reuses FedOut's client set).
-        ``create``: compute and keep it when missing.
+        Kept in a :class:`FeatureStore` while x is unchanged, per client: whole-split oracles at
+        the same x (FedIHGP products, the hypergradient) compute only the rows of clients not seen
+        at this x, in one GEMM. ``create``: compute the missing rows; otherwise None when any is
+        missing.
         """
         if self.cfg.dropout > 0 or not (x.shape[0] and x.stride(0) == 0):
             return None
-        key = (id(split), clients.tobytes())
-        hit = self._feature_cache.get(key)
-        if hit is not None and hit[0].data_ptr() == x.data_ptr() and hit[1] == x._version:
-            self._feature_cache.move_to_end(key)
-            return hit[2]
-        if not create:
-            return None
+        store = self._features
+        if not store.matches(x):
+            if not create:
+                return None
+            store.reset(x)
         part, rows, inputs, _ = self._locate(split, clients)
         width = part.index.shape[1]
-        pos = part.positions(rows, np.broadcast_to(np.arange(width), (len(rows), width)))
-        H = torch.relu(self._hidden(_rows(inputs, torch.as_tensor(pos, device=self.device)), x))
-        self._feature_cache[key] = (x, x._version, H)
-        while len(self._feature_cache) > FEATURE_SETS:
-            self._feature_cache.popitem(last=False)
-        return H
+        hit = store.lookup(split, clients, width)
+        if hit is not None:
+            return hit
+        missing = store.missing(split, clients)
+        if missing.size:
+            if not create:
+                return None
+            part, rows, inputs, _ = self._locate(split, missing)
+            cols = np.broadcast_to(np.arange(part.index.shape[1]), (len(rows), part.index.shape[1]))
+            pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
+            store.add(split, missing, part.count[rows], torch.relu(self._hidden(_rows(inputs, pos), x)))
+        return store.assemble(split, clients, width, self.hidden, x)
 
     def _cached_features(self, split, clients, x):
         """The cached features of (split, clients, x), or None (no computation)."""
