@@ -131,3 +131,32 @@ class MinimaxProblem(BilevelProblem):
             "y_error": float(torch.linalg.vector_norm(y - self.inner_solution(x))),
             "y_sq_error": float(torch.linalg.vector_norm(y - self.y_star) ** 2),
         }
+
+
+def fednest_sampling_floor(problem: MinimaxProblem, algorithm) -> tuple[float, float]:
+    """Stationary (E||y - y*||^2, E||x - x*||^2) of FedNest's minimax specialisation (eq. (9), T = 1)
+    when each round takes |S| < M clients: the floor of Figure 4 at 50 of 1000 clients.
+
+    FedInn's SVRG steps move every y_i towards the optimum of the round's sample, b_S - t_S x
+    (b_S, t_S: means over S), contracting by rho = (1 - beta)^tau; FedOut's tau SVRG steps give
+    x+ = rho_x x + c t_S' y+ with rho_x = (1 - alpha lambda)^tau, c = (1 - rho_x)/lambda. Near the
+    saddle point (x* = y* = 0, b_bar = 0) y is an AR(1) process driven by b_S, whose squared norm
+    has mean sigma^2 = sum_coords Var_i(b_i) (1 - |S|/M)/|S| (sampling without replacement), so
+
+        E||y - y*||^2 = sigma^2 (1 - rho)/(1 + rho)
+        E||x - x*||^2 = c^2 E||y - y*||^2 [t_bar^2 (1 + rho rho_x)/((1 - rho_x^2)(1 - rho rho_x)) + v_t/(1 - rho_x^2)]
+
+    with v_t = Var_i(t_i) (1 - |S|/M)/|S| (to first order: the t_S x part of the noise is dropped).
+    ``problem`` must host all M clients; ``algorithm`` is the algorithm config section.
+    """
+    if algorithm.inner_rounds != 1 or len(problem._b_local) != problem.n_clients:
+        raise ValueError("the closed form needs inner_rounds = 1 and a problem hosting all clients")
+    M, n = problem.n_clients, algorithm.clients_per_round
+    b, t = problem._b_local.double(), problem._t_local[:, 0].double()
+    shrink = (1 - n / M) / n
+    rho = (1 - algorithm.inner_lr) ** algorithm.inner_local_steps
+    rho_x = (1 - algorithm.outer_lr * problem.cfg.outer_regularization) ** algorithm.outer_local_steps
+    var_y = float(b.var(0).sum()) * shrink * (1 - rho) / (1 + rho)
+    c = (1 - rho_x) / problem.cfg.outer_regularization
+    mix = float(t.mean()) ** 2 * (1 + rho * rho_x) / ((1 - rho_x**2) * (1 - rho * rho_x)) + float(t.var()) * shrink / (1 - rho_x**2)
+    return var_y, c**2 * var_y * mix
