@@ -129,6 +129,7 @@ class RepresentationProblem(BilevelProblem):
         self.dim_x, self.dim_y = hidden * n_inputs + hidden, n_classes * hidden + n_classes
         self._features = FeatureStore()  # see _features_of
         self._last_batch = None  # see _batch
+        self._last_minibatch = None  # see _minibatch
 
     @abstractmethod
     def _locate(self, split, clients: np.ndarray):
@@ -205,9 +206,24 @@ class RepresentationProblem(BilevelProblem):
         return self._features_of(split, np.asarray(clients, dtype=np.int64), x, create=False)
 
     def _forward(self, split, clients, x, y, sample, batch_size, need_x=False):
-        """Everything the oracles need for the (mini)batches of ``clients``; ``need_x``: also the
-        inputs A (for gradients with respect to x) when the features come from the cache."""
-        clients = np.asarray(clients, dtype=np.int64)
+        """Everything the oracles need for the (mini)batches of ``clients``: the y-independent part
+        (:meth:`_minibatch`) and the head's logits and softmax at ``y``."""
+        s = self._minibatch(split, np.asarray(clients, dtype=np.int64), x, sample, batch_size, need_x)
+        W2, b2 = self._unpack_y(y)
+        logits = torch.baddbmm(b2[:, None, :], s["H"], W2.transpose(1, 2))
+        return s | {"W2": W2, "P": torch.softmax(logits, dim=-1), "logits": logits}
+
+    def _minibatch(self, split, clients, x, sample, batch_size, need_x):
+        """Inputs A (when the features are computed here, or ``need_x``), weights, pre-activations,
+        dropout mask, features H and one-hot labels of the (mini)batches of ``clients`` at ``x``.
+
+        Remembered for one call: FedInn's SVRG step evaluates the same minibatch at the same x and
+        two y (Alg. 4), so the second call gathers nothing. The entry holds x (its storage cannot be
+        reused) and matches only the same storage at the same version."""
+        key = (split, clients.tobytes(), sample, batch_size, need_x, x.data_ptr(), x.stride(0), x.shape[0])
+        memo = self._last_minibatch
+        if memo is not None and memo[0] == key and memo[1] is x and memo[2] == x._version:
+            return memo[3]
         part, rows, inputs, targets = self._locate(split, clients)
         cols, weights = self._batch(part, rows, clients, sample, batch_size)
         pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
@@ -231,11 +247,10 @@ class RepresentationProblem(BilevelProblem):
             if drop is not None:
                 pre = pre * drop
             H = torch.relu(pre)
-        W2, b2 = self._unpack_y(y)
-        logits = torch.baddbmm(b2[:, None, :], H, W2.transpose(1, 2))
-        P = torch.softmax(logits, dim=-1)
         E = torch.nn.functional.one_hot(t, self.n_classes).to(self.dtype)
-        return {"A": A, "w": w, "pre": pre, "drop": drop, "H": H, "W2": W2, "P": P, "E": E, "logits": logits}
+        s = {"A": A, "w": w, "pre": pre, "drop": drop, "H": H, "E": E}
+        self._last_minibatch = (key, x, x._version, s)
+        return s
 
     def _batch(self, part, rows, clients, sample, batch_size):
         """``part.batch(...)``, remembered for one call: FedInn's SVRG step evaluates the same
