@@ -11,8 +11,8 @@ primitives (paper notation: S is a round's client set):
 
 Placement (``placement``): ``"block"`` -- a contiguous block of client ids per rank
 (:func:`block_range`; ranks may hold no client), and a rank evaluates the members of S it hosts;
-``"balanced"`` -- every round, rank r evaluates the r-th of P near-equal contiguous slices of S
-(sorted by client id), so every rank is within one client of |S|/P. Balanced placement needs
+``"balanced"`` -- every round, every rank evaluates floor or ceil(|S|/P) members of S, members staying
+on their block's rank unless it has more than its share (:func:`balanced_assignment`). Balanced placement needs
 every rank to be able to evaluate any client: :attr:`Federation.hosted` is then all M clients
 (problems with stored data keep every client's samples on every rank -- 188 MB of MNIST images
 per rank -- and the synthetic problem generates any client from its id), and algorithms without
@@ -46,6 +46,25 @@ from mpi4py import MPI  # noqa: E402
 def block_range(n_clients: int, size: int, rank: int) -> range:
     """Client ids hosted by ``rank``: a contiguous block, block sizes differ by at most one."""
     return range(rank * n_clients // size, (rank + 1) * n_clients // size)
+
+
+def balanced_assignment(ids: np.ndarray, n_clients: int, size: int) -> np.ndarray:
+    """The rank that evaluates each member of S (``ids`` in increasing order) under balanced
+    placement: every rank gets floor(|S|/P) or ceil(|S|/P) members (the extra ones go to the ranks
+    with the most members in their own block), and a member stays on its home rank (the one whose
+    block holds it) unless that rank has more than its share; the surplus members, in id order,
+    fill the other ranks in rank order. So the fewest members possible leave home (their
+    features cached at home stay useful), and every rank derives the same answer from S alone."""
+    home = np.searchsorted([block_range(n_clients, size, r).stop for r in range(size)], ids, side="right")
+    counts = np.bincount(home, minlength=size)
+    base, extra = divmod(ids.size, size)
+    target = np.full(size, base)
+    target[np.lexsort((np.arange(size), -counts))[:extra]] += 1
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # ids are sorted, so a block's members are contiguous
+    keep = np.arange(ids.size) - first[home] < target[home]
+    rank = np.where(keep, home, -1)
+    rank[~keep] = np.repeat(np.arange(size), target - np.minimum(counts, target))
+    return rank
 
 
 @dataclass(frozen=True)
@@ -126,7 +145,7 @@ class Federation:
         """
         ids = rng.sample_without_replacement(key, self.n_clients, size)
         if self.placement == "balanced":
-            local = np.arange(size * self.rank // self.size, size * (self.rank + 1) // self.size)
+            local = np.nonzero(balanced_assignment(ids, self.n_clients, self.size) == self.rank)[0]
         else:
             local = np.nonzero((ids >= self.block.start) & (ids < self.block.stop))[0]
         return Participants(ids=ids, local_slots=local)

@@ -23,12 +23,17 @@ TIMING = {"wall_time", "algorithm_time", "evaluation_time", "comm_seconds"}
 def test_every_rank_gets_within_one_client_of_the_same_count(size):
     comm = MPI.COMM_WORLD
     fed = Federation(comm, 100, placement="balanced")
+    block = Federation(comm, 100)
     for key in range(20):
         S = fed.sample(key, size)
         counts = comm.allgather(S.local_slots.size)
         slots = np.concatenate(comm.allgather(S.local_slots))
         assert max(counts) - min(counts) <= 1
-        assert np.array_equal(slots, np.arange(size))  # every member once, in order
+        assert np.array_equal(np.sort(slots), np.arange(size))  # every member exactly once
+        # members leave their home rank only when it has more than its share: as few moves as possible
+        home = comm.allgather(block.sample(key, size).local_slots.size)
+        stay = comm.allreduce(np.intersect1d(S.local_slots, block.sample(key, size).local_slots).size)
+        assert size - stay == sum(max(0, h - c) for h, c in zip(home, counts))
 
 
 @pytest.mark.mpi
