@@ -220,7 +220,7 @@ class RepresentationProblem(BilevelProblem):
         Remembered for one call: FedInn's SVRG step evaluates the same minibatch at the same x and
         two y (Alg. 4), so the second call gathers nothing. The entry holds x (its storage cannot be
         reused) and matches only the same storage at the same version."""
-        key = (split, clients.tobytes(), sample, batch_size, need_x, x.data_ptr(), x.stride(0), x.shape[0])
+        key = (split, clients.tobytes(), sample, batch_size, need_x)
         memo = self._last_minibatch
         if memo is not None and memo[0] == key and memo[1] is x and memo[2] == x._version:
             return memo[3]
