@@ -86,8 +86,9 @@ class LossTuningConfig(ImageClientsConfig):
     name: str = spec("loss_tuning", "problem kind", choices=("loss_tuning",))
     imbalance_ratio: float = spec(100.0, "size ratio of the largest to the smallest class of the long-tail training set", low=1.0)
     max_per_class: int = spec(6000, "size of the largest class before the exponential decay", low=1)
-    hidden1: int = spec(200, "width of the first hidden layer of the MLP y", low=1)
-    hidden2: int = spec(100, "width of the second hidden layer of the MLP y", low=1)
+    hidden1: int = spec(200, "width of the first hidden layer of the MLP y; 0 drops the layer", low=0)
+    hidden2: int = spec(100, "width of the second hidden layer of the MLP y; 0 drops the layer (both 0: multinomial "
+                        "logistic regression, convex in y)", low=0)
     tune_loss: bool = spec(True, "tune the VS-loss x; false: plain cross-entropy with x fixed at 0 (the untuned baseline)")
 
 

@@ -132,3 +132,22 @@ def test_non_iid_clients_see_few_classes_and_keep_the_rarest_class(problem):
     cfg = _cfg(n_clients=100)
     everyone = build_problem(cfg.problem, 0, range(100), dtype=torch.float64)
     assert int((everyone.targets == 9).sum()) == everyone.class_sizes[9]  # no sample dropped by the shards
+
+
+@pytest.mark.parametrize("hidden", [(0, 0), (0, 6), (6, 0)])
+def test_zero_width_drops_the_layer(hidden):
+    """H1 = H2 = 0 is multinomial logistic regression z = W a + b; one 0 leaves one hidden layer."""
+    cfg = _cfg(hidden1=hidden[0], hidden2=hidden[1], tune_loss=False, inner_regularization=0.0)
+    prob = build_problem(cfg.problem, 0, range(0, 2), dtype=torch.float64)
+    kept = [h for h in hidden if h > 0]
+    assert prob.widths == (784, *kept, 10)
+    assert prob.dim_y == sum(o * i + o for i, o in zip(prob.widths[:-1], prob.widths[1:]))
+    if kept:
+        return
+    y = prob.initial_point()[1] + 0.01 * torch.randn(prob.dim_y, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    W, b = y[:7840].reshape(10, 784), y[7840:]
+    a, t, w = _client_batch(prob, prob.inner, 1, None, 0)
+    p = torch.softmax(a @ W.T + b, dim=1)
+    p[torch.arange(len(t)), t] -= 1.0  # d CE / d z = softmax - onehot
+    closed = torch.cat([((w[:, None] * p).T @ a).reshape(-1), (w[:, None] * p).sum(0)])
+    torch.testing.assert_close(prob.grad_y_inner(np.array([1]), torch.zeros(1, prob.dim_x, dtype=torch.float64), y[None], None)[0], closed)
