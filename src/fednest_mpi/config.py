@@ -156,6 +156,11 @@ class FairnessConfig:
                                   "by (group, label) cell (small = skewed)", low=0.0, low_open=True)
     val_per_cell: int = spec(100, "samples per weighted cell in the group-balanced validation set (taken from adult.data, "
                              "dealt round-robin to the clients)", low=1)
+    outer_objective: str = spec("balanced", "outer loss f_i on the client's validation split: balanced (mean over the weighted cells "
+                                "of the cell's mean loss) or worst_group (tau logsumexp over the sensitive groups of the group's "
+                                "mean loss / tau: a smooth worst-group loss, tau = worst_group_temperature)",
+                                choices=("balanced", "worst_group"))
+    worst_group_temperature: float = spec(0.05, "tau of outer_objective = worst_group (-> 0: the max over groups)", low=0.0, low_open=True)
     model: str = spec("logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp"))
     hidden: int = spec(16, "hidden width of the MLP (model = mlp)", low=1)
     batch_size: int = spec(64, "minibatch size of the inner local steps", low=1)

@@ -37,7 +37,8 @@ def _client_data(prob: FairnessProblem, i, split):
     return prob.inputs[pos], prob.targets[pos], prob.inv_size[pos]
 
 
-@pytest.mark.parametrize("problem", [{"weight_cells": "group_label"}, {"weight_cells": "group", "sensitive": "race", "model": "mlp", "hidden": 3}])
+@pytest.mark.parametrize("problem", [{"weight_cells": "group_label"}, {"weight_cells": "group", "sensitive": "race", "model": "mlp", "hidden": 3},
+                                     {"sensitive": "race", "outer_objective": "worst_group", "worst_group_temperature": 0.1}])
 def test_oracles_match_autograd_of_the_written_out_losses(problem):
     prob = _problem(**problem)
     mu = prob.cfg.inner_regularization
@@ -54,6 +55,10 @@ def test_oracles_match_autograd_of_the_written_out_losses(problem):
         z = prob._logits(A[None], y[None])[0]
         lab = (t % 2).to(z.dtype)
         loss = -(lab * torch.nn.functional.logsigmoid(z) + (1 - lab) * torch.nn.functional.logsigmoid(-z))
+        if prob.cfg.outer_objective == "worst_group":  # tau log sum_s exp(mean loss of group s / tau), groups present only
+            tau = prob.cfg.worst_group_temperature
+            group_means = torch.stack([loss[t // 2 == s].mean() for s in range(prob.n_groups) if bool((t // 2 == s).any())])
+            return tau * torch.log(torch.exp(group_means / tau).sum()), g
         f = (inv * loss).sum() / inv.sum()
         return f, g
 

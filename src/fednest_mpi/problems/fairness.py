@@ -12,7 +12,14 @@ D_i and a small validation split V_i:
 
 with l the logistic loss of the classifier y (logistic regression, or a 1-hidden-layer tanh MLP)
 and m_c the number of validation samples of cell c, normalised per client: f is the
-cell-balanced validation loss. f does not depend on x (zero direct gradient); the hypergradient
+cell-balanced validation loss (``outer_objective = "balanced"``, the notes' formulation). With
+``outer_objective = "worst_group"`` f_i is instead the notes' worst-group surrogate
+
+    f_i(x, y) = tau log sum_s exp(L_is(y) / tau),   L_is = mean_{j in V_i, group s} l(y; a_j, t_j)
+
+over the groups s present in V_i (tau -> 0: max_s L_is). It is separable over clients as FedNest
+and FedBiO need; by Jensen mean_i f_i >= tau logsumexp_s(mean_i L_is / tau), an upper bound of the
+surrogate of the pooled validation set. f does not depend on x (zero direct gradient); the hypergradient
 is all implicit. Logistic regression with mu > 0 makes g_i strongly convex in y.
 
 Data (identical on every rank, from the seed): a cell-balanced validation pool of
@@ -139,11 +146,17 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         return (w * torch.gather(self.cell_weights(x), 1, cell) * loss).sum(1)
 
     def _outer_losses(self, clients, y, sample) -> torch.Tensor:
-        """Per-client cell-balanced validation loss (B,)."""
+        """Per-client validation loss (B,): cell-balanced, or the worst-group surrogate (module docstring)."""
         pos, w = self._batch(self.outer, clients, sample, 0)  # V_i is small: always all of it
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
+        if self.cfg.outer_objective == "worst_group":
+            member = torch.nn.functional.one_hot(self.targets[pos] // 2, self.n_groups).to(self.dtype) * (w > 0)[..., None]
+            count = member.sum(1)
+            group_loss = (member * loss[..., None]).sum(1) / count.clamp(min=1)
+            tau = self.cfg.worst_group_temperature
+            return tau * torch.logsumexp(torch.where(count > 0, group_loss / tau, -torch.inf), dim=1)
         omega = w * self.inv_size[pos]
         omega = omega / omega.sum(1, keepdim=True)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
         return (omega * loss).sum(1)
 
     # -- values (uncounted) --------------------------------------------------------------------------
@@ -179,7 +192,8 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "worst_group_accuracy": ("lowest accuracy over the sensitive groups, adult.test", "%"),
             "group_accuracy_gap": ("highest minus lowest accuracy over the sensitive groups, adult.test", "%"),
             "test_loss": ("mean logistic loss on adult.test", "nats"),
-            "balanced_test_loss": ("mean over (group, label) cells of the test loss (the outer objective's target)", "nats"),
+            "balanced_test_loss": ("mean over (group, label) cells of the test loss (the balanced outer objective's target)", "nats"),
+            "worst_group_test_loss": ("highest mean test loss over the sensitive groups (the worst_group outer objective's target)", "nats"),
         }
         for name in self.cell_names():
             info[f"weight_{name}"] = (f"cell weight w(x) of {name} (mean 1)", "1")
@@ -192,12 +206,13 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             loss = torch.nn.functional.binary_cross_entropy_with_logits(z, t.to(z.dtype), reduction="none")
             pred = z > 0
             correct = (pred == t.bool()).to(torch.float64)
-            acc, positive, tpr, cell_loss = [], [], [], []
+            acc, positive, tpr, cell_loss, group_loss = [], [], [], [], []
             for s in range(self.n_groups):
                 m = g == s
                 if not bool(m.any()):
                     continue
                 acc.append(float(correct[m].mean()))
+                group_loss.append(float(loss[m].mean()))
                 positive.append(float(pred[m].to(torch.float64).mean()))
                 pos = m & t.bool()
                 if bool(pos.any()):
@@ -215,6 +230,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "group_accuracy_gap": 100 * (max(acc) - min(acc)),
             "test_loss": float(loss.mean()),
             "balanced_test_loss": float(np.mean(cell_loss)),
+            "worst_group_test_loss": max(group_loss),
         }
         out.update({f"weight_{name}": float(w) for name, w in zip(self.cell_names(), weights)})
         return out
