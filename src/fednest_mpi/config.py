@@ -156,9 +156,10 @@ class FairnessConfig:
                                   "by (group, label) cell (small = skewed)", low=0.0, low_open=True)
     val_per_cell: int = spec(100, "samples per weighted cell in the group-balanced validation set (taken from adult.data, "
                              "dealt round-robin to the clients)", low=1)
-    outer_objective: str = spec("balanced", "outer loss f_i on the client's validation split: balanced (mean over the weighted cells "
-                                "of the cell's mean loss) or worst_group (tau logsumexp over the sensitive groups of the group's "
-                                "mean loss / tau: a smooth worst-group loss, tau = worst_group_temperature)",
+    outer_objective: str = spec("balanced", "outer loss: balanced (f_i = mean over the weighted cells of the cell's mean loss on the "
+                                "client's validation split) or worst_group (tau logsumexp over the sensitive groups of the pooled "
+                                "group loss / tau, tau = worst_group_temperature: a smooth worst-group loss; fednest and fednest_sgd "
+                                "only, one extra round per outer iteration)",
                                 choices=("balanced", "worst_group"))
     worst_group_temperature: float = spec(0.05, "tau of outer_objective = worst_group (-> 0: the max over groups)", low=0.0, low_open=True)
     model: str = spec("logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp"))
@@ -420,6 +421,10 @@ def validate_relations(cfg: RunConfig) -> None:
     if a.name in STATEFUL_ALGORITHMS and cfg.federation.placement != "block":
         raise ConfigError(f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
                           "use placement = 'block'")
+    if isinstance(p, FairnessConfig) and p.outer_objective == "worst_group" and a.name not in ("fednest", "fednest_sgd"):
+        raise ConfigError(f"problem.outer_objective: 'worst_group' is a loss of the pooled validation set, which only FedOut's "
+                          f"global hypergradient can pool (one extra round); use algorithm.name = 'fednest' or 'fednest_sgd', "
+                          f"or outer_objective = 'balanced' with {a.name!r}")
     if a.ihgp_mode == "randomized" and a.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
 

@@ -28,7 +28,7 @@ def _cfg(problem=None, **algorithm):
 
 
 def _problem(**problem):
-    cfg = _cfg(problem)
+    cfg = _cfg(problem, name="fednest")  # the problem does not depend on the algorithm; FedOut allows every outer objective
     return build_problem(cfg.problem, cfg.seed, range(cfg.problem.n_clients))
 
 
@@ -127,3 +127,40 @@ def test_short_runs_record_the_fairness_metrics(name):
 def test_batch_larger_than_a_client_is_a_config_error():
     with pytest.raises(ConfigError, match="problem.hypergradient_batch_size"):
         _problem(hypergradient_batch_size=10**6)
+
+
+def test_pooled_worst_group_gradient_is_the_gradient_of_the_pooled_smooth_maximum():
+    """Inside outer_linearised(mean of outer_statistics over S), mean_S grad_y f_i equals the autograd
+    gradient of tau logsumexp_s(L_s / tau), L_s the group mean loss of the pooled validation set of S."""
+    prob = _problem(sensitive="race", weight_cells="group", outer_objective="worst_group", worst_group_temperature=0.1)
+    tau = prob.cfg.worst_group_temperature
+    S = np.array([0, 2, 3, 5])
+    x = torch.zeros(len(S), prob.dim_x, dtype=torch.float64)
+    y = 0.3 * torch.randn(prob.dim_y, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    Y = y.expand(len(S), -1)
+    with prob.outer_linearised(prob.outer_statistics(S, x, Y).mean(0)):
+        pooled_grad = prob.grad_y_outer(S, x, Y, None).mean(0)
+    assert prob._group_factor is None  # the linearisation ends with the context
+
+    A = torch.cat([_client_data(prob, i, prob.outer)[0] for i in S])
+    t = torch.cat([_client_data(prob, i, prob.outer)[1] for i in S])
+    yy = y.clone().requires_grad_(True)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(prob._logits(A[None], yy[None])[0], (t % 2).to(torch.float64), reduction="none")
+    groups = [s for s in range(prob.n_groups) if bool((t // 2 == s).any())]
+    smooth_max = tau * torch.logsumexp(torch.stack([loss[t // 2 == s].mean() for s in groups]) / tau, 0)
+    (expected,) = torch.autograd.grad(smooth_max, yy)
+    torch.testing.assert_close(pooled_grad, expected)
+
+
+def test_worst_group_run_pools_once_per_outer_iteration():
+    base = simulate(_cfg({"sensitive": "race", "weight_cells": "group"}, name="fednest"), MPI.COMM_SELF).history
+    pooled = simulate(_cfg({"sensitive": "race", "weight_cells": "group", "outer_objective": "worst_group"}, name="fednest"), MPI.COMM_SELF).history
+    assert np.diff(pooled["comm_rounds"]).tolist() == (np.diff(base["comm_rounds"]) + 1).tolist()
+    assert all(np.isfinite(pooled["worst_group_test_loss"]))
+    assert any(abs(pooled[f"weight_{c}"][-1] - 1.0) > 1e-6 for c in ("White", "Black"))
+
+
+@pytest.mark.parametrize("name", ["fedbio", "lfednest"])
+def test_worst_group_needs_fedout(name):
+    with pytest.raises(ConfigError, match="problem.outer_objective"):
+        _cfg({"outer_objective": "worst_group"}, name=name)

@@ -234,17 +234,29 @@ class FedNestFamily:
 
         Rounds: 1 + N (FedIHGP) + 1. With ``hypergradient = "direct"`` (minimax, g_i = -f_i) the
         indirect part vanishes at y*(x) and h = mean_S nabla_x f_i(x, y) (eq. (9), (64)): one round.
+        A pooled outer objective f = phi(mean_S u_i) (:meth:`BilevelProblem.outer_statistics`)
+        adds one round first, for the mean of the u_i; f_i is then phi's linearisation there.
         """
         prob, ids, n = self.problem, S.local_ids, S.local_ids.size
         X, Y = self._rows(x, n), self._rows(y, n)
         rec = self.recorder
         rec.took_part(ids, OUTER)
         rec.record("outer_loss", ids, lambda: prob.outer_value(ids, X, Y))
+        u = prob.outer_statistics(ids, X, Y)
+        if u is None:
+            return self._hypergradient(k, x, y, S)
+        (pooled,) = self.fed.mean(S, [u])  # one round: the statistics of a pooled f (e.g. group losses)
+        with prob.outer_linearised(pooled):
+            return self._hypergradient(k, x, y, S)
+
+    def _hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
+        prob, ids, n = self.problem, S.local_ids, S.local_ids.size
+        X, Y = self._rows(x, n), self._rows(y, n)
         h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
         if self.cfg.hypergradient == "implicit":
             p = self.fed_ihgp(k, x, y, S)
             h_i = h_i - prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), self.cfg.neumann_steps + 1))
-        rec.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
+        self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
         (h,) = self.fed.mean(S, [h_i])
         return h
 

@@ -64,6 +64,20 @@ class BilevelProblem(ABC):
         (a FedInn round). Problems may cache what depends on x alone; the default caches nothing."""
         yield
 
+    # -- pooled outer objectives: f = phi(mean_i u_i(y)), not a mean of per-client losses ------------
+    def outer_statistics(self, clients, x, y) -> torch.Tensor | None:
+        """Per-client statistics u_i(x, y), shape (B, k), of an outer objective that is a function of
+        their mean over the clients (e.g. a smooth maximum of pooled group losses); None (the
+        default): f is the mean of the f_i and needs none. Uncounted, like the values."""
+        return None
+
+    def outer_linearised(self, mean_statistics: torch.Tensor):
+        """Context manager: until exit, f_i is the linearisation of the pooled objective at
+        ``mean_statistics`` (the mean over a client set of :meth:`outer_statistics`), so that the
+        mean of the clients' grad f_i is the gradient of the pooled objective. Problems whose
+        :meth:`outer_statistics` is not None provide it."""
+        raise NotImplementedError(f"{type(self).__name__} has no pooled outer objective")
+
     # -- oracles (public: counted) ---------------------------------------------------------------
     def grad_x_outer(self, clients, x, y, sample) -> torch.Tensor:
         """Direct gradient nabla_x f_i(x, y; xi), shape (B, d1) -- eq. (5a)."""

@@ -17,9 +17,18 @@ cell-balanced validation loss (``outer_objective = "balanced"``, the notes' form
 
     f_i(x, y) = tau log sum_s exp(L_is(y) / tau),   L_is = mean_{j in V_i, group s} l(y; a_j, t_j)
 
-over the groups s present in V_i (tau -> 0: max_s L_is). It is separable over clients as FedNest
-and FedBiO need; by Jensen mean_i f_i >= tau logsumexp_s(mean_i L_is / tau), an upper bound of the
-surrogate of the pooled validation set. f does not depend on x (zero direct gradient); the hypergradient
+the smooth worst-group loss of the pooled validation set of the round's clients S,
+
+    f(x, y) = tau log sum_s exp(L_s(y) / tau),   L_s = sum_{i in S} l_is / sum_{i in S} n_is
+
+(l_is, n_is: client i's summed loss and count of group s in V_i; tau -> 0: max_s L_s). It is not a
+mean of per-client losses: FedOut pools (l_is, n_is) in one extra round
+(:meth:`outer_statistics`) and then uses f_i = sum_s p_s l_is / nbar_s, p = softmax(L / tau),
+nbar_s = mean_S n_is, whose mean over S has the gradient of f (:meth:`outer_linearised`). The
+per-client surrogate tau logsumexp_s(l_is / (n_is tau)) (the value recorded as outer_loss) was
+measured as a poor target: with ~5 validation samples per group and client it favours the noisiest
+groups (docs/algorithms.md). Algorithms with local outer steps (FedBiO, LFedNest) cannot pool, so
+config validation restricts worst_group to FedOut (fednest, fednest_sgd). f does not depend on x (zero direct gradient); the hypergradient
 is all implicit. Logistic regression with mu > 0 makes g_i strongly convex in y.
 
 Data (identical on every rank, from the seed): a cell-balanced validation pool of
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -113,6 +123,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.test_inputs = data.test_x.to(self.device, dtype)
         self.test_labels = data.test_y.to(self.device)
         self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
+        self._group_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
 
     # -- model -------------------------------------------------------------------------------------
     def _logits(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -145,16 +156,44 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (t % 2).to(self.dtype), reduction="none")
         return (w * torch.gather(self.cell_weights(x), 1, cell) * loss).sum(1)
 
+    def _group_sums(self, clients, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per client (B, S): summed validation loss l_is and count n_is of every sensitive group."""
+        pos, w = self._batch(self.outer, clients, None, 0)  # V_i is small: always all of it
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
+        member = torch.nn.functional.one_hot(self.targets[pos] // 2, self.n_groups).to(self.dtype) * (w > 0)[..., None]
+        return (member * loss[..., None]).sum(1), member.sum(1)
+
+    def outer_statistics(self, clients, x, y):
+        """(l_is, n_is) rows (B, 2S) for outer_objective = worst_group; None for the separable balanced loss."""
+        if self.cfg.outer_objective != "worst_group":
+            return None
+        with torch.no_grad():
+            return torch.cat(self._group_sums(clients, y), dim=1)
+
+    @contextmanager
+    def outer_linearised(self, mean_statistics):
+        """f_i = sum_s p_s l_is / nbar_s with p = softmax(L / tau) at the pooled L_s (module docstring)."""
+        sums, counts = mean_statistics[: self.n_groups], mean_statistics[self.n_groups:]
+        present = counts > 0
+        tau = self.cfg.worst_group_temperature
+        p = torch.softmax(torch.where(present, sums / counts.clamp(min=1e-300) / tau, -torch.inf), dim=0)
+        self._group_factor = torch.where(present, p / counts.clamp(min=1e-300), 0.0)
+        try:
+            yield
+        finally:
+            self._group_factor = None
+
     def _outer_losses(self, clients, y, sample) -> torch.Tensor:
-        """Per-client validation loss (B,): cell-balanced, or the worst-group surrogate (module docstring)."""
+        """Per-client validation loss (B,): cell-balanced, or for worst_group the linearised pooled loss
+        inside :meth:`outer_linearised` and the per-client surrogate outside (module docstring)."""
+        if self.cfg.outer_objective == "worst_group":
+            sums, counts = self._group_sums(clients, y)
+            if self._group_factor is not None:
+                return sums @ self._group_factor
+            tau = self.cfg.worst_group_temperature
+            return tau * torch.logsumexp(torch.where(counts > 0, sums / counts.clamp(min=1) / tau, -torch.inf), dim=1)
         pos, w = self._batch(self.outer, clients, sample, 0)  # V_i is small: always all of it
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
-        if self.cfg.outer_objective == "worst_group":
-            member = torch.nn.functional.one_hot(self.targets[pos] // 2, self.n_groups).to(self.dtype) * (w > 0)[..., None]
-            count = member.sum(1)
-            group_loss = (member * loss[..., None]).sum(1) / count.clamp(min=1)
-            tau = self.cfg.worst_group_temperature
-            return tau * torch.logsumexp(torch.where(count > 0, group_loss / tau, -torch.inf), dim=1)
         omega = w * self.inv_size[pos]
         omega = omega / omega.sum(1, keepdim=True)
         return (omega * loss).sum(1)
