@@ -162,6 +162,9 @@ class FairnessConfig:
                                 "only, one extra round per outer iteration)",
                                 choices=("balanced", "worst_group"))
     worst_group_temperature: float = spec(0.05, "tau of outer_objective = worst_group (-> 0: the max over groups)", low=0.0, low_open=True)
+    initial_weights: str = spec("", "cell weights at the start, as NAME=W pairs separated by commas (NAME: a group, or GROUP_le50K / "
+                                "GROUP_gt50K with weight_cells = group_label; unnamed cells 1; rescaled to mean 1); empty: all 1. "
+                                "With algorithm fedavg (x fixed) this retrains the classifier with given, e.g. tuned, weights")
     model: str = spec("logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp"))
     hidden: int = spec(16, "hidden width of the MLP (model = mlp)", low=1)
     batch_size: int = spec(64, "minibatch size of the inner local steps", low=1)

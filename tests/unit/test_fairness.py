@@ -164,3 +164,15 @@ def test_worst_group_run_pools_once_per_outer_iteration():
 def test_worst_group_needs_fedout(name):
     with pytest.raises(ConfigError, match="problem.outer_objective"):
         _cfg({"outer_objective": "worst_group"}, name=name)
+
+
+def test_initial_weights_set_x0_and_bad_names_or_values_are_config_errors():
+    prob = _problem(sensitive="race", weight_cells="group", initial_weights="White=0.5, Asian-Pac-Islander=2")
+    x, _ = prob.initial_point()
+    w = prob.cell_weights(x)
+    expected = torch.tensor([0.5 if n == "White" else 2.0 if n == "Asian-Pac-Islander" else 1.0 for n in prob.cell_names()], dtype=torch.float64)
+    torch.testing.assert_close(w, expected / expected.mean())
+    with pytest.raises(ConfigError, match="problem.initial_weights: 'Whte' is not a cell"):
+        _problem(sensitive="race", weight_cells="group", initial_weights="Whte=2")
+    with pytest.raises(ConfigError, match="problem.initial_weights: the weight of Black must be a positive number"):
+        _problem(sensitive="race", weight_cells="group", initial_weights="Black=-1")

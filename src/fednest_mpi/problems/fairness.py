@@ -124,6 +124,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.test_labels = data.test_y.to(self.device)
         self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
         self._group_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
+        self._x0 = self.initial_x()  # parses problem.initial_weights: a bad value fails here, on every rank alike
 
     # -- model -------------------------------------------------------------------------------------
     def _logits(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -208,9 +209,28 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             return self._outer_losses(clients, y, None)
 
     # -- run interface -------------------------------------------------------------------------------
+    def initial_x(self) -> torch.Tensor:
+        """x0 with w(x0) = ``initial_weights`` rescaled to mean 1 (x0 = log w, centred); x0 = 0 when empty."""
+        names, text = self.cell_names(), self.cfg.initial_weights.strip()
+        weights = dict.fromkeys(names, 1.0)
+        for pair in filter(None, (p.strip() for p in text.split(","))):
+            name, _, value = pair.partition("=")
+            name = name.strip()
+            if name not in weights:
+                raise ConfigError(f"problem.initial_weights: {name!r} is not a cell; the cells are {', '.join(names)}")
+            try:
+                weights[name] = float(value)
+            except ValueError:
+                weights[name] = math.nan
+            if not (weights[name] > 0 and math.isfinite(weights[name])):
+                raise ConfigError(f"problem.initial_weights: the weight of {name} must be a positive number, got {value.strip()!r}; "
+                                  "write NAME=W pairs separated by commas")
+        x = torch.log(torch.tensor([weights[n] for n in names], dtype=self.dtype, device=self.device))
+        return x - x.mean()
+
     def initial_point(self):
-        """x = 0 (unweighted); y = 0 for logistic regression, a keyed U(+-1/sqrt(fan_in)) MLP otherwise."""
-        x = torch.zeros(self.dim_x, dtype=self.dtype, device=self.device)
+        """x = x0 (:meth:`initial_x`; 0: unweighted); y = 0 for logistic regression, a keyed U(+-1/sqrt(fan_in)) MLP otherwise."""
+        x = self._x0.clone()
         if self.cfg.model == "logistic":
             return x, torch.zeros(self.dim_y, dtype=self.dtype, device=self.device)
         u = rng.uniform(rng.key(self.seed, rng.Purpose.INIT, 0), self.dim_y)
