@@ -250,6 +250,7 @@ class FedNestFamily:
             return self._hypergradient(k, x, y, S)
 
     def _hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
+        """h of :meth:`hypergradient` for the problem's current f_i (direct part, FedIHGP, one round)."""
         prob, ids, n = self.problem, S.local_ids, S.local_ids.size
         X, Y = self._rows(x, n), self._rows(y, n)
         h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
