@@ -175,10 +175,10 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
     def outer_linearised(self, mean_statistics):
         """f_i = sum_s p_s l_is / nbar_s with p = softmax(L / tau) at the pooled L_s (module docstring)."""
         sums, counts = mean_statistics[: self.n_groups], mean_statistics[self.n_groups:]
-        present = counts > 0
+        present, safe = counts > 0, counts.clamp(min=torch.finfo(counts.dtype).tiny)  # a mean count may be < 1
         tau = self.cfg.worst_group_temperature
-        p = torch.softmax(torch.where(present, sums / counts.clamp(min=1e-300) / tau, -torch.inf), dim=0)
-        self._group_factor = torch.where(present, p / counts.clamp(min=1e-300), 0.0)
+        p = torch.softmax(torch.where(present, sums / safe / tau, -torch.inf), dim=0)
+        self._group_factor = torch.where(present, p / safe, 0.0)
         try:
             yield
         finally:
