@@ -65,9 +65,7 @@ def main(argv: list[str]) -> int:
         names = prob.cell_names()
         tuned = torch.as_tensor([df[f"weight_{n}"].iloc[-1] for n in names], dtype=torch.float64).log()
         points = [("unweighted", torch.zeros(prob.dim_x, dtype=torch.float64)), ("tuned (last iteration)", tuned - tuned.mean())]
-        for text in probes:
-            probe = config.from_dict(df.attrs["config"] | {"problem": df.attrs["config"]["problem"] | {"initial_weights": text}})
-            points.append((f"given {text}", build_problem(probe.problem, cfg.seed, range(cfg.problem.n_clients), dtype=torch.float64).initial_point()[0]))
+        points += [(f"given {text}", prob.x_of_weights(text)) for text in probes]
         for label, x in points:
             y, norm = exact_inner(prob, x)
             if norm > 1e-8:

@@ -76,7 +76,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     rounds = rounds or [10, 50, 100, 200]
-    runs = [(load_run(p), config.from_dict(load_run(p).attrs["config"])) for p in paths]
+    frames = [load_run(p) for p in paths]
+    runs = [(df, config.from_dict(df.attrs["config"])) for df in frames]
     best = {}
     print("| seed | g* (L-BFGS) | ‖∇g‖ at the solve | certified g − g* ≤ |")
     print("|---|---|---|---|")

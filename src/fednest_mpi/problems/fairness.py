@@ -13,11 +13,8 @@ D_i and a small validation split V_i:
 with l the logistic loss of the classifier y (logistic regression, or a 1-hidden-layer tanh MLP)
 and m_c the number of validation samples of cell c, normalised per client: f is the
 cell-balanced validation loss (``outer_objective = "balanced"``, the notes' formulation). With
-``outer_objective = "worst_group"`` f_i is instead the notes' worst-group surrogate
-
-    f_i(x, y) = tau log sum_s exp(L_is(y) / tau),   L_is = mean_{j in V_i, group s} l(y; a_j, t_j)
-
-the smooth worst-group loss of the pooled validation set of the round's clients S,
+``outer_objective = "worst_group"`` the outer loss is the notes' smooth worst-group loss of the
+pooled validation set of the round's clients S,
 
     f(x, y) = tau log sum_s exp(L_s(y) / tau),   L_s = sum_{i in S} l_is / sum_{i in S} n_is
 
@@ -28,7 +25,9 @@ nbar_s = mean_S n_is, whose mean over S has the gradient of f (:meth:`outer_line
 per-client surrogate tau logsumexp_s(l_is / (n_is tau)) (the value recorded as outer_loss) was
 measured as a poor target: with ~5 validation samples per group and client it favours the noisiest
 groups (docs/algorithms.md). Algorithms with local outer steps (FedBiO, LFedNest) cannot pool, so
-config validation restricts worst_group to FedOut (fednest, fednest_sgd). f does not depend on x (zero direct gradient); the hypergradient
+config validation restricts worst_group to FedOut (fednest, fednest_sgd).
+
+f does not depend on x (zero direct gradient); the hypergradient
 is all implicit. Logistic regression with mu > 0 makes g_i strongly convex in y.
 
 Data (identical on every rank, from the seed): a cell-balanced validation pool of
@@ -124,7 +123,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.test_labels = data.test_y.to(self.device)
         self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
         self._group_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
-        self._x0 = self.initial_x()  # parses problem.initial_weights: a bad value fails here, on every rank alike
+        self._x0 = self.x_of_weights(cfg.initial_weights)  # parses problem.initial_weights: a bad value fails here, on every rank alike
 
     # -- model -------------------------------------------------------------------------------------
     def _logits(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -157,12 +156,22 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (t % 2).to(self.dtype), reduction="none")
         return (w * torch.gather(self.cell_weights(x), 1, cell) * loss).sum(1)
 
-    def _group_sums(self, clients, y) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per client (B, S): summed validation loss l_is and count n_is of every sensitive group."""
+    def _validation_losses(self, clients, y) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions, weights, per-sample logistic loss), each (B, n), on the clients' whole validation splits."""
         pos, w = self._batch(self.outer, clients, None, 0)  # V_i is small: always all of it
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
+        return pos, w, loss
+
+    def _group_sums(self, clients, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per client (B, S): summed validation loss l_is and count n_is of every sensitive group."""
+        pos, w, loss = self._validation_losses(clients, y)
         member = torch.nn.functional.one_hot(self.targets[pos] // 2, self.n_groups).to(self.dtype) * (w > 0)[..., None]
         return (member * loss[..., None]).sum(1), member.sum(1)
+
+    def _scaled_group_losses(self, sums, counts) -> torch.Tensor:
+        """L_s / tau for the groups present (count > 0), -inf for the others: the argument of the smooth maximum."""
+        safe = counts.clamp(min=torch.finfo(counts.dtype).tiny)  # a mean count may be < 1
+        return torch.where(counts > 0, sums / safe / self.cfg.worst_group_temperature, -torch.inf)
 
     def outer_statistics(self, clients, x, y):
         """(l_is, n_is) rows (B, 2S) for outer_objective = worst_group; None for the separable balanced loss."""
@@ -175,10 +184,8 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
     def outer_linearised(self, mean_statistics):
         """f_i = sum_s p_s l_is / nbar_s with p = softmax(L / tau) at the pooled L_s (module docstring)."""
         sums, counts = mean_statistics[: self.n_groups], mean_statistics[self.n_groups:]
-        present, safe = counts > 0, counts.clamp(min=torch.finfo(counts.dtype).tiny)  # a mean count may be < 1
-        tau = self.cfg.worst_group_temperature
-        p = torch.softmax(torch.where(present, sums / safe / tau, -torch.inf), dim=0)
-        self._group_factor = torch.where(present, p / safe, 0.0)
+        p = torch.softmax(self._scaled_group_losses(sums, counts), dim=0)
+        self._group_factor = torch.where(counts > 0, p / counts.clamp(min=torch.finfo(counts.dtype).tiny), 0.0)
         try:
             yield
         finally:
@@ -191,10 +198,8 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             sums, counts = self._group_sums(clients, y)
             if self._group_factor is not None:
                 return sums @ self._group_factor
-            tau = self.cfg.worst_group_temperature
-            return tau * torch.logsumexp(torch.where(counts > 0, sums / counts.clamp(min=1) / tau, -torch.inf), dim=1)
-        pos, w = self._batch(self.outer, clients, sample, 0)  # V_i is small: always all of it
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
+            return self.cfg.worst_group_temperature * torch.logsumexp(self._scaled_group_losses(sums, counts), dim=1)
+        pos, w, loss = self._validation_losses(clients, y)
         omega = w * self.inv_size[pos]
         omega = omega / omega.sum(1, keepdim=True)
         return (omega * loss).sum(1)
@@ -209,9 +214,10 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             return self._outer_losses(clients, y, None)
 
     # -- run interface -------------------------------------------------------------------------------
-    def initial_x(self) -> torch.Tensor:
-        """x0 with w(x0) = ``initial_weights`` rescaled to mean 1 (x0 = log w, centred); x0 = 0 when empty."""
-        names, text = self.cell_names(), self.cfg.initial_weights.strip()
+    def x_of_weights(self, text: str) -> torch.Tensor:
+        """x with w(x) = the NAME=W pairs of ``text`` (the format of ``problem.initial_weights``; unnamed
+        cells 1) rescaled to mean 1: x = log w, centred; 0 when ``text`` is empty."""
+        names, text = self.cell_names(), text.strip()
         weights = dict.fromkeys(names, 1.0)
         for pair in filter(None, (p.strip() for p in text.split(","))):
             name, _, value = pair.partition("=")
@@ -221,7 +227,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             try:
                 weights[name] = float(value)
             except ValueError:
-                weights[name] = math.nan
+                weights[name] = math.nan  # reported below, with the non-positive and infinite ones
             if not (weights[name] > 0 and math.isfinite(weights[name])):
                 raise ConfigError(f"problem.initial_weights: the weight of {name} must be a positive number, got {value.strip()!r}; "
                                   "write NAME=W pairs separated by commas")
@@ -229,7 +235,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         return x - x.mean()
 
     def initial_point(self):
-        """x = x0 (:meth:`initial_x`; 0: unweighted); y = 0 for logistic regression, a keyed U(+-1/sqrt(fan_in)) MLP otherwise."""
+        """x = x0 (:meth:`x_of_weights` of ``initial_weights``; 0: unweighted); y = 0 for logistic regression, a keyed U(+-1/sqrt(fan_in)) MLP otherwise."""
         x = self._x0.clone()
         if self.cfg.model == "logistic":
             return x, torch.zeros(self.dim_y, dtype=self.dtype, device=self.device)
