@@ -165,6 +165,8 @@ class FairnessConfig:
     initial_weights: str = spec("", "cell weights at the start, as NAME=W pairs separated by commas (NAME: a group, or GROUP_le50K / "
                                 "GROUP_gt50K with weight_cells = group_label; unnamed cells 1; rescaled to mean 1); empty: all 1. "
                                 "With algorithm fedavg (x fixed) this retrains the classifier with given, e.g. tuned, weights")
+    group_feature: bool = spec(True, "whether the classifier sees the sensitive attribute (its one-hot columns); false: "
+                               "'fairness through unawareness', the groups share one intercept and the weights decide the compromise")
     model: str = spec("logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp"))
     hidden: int = spec(16, "hidden width of the MLP (model = mlp)", low=1)
     batch_size: int = spec(64, "minibatch size of the inner local steps", low=1)

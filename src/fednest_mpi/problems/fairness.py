@@ -102,7 +102,8 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.by_label = cfg.weight_cells == "group_label"
         cells = full if self.by_label else groups
         self.dim_x = 2 * self.n_groups if self.by_label else self.n_groups
-        self.n_features = data.train_x.shape[1]
+        columns = [k for k, name in enumerate(data.feature_names) if cfg.group_feature or not name.startswith(f"{cfg.sensitive}=")]
+        self.n_features = len(columns)
         h = cfg.hidden
         self.dim_y = self.n_features + 1 if cfg.model == "logistic" else h * self.n_features + 2 * h + 1
         if len(np.unique(cells)) < self.dim_x:
@@ -114,12 +115,12 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
                 raise ConfigError(f"problem.{name}: {getattr(cfg, name)} is more than the {smallest} training samples of the "
                                   f"smallest client; lower it to at most {smallest}, raise dirichlet_alpha or use fewer clients")
         # targets carry the (group, label) pair: label = t % 2, group = t // 2
-        hosted = HostedSamples(data.train_x, torch.as_tensor(full), splits, clients, self.device, dtype)
+        hosted = HostedSamples(data.train_x[:, columns], torch.as_tensor(full), splits, clients, self.device, dtype)
         self._first, self.inputs, self.targets = hosted.first, hosted.inputs, hosted.targets
         self.inner, self.outer = hosted.inner, hosted.outer
         used = np.unique(np.concatenate([np.concatenate(splits[i]) for i in clients])) if len(clients) else np.zeros(0, np.int64)
         self.inv_size = torch.as_tensor(np.where(sizes[used] > 0, 1.0 / np.maximum(sizes[used], 1), 0.0), dtype=dtype, device=self.device)
-        self.test_inputs = data.test_x.to(self.device, dtype)
+        self.test_inputs = data.test_x[:, columns].to(self.device, dtype)
         self.test_labels = data.test_y.to(self.device)
         self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
         self._group_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
