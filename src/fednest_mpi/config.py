@@ -157,8 +157,8 @@ class FairnessConfig:
     val_per_cell: int = spec(100, "samples per weighted cell in the group-balanced validation set (taken from adult.data, "
                              "dealt round-robin to the clients)", low=1)
     outer_objective: str = spec("balanced", "outer loss: balanced (f_i = mean over the weighted cells of the cell's mean loss on the "
-                                "client's validation split) or worst_group (tau logsumexp over the sensitive groups of the pooled "
-                                "group loss / tau, tau = worst_group_temperature: a smooth worst-group loss; fednest and fednest_sgd "
+                                "client's validation split) or worst_group (tau logsumexp over the weighted cells of the pooled "
+                                "cell loss / tau, tau = worst_group_temperature: a smooth worst-group loss; fednest and fednest_sgd "
                                 "only, one extra round per outer iteration)",
                                 choices=("balanced", "worst_group"))
     worst_group_temperature: float = spec(0.05, "tau of outer_objective = worst_group (-> 0: the max over groups)", low=0.0, low_open=True)

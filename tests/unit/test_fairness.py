@@ -55,10 +55,10 @@ def test_oracles_match_autograd_of_the_written_out_losses(problem):
         z = prob._logits(A[None], y[None])[0]
         lab = (t % 2).to(z.dtype)
         loss = -(lab * torch.nn.functional.logsigmoid(z) + (1 - lab) * torch.nn.functional.logsigmoid(-z))
-        if prob.cfg.outer_objective == "worst_group":  # tau log sum_s exp(mean loss of group s / tau), groups present only
-            tau = prob.cfg.worst_group_temperature
-            group_means = torch.stack([loss[t // 2 == s].mean() for s in range(prob.n_groups) if bool((t // 2 == s).any())])
-            return tau * torch.log(torch.exp(group_means / tau).sum()), g
+        if prob.cfg.outer_objective == "worst_group":  # tau log sum_s exp(mean loss of cell s / tau), cells present only
+            tau, cell = prob.cfg.worst_group_temperature, (t if prob.by_label else t // 2)
+            cell_means = torch.stack([loss[cell == s].mean() for s in range(prob.dim_x) if bool((cell == s).any())])
+            return tau * torch.log(torch.exp(cell_means / tau).sum()), g
         f = (inv * loss).sum() / inv.sum()
         return f, g
 
@@ -94,6 +94,8 @@ def test_metrics_of_the_all_negative_classifier_are_the_hand_counts():
     assert m["group_accuracy_gap"] == pytest.approx(max(group_acc) - min(group_acc))
     assert m["dp_gap"] == 0.0 and m["eo_gap"] == 0.0
     assert m["test_loss"] == pytest.approx(np.log(2))
+    assert m["worst_cell_accuracy"] == 0.0  # every ">50K" cell is wrong
+    assert m["worst_cell_test_loss"] == pytest.approx(np.log(2))
     assert all(m[f"weight_{name}"] == pytest.approx(1.0) for name in prob.cell_names())
 
 
@@ -106,6 +108,16 @@ def test_metrics_of_a_group_dependent_classifier():
     t, g = prob.test_labels.numpy(), prob.test_groups.numpy()
     assert m["dp_gap"] == pytest.approx(100.0) and m["eo_gap"] == pytest.approx(100.0)
     assert m["worst_group_accuracy"] == pytest.approx(100 * np.mean(t[g == 1] == 1))
+    assert m["worst_cell_accuracy"] == 0.0  # (Female, >50K) and (Male, <=50K) are all wrong
+
+
+def test_without_the_group_feature_the_classifier_cannot_see_the_group():
+    names = list(_feature_names())
+    aware, unaware = _problem(), _problem(group_feature=False)
+    assert unaware.n_features == aware.n_features - 2 and unaware.dim_y == aware.dim_y - 2
+    kept = [k for k, n in enumerate(names) if not n.startswith("sex=")]
+    torch.testing.assert_close(unaware.test_inputs, aware.test_inputs[:, kept])
+    torch.testing.assert_close(unaware.inputs, aware.inputs[:, kept])
 
 
 def _feature_names():
@@ -129,10 +141,11 @@ def test_batch_larger_than_a_client_is_a_config_error():
         _problem(hypergradient_batch_size=10**6)
 
 
-def test_pooled_worst_group_gradient_is_the_gradient_of_the_pooled_smooth_maximum():
+@pytest.mark.parametrize("weight_cells", ["group", "group_label"])
+def test_pooled_worst_group_gradient_is_the_gradient_of_the_pooled_smooth_maximum(weight_cells):
     """Inside outer_linearised(mean of outer_statistics over S), mean_S grad_y f_i equals the autograd
-    gradient of tau logsumexp_s(L_s / tau), L_s the group mean loss of the pooled validation set of S."""
-    prob = _problem(sensitive="race", weight_cells="group", outer_objective="worst_group", worst_group_temperature=0.1)
+    gradient of tau logsumexp_s(L_s / tau), L_s the mean loss of weighted cell s over the pooled validation set of S."""
+    prob = _problem(sensitive="race", weight_cells=weight_cells, outer_objective="worst_group", worst_group_temperature=0.1)
     tau = prob.cfg.worst_group_temperature
     S = np.array([0, 2, 3, 5])
     x = torch.zeros(len(S), prob.dim_x, dtype=torch.float64)
@@ -140,14 +153,15 @@ def test_pooled_worst_group_gradient_is_the_gradient_of_the_pooled_smooth_maximu
     Y = y.expand(len(S), -1)
     with prob.outer_linearised(prob.outer_statistics(S, x, Y).mean(0)):
         pooled_grad = prob.grad_y_outer(S, x, Y, None).mean(0)
-    assert prob._group_factor is None  # the linearisation ends with the context
+    assert prob._cell_factor is None  # the linearisation ends with the context
 
     A = torch.cat([_client_data(prob, i, prob.outer)[0] for i in S])
     t = torch.cat([_client_data(prob, i, prob.outer)[1] for i in S])
     yy = y.clone().requires_grad_(True)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(prob._logits(A[None], yy[None])[0], (t % 2).to(torch.float64), reduction="none")
-    groups = [s for s in range(prob.n_groups) if bool((t // 2 == s).any())]
-    smooth_max = tau * torch.logsumexp(torch.stack([loss[t // 2 == s].mean() for s in groups]) / tau, 0)
+    cell = t if prob.by_label else t // 2
+    present = [s for s in range(prob.dim_x) if bool((cell == s).any())]
+    smooth_max = tau * torch.logsumexp(torch.stack([loss[cell == s].mean() for s in present]) / tau, 0)
     (expected,) = torch.autograd.grad(smooth_max, yy)
     torch.testing.assert_close(pooled_grad, expected)
 

@@ -18,7 +18,9 @@ pooled validation set of the round's clients S,
 
     f(x, y) = tau log sum_s exp(L_s(y) / tau),   L_s = sum_{i in S} l_is / sum_{i in S} n_is
 
-(l_is, n_is: client i's summed loss and count of group s in V_i; tau -> 0: max_s L_s). It is not a
+over the weighted cells s (the sensitive groups, or with ``weight_cells = "group_label"`` the
+(group, label) cells, the "groups" of group DRO; l_is, n_is: client i's summed loss and count of
+cell s in V_i; tau -> 0: max_s L_s). It is not a
 mean of per-client losses: FedOut pools (l_is, n_is) in one extra round
 (:meth:`outer_statistics`) and then uses f_i = sum_s p_s l_is / nbar_s, p = softmax(L / tau),
 nbar_s = mean_S n_is, whose mean over S has the gradient of f (:meth:`outer_linearised`). The
@@ -37,7 +39,9 @@ split over the clients by a Dirichlet(``dirichlet_alpha``) partition over the (g
 pairs, so group and label mixes differ between clients. Metrics use ``adult.test`` (16,281 rows):
 accuracy, demographic-parity gap max_s P(yhat=1|s) - min_s P(yhat=1|s), equal-opportunity gap
 (the same over true-positive rates), worst-group accuracy and the group accuracy gap (max - min),
-over the sensitive groups.
+over the sensitive groups; and over the (group, label) cells the worst-cell accuracy (group DRO's
+"worst-group accuracy", Sagawa et al. 2020) and the worst-cell test loss. ``group_feature = false``
+drops the sensitive attribute from the classifier's inputs ("fairness through unawareness").
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.test_inputs = data.test_x[:, columns].to(self.device, dtype)
         self.test_labels = data.test_y.to(self.device)
         self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
-        self._group_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
+        self._cell_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
         self._x0 = self.x_of_weights(cfg.initial_weights)  # parses problem.initial_weights: a bad value fails here, on every rank alike
 
     # -- model -------------------------------------------------------------------------------------
@@ -163,43 +167,44 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
         return pos, w, loss
 
-    def _group_sums(self, clients, y) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per client (B, S): summed validation loss l_is and count n_is of every sensitive group."""
+    def _cell_sums(self, clients, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per client (B, C): summed validation loss l_is and count n_is of every weighted cell s."""
         pos, w, loss = self._validation_losses(clients, y)
-        member = torch.nn.functional.one_hot(self.targets[pos] // 2, self.n_groups).to(self.dtype) * (w > 0)[..., None]
+        t = self.targets[pos]
+        member = torch.nn.functional.one_hot(t if self.by_label else t // 2, self.dim_x).to(self.dtype) * (w > 0)[..., None]
         return (member * loss[..., None]).sum(1), member.sum(1)
 
-    def _scaled_group_losses(self, sums, counts) -> torch.Tensor:
-        """L_s / tau for the groups present (count > 0), -inf for the others: the argument of the smooth maximum."""
+    def _scaled_cell_losses(self, sums, counts) -> torch.Tensor:
+        """L_s / tau for the cells present (count > 0), -inf for the others: the argument of the smooth maximum."""
         safe = counts.clamp(min=torch.finfo(counts.dtype).tiny)  # a mean count may be < 1
         return torch.where(counts > 0, sums / safe / self.cfg.worst_group_temperature, -torch.inf)
 
     def outer_statistics(self, clients, x, y):
-        """(l_is, n_is) rows (B, 2S) for outer_objective = worst_group; None for the separable balanced loss."""
+        """(l_is, n_is) rows (B, 2C) for outer_objective = worst_group; None for the separable balanced loss."""
         if self.cfg.outer_objective != "worst_group":
             return None
         with torch.no_grad():
-            return torch.cat(self._group_sums(clients, y), dim=1)
+            return torch.cat(self._cell_sums(clients, y), dim=1)
 
     @contextmanager
     def outer_linearised(self, mean_statistics):
         """f_i = sum_s p_s l_is / nbar_s with p = softmax(L / tau) at the pooled L_s (module docstring)."""
-        sums, counts = mean_statistics[: self.n_groups], mean_statistics[self.n_groups:]
-        p = torch.softmax(self._scaled_group_losses(sums, counts), dim=0)
-        self._group_factor = torch.where(counts > 0, p / counts.clamp(min=torch.finfo(counts.dtype).tiny), 0.0)
+        sums, counts = mean_statistics[: self.dim_x], mean_statistics[self.dim_x:]
+        p = torch.softmax(self._scaled_cell_losses(sums, counts), dim=0)
+        self._cell_factor = torch.where(counts > 0, p / counts.clamp(min=torch.finfo(counts.dtype).tiny), 0.0)
         try:
             yield
         finally:
-            self._group_factor = None
+            self._cell_factor = None
 
     def _outer_losses(self, clients, y, sample) -> torch.Tensor:
         """Per-client validation loss (B,): cell-balanced, or for worst_group the linearised pooled loss
         inside :meth:`outer_linearised` and the per-client surrogate outside (module docstring)."""
         if self.cfg.outer_objective == "worst_group":
-            sums, counts = self._group_sums(clients, y)
-            if self._group_factor is not None:
-                return sums @ self._group_factor
-            return self.cfg.worst_group_temperature * torch.logsumexp(self._scaled_group_losses(sums, counts), dim=1)
+            sums, counts = self._cell_sums(clients, y)
+            if self._cell_factor is not None:
+                return sums @ self._cell_factor
+            return self.cfg.worst_group_temperature * torch.logsumexp(self._scaled_cell_losses(sums, counts), dim=1)
         pos, w, loss = self._validation_losses(clients, y)
         omega = w * self.inv_size[pos]
         omega = omega / omega.sum(1, keepdim=True)
@@ -259,7 +264,11 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "group_accuracy_gap": ("highest minus lowest accuracy over the sensitive groups, adult.test", "%"),
             "test_loss": ("mean logistic loss on adult.test", "nats"),
             "balanced_test_loss": ("mean over (group, label) cells of the test loss (the balanced outer objective's target)", "nats"),
-            "worst_group_test_loss": ("highest mean test loss over the sensitive groups (the worst_group outer objective's target)", "nats"),
+            "worst_group_test_loss": ("highest mean test loss over the sensitive groups (the worst_group outer objective's target "
+                                      "with weight_cells = group)", "nats"),
+            "worst_cell_accuracy": ("lowest accuracy over the (group, label) cells (group DRO's worst-group accuracy), adult.test", "%"),
+            "worst_cell_test_loss": ("highest mean test loss over the (group, label) cells (the worst_group outer objective's target "
+                                     "with weight_cells = group_label)", "nats"),
         }
         for name in self.cell_names():
             info[f"weight_{name}"] = (f"cell weight w(x) of {name} (mean 1)", "1")
@@ -272,7 +281,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             loss = torch.nn.functional.binary_cross_entropy_with_logits(z, t.to(z.dtype), reduction="none")
             pred = z > 0
             correct = (pred == t.bool()).to(torch.float64)
-            acc, positive, tpr, cell_loss, group_loss = [], [], [], [], []
+            acc, positive, tpr, cell_loss, cell_acc, group_loss = [], [], [], [], [], []
             for s in range(self.n_groups):
                 m = g == s
                 if not bool(m.any()):
@@ -287,6 +296,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
                     cell = m & (t == label)
                     if bool(cell.any()):
                         cell_loss.append(float(loss[cell].mean()))
+                        cell_acc.append(float(correct[cell].mean()))
             weights = self.cell_weights(x)
         out = {
             "test_accuracy": 100 * float(correct.mean()),
@@ -297,6 +307,8 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "test_loss": float(loss.mean()),
             "balanced_test_loss": float(np.mean(cell_loss)),
             "worst_group_test_loss": max(group_loss),
+            "worst_cell_accuracy": 100 * min(cell_acc),
+            "worst_cell_test_loss": max(cell_loss),
         }
         out.update({f"weight_{name}": float(w) for name, w in zip(self.cell_names(), weights)})
         return out
