@@ -22,7 +22,7 @@ from fednest_mpi import config
 from fednest_mpi.analysis import load_run
 from fednest_mpi.problems import build_problem
 
-METRICS = ("test_accuracy", "worst_group_accuracy", "group_accuracy_gap", "eo_gap", "dp_gap", "worst_group_test_loss")
+METRICS = ("test_accuracy", "worst_group_accuracy", "group_accuracy_gap", "worst_cell_accuracy", "eo_gap", "dp_gap", "worst_group_test_loss")
 
 
 def exact_inner(prob, x: torch.Tensor) -> tuple[torch.Tensor, float]:

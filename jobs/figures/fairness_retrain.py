@@ -17,7 +17,7 @@ import numpy as np
 from fednest_mpi import config
 from fednest_mpi.analysis import load_run
 
-METRICS = ("worst_group_accuracy", "group_accuracy_gap", "test_accuracy", "eo_gap", "dp_gap", "worst_group_test_loss")
+METRICS = ("worst_group_accuracy", "group_accuracy_gap", "worst_cell_accuracy", "test_accuracy", "eo_gap", "dp_gap", "worst_group_test_loss")
 
 
 def weights(path: str) -> str:
