@@ -1,5 +1,5 @@
 """Fair FL on UCI Adult, cell-balanced and pooled worst-group outer loss (one extra FedOut round pools
-the group losses of the round's clients): 1 rank (COMM_SELF) versus every rank of COMM_WORLD, with
+the group or (group, label) cell losses of the round's clients): 1 rank (COMM_SELF) versus every rank of COMM_WORLD, with
 client sampling. Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4`` (``make test-mpi``)."""
 
 import pytest
@@ -16,11 +16,12 @@ pytestmark = requires("adult")
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("reduction", ["ordered", "sum"])
-@pytest.mark.parametrize("objective", ["balanced", "worst_group"])
-def test_fairness_run_is_the_same_on_any_number_of_ranks(reduction, objective):
+@pytest.mark.parametrize("objective, cells", [("balanced", "group"), ("worst_group", "group"), ("worst_group", "group_label")])
+def test_fairness_run_is_the_same_on_any_number_of_ranks(reduction, objective, cells):
     cfg = config.from_dict({
         "seed": 2,
         "problem": {"name": "fairness", "n_clients": 8, "data_dir": str(DATA), "sensitive": "race", "val_per_cell": 40,
+                    "weight_cells": cells,
                     "outer_objective": objective, "worst_group_temperature": 0.1, "hypergradient_batch_size": 64},
         "algorithm": {"name": "fednest", "outer_iterations": 3, "clients_per_round": 5, "inner_lr": 0.5, "outer_lr": 5.0,
                       "neumann_steps": 3, "neumann_scale": 0.5, "inner_local_steps": 3},
