@@ -26,3 +26,8 @@ def test_shell_scripts_parse_and_answer_help(script):
 def test_python_helpers_print_usage_and_exit_2_without_arguments(script):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "usage" in done.stdout
+
+
+def test_fairness_retrain_names_a_missing_config():
+    done = subprocess.run(["bash", str(FIGURES / "fairness_retrain.sh"), "-c", "no/such.toml"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "-c: no config file 'no/such.toml'" in done.stderr
