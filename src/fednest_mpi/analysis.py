@@ -728,19 +728,24 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
             logger.warning("metric %s has no finite value in %s; not drawn", m, ", ".join(empty))
         use_log = _auto_log(m, arrays) if logy is None else bool(logy)
         floor = min((_finite(a)[_finite(a) > 0].min() for a in arrays if (_finite(a) > 0).any()), default=None)
+        # lines join the finite values only: a metric recorded every k iterations (run.train_eval_every)
+        # is NaN in between and would otherwise be drawn as isolated dashes
         if not fields:
             for r, color in zip(runs, colors):
-                ax.plot(r.data[x_axis], series[id(r)][m], color=color, lw=1.5, label=r.name)
+                x, y = np.asarray(r.data[x_axis], dtype=float), series[id(r)][m]
+                ok = np.isfinite(y)
+                ax.plot(x[ok], y[ok], color=color, lw=1.5, label=r.name)
         else:
             for (value, members), color in zip(groups, colors):
                 stats = group_mean_sd([series[id(r)] for r in members], m, x_axis)
+                ok = np.isfinite(stats.mean)
                 label = f"{value} ({len(members)} run{'s' if len(members) > 1 else ''})"
-                ax.plot(stats.x, stats.mean, color=color, lw=1.8, label=label)
+                ax.plot(stats.x[ok], stats.mean[ok], color=color, lw=1.8, label=label)
                 if len(members) > 1:
                     lower, upper = stats.mean - stats.sd, stats.mean + stats.sd
                     if use_log and floor is not None:
                         lower = np.maximum(lower, floor)
-                    ax.fill_between(stats.x, lower, upper, color=color, alpha=0.2, lw=0)
+                    ax.fill_between(stats.x[ok], lower[ok], upper[ok], color=color, alpha=0.2, lw=0)
         if use_log:
             ax.set_yscale("log")
         ax.set_xlabel(_AXIS_LABELS.get(x_axis, x_axis))

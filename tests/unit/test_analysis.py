@@ -323,3 +323,20 @@ def test_group_mean_sd_keeps_runs_until_they_stop():
     np.testing.assert_allclose(stats.mean, [2.0, 3.0, 4.0, 4.0, 5.0])
     np.testing.assert_array_equal(stats.n, [2, 2, 2, 1, 1])
     assert np.isnan(stats.sd[3:]).all()
+
+
+@pytest.mark.parametrize("group_by", [None, "seed"])
+def test_plot_joins_a_sparsely_recorded_metric_into_one_line(tmp_path, group_by):
+    """A metric recorded every 3rd iteration (NaN between, as run.train_eval_every writes it) is one
+    connected line: in the SVG one path with a single move-to, not a dash per recorded value."""
+    path = tmp_path / "sparse.h5"
+    cols = {"iteration": ("k", "1"), "comm_rounds": ("rounds", "1"), "wall_time": ("t", "s"), "inner_loss": ("loss", "1")}
+    cfg = {"seed": 0, "problem": {"name": "classifier"}, "algorithm": {"name": "fedavg"}}
+    writer = RunWriter(path, {"seed": 0, "problem": "classifier", "algorithm": "fedavg", "mpi_size": 1,
+                              "config_json": __import__("json").dumps(cfg)}, cols)
+    for k in range(10):
+        writer.append({"iteration": k, "comm_rounds": k, "wall_time": 0.1 * k, "inner_loss": 2.0 / (k + 1) if k % 3 == 0 else np.nan})
+    writer.close()
+    svg = analysis.plot([path], tmp_path / "sparse.svg", metric="inner_loss", group_by=group_by, smooth=1).read_text()
+    data_line = re.findall(r'<path d="([^"]+)"[^>]*style="fill: none; stroke: #1f77b4', svg, flags=re.S)[0]  # then the legend's
+    assert data_line.count("M") == 1 and data_line.count("L") == 3  # 4 recorded values (k = 0, 3, 6, 9), joined
