@@ -33,11 +33,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if [ -x .venv/bin/fednest-mpi ] && [ -z "${VIRTUAL_ENV:-}" ]; then PATH=$PWD/.venv/bin:$PATH; fi
 command -v fednest-mpi > /dev/null || { echo "$0: fednest-mpi not found: run make install" >&2; exit 2; }
 
-RUN_DIR=runs/$FIGURE
+RUN_DIR=runs/$FIGURE FAILED=0
 if [ "$PLOT_ONLY" -eq 0 ]; then
     fednest-mpi jobs render "jobs/sweeps/$FIGURE.toml" --site jobs/sites/local.toml --out-dir "runs/jobs/$FIGURE" > /dev/null
+    # a run that fails (e.g. diverges: it keeps its iterations up to there) is reported, the others are
+    # still drawn (and the calling script's own steps still run), and the script exits 1 at the end
     FEDNEST_RANKS=$RANKS FEDNEST_RUN_ARGS="${ITERATIONS:+--set algorithm.outer_iterations=$ITERATIONS}" \
-        bash "runs/jobs/$FIGURE/$FIGURE.local.sh" -j "$PARALLEL"
+        bash "runs/jobs/$FIGURE/$FIGURE.local.sh" -j "$PARALLEL" || FAILED=1
+    if [ "$FAILED" -ne 0 ]; then
+        echo "$0: some runs failed (listed above); drawing what the run files hold" >&2
+        trap 'exit 1' EXIT
+    fi
 fi
 mkdir -p "$FIG_DIR"
 read -r -a GROUP_ARGS <<< "$GROUP_BY"
