@@ -8,7 +8,8 @@
 # usage: bash jobs/figures/fairness_retrain.sh [-c CONFIG] [-s KEY=VALUE]... [-w NAME=W,...]... [-r ROUNDS] [-o OUT_DIR]
 #        (defaults: the race config, 200 rounds, runs/fairness/retrain)
 # Examples: bash jobs/figures/fairness_retrain.sh -w Asian-Pac-Islander=3            (the race study)
-#           bash jobs/figures/fairness_retrain.sh -c configs/fairness/fednest_worst_cell.toml -s algorithm.outer_lr=1 -r 100 -o runs/fairness/retrain_cell
+#           bash jobs/figures/fairness_retrain.sh -c configs/fairness/fednest_worst_cell.toml -o runs/fairness/retrain_cell  (worst cell)
+#           bash jobs/figures/fairness_retrain.sh -c configs/fairness/fednest_worst_cell.toml -s algorithm.outer_lr=0.3 -r 50 -o /tmp/r
 # Writes OUT_DIR/*.h5 and OUT_DIR/retrain_table.md (mean +- sd over seeds, last iteration and mean of the
 # last 20 iterations; then, per seed, the metrics at the exact y*(x) for x = 0, the tuned weights and
 # every -w: jobs/figures/fairness_exact.py).
