@@ -184,6 +184,9 @@ PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_represe
 ALGORITHM_NAMES = ("fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt", "fedavg_s", "fedbio", "fedbioacc", "fedavg", "fedsvrg")
 # algorithms with per-client state that lives across rounds (on the rank hosting the client)
 STATEFUL_ALGORITHMS = ("fedbio", "fedbioacc")
+# algorithms whose outer step is FedOut's global hypergradient, the one place a pooled outer objective
+# (BilevelProblem.outer_statistics) can be pooled: one extra round per outer iteration
+POOLING_ALGORITHMS = ("fednest", "fednest_sgd")
 
 
 @dataclass(frozen=True)
@@ -426,7 +429,7 @@ def validate_relations(cfg: RunConfig) -> None:
     if a.name in STATEFUL_ALGORITHMS and cfg.federation.placement != "block":
         raise ConfigError(f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
                           "use placement = 'block'")
-    if isinstance(p, FairnessConfig) and p.outer_objective == "worst_group" and a.name not in ("fednest", "fednest_sgd"):
+    if isinstance(p, FairnessConfig) and p.outer_objective == "worst_group" and a.name not in POOLING_ALGORITHMS:
         raise ConfigError(f"problem.outer_objective: 'worst_group' is a loss of the pooled validation set, which only FedOut's "
                           f"global hypergradient can pool (one extra round); use algorithm.name = 'fednest' or 'fednest_sgd', "
                           f"or outer_objective = 'balanced' with {a.name!r}")

@@ -244,15 +244,15 @@ class FedNestFamily:
         rec.record("outer_loss", ids, lambda: prob.outer_value(ids, X, Y))
         u = prob.outer_statistics(ids, X, Y)
         if u is None:
-            return self._hypergradient(k, x, y, S)
+            return self._hypergradient(k, x, y, S, X, Y)
         (pooled,) = self.fed.mean(S, [u])  # one round: the statistics of a pooled f (e.g. group losses)
         with prob.outer_linearised(pooled):
-            return self._hypergradient(k, x, y, S)
+            return self._hypergradient(k, x, y, S, X, Y)
 
-    def _hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
-        """h of :meth:`hypergradient` for the problem's current f_i (direct part, FedIHGP, one round)."""
+    def _hypergradient(self, k: int, x, y, S: Participants, X, Y) -> torch.Tensor:
+        """h of :meth:`hypergradient` for the problem's current f_i (direct part, FedIHGP, one round);
+        X, Y: x and y as rows of the rank's participants."""
         prob, ids, n = self.problem, S.local_ids, S.local_ids.size
-        X, Y = self._rows(x, n), self._rows(y, n)
         h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
         if self.cfg.hypergradient == "implicit":
             p = self.fed_ihgp(k, x, y, S)

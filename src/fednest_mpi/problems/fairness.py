@@ -174,10 +174,14 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         member = torch.nn.functional.one_hot(t if self.by_label else t // 2, self.dim_x).to(self.dtype) * (w > 0)[..., None]
         return (member * loss[..., None]).sum(1), member.sum(1)
 
+    @staticmethod
+    def _per_count(values, counts, empty: float) -> torch.Tensor:
+        """values / counts for the cells present (count > 0), ``empty`` for the others (a mean count may be < 1)."""
+        return torch.where(counts > 0, values / counts.clamp(min=torch.finfo(counts.dtype).tiny), empty)
+
     def _scaled_cell_losses(self, sums, counts) -> torch.Tensor:
-        """L_s / tau for the cells present (count > 0), -inf for the others: the argument of the smooth maximum."""
-        safe = counts.clamp(min=torch.finfo(counts.dtype).tiny)  # a mean count may be < 1
-        return torch.where(counts > 0, sums / safe / self.cfg.worst_group_temperature, -torch.inf)
+        """L_s / tau for the cells present, -inf for the others: the argument of the smooth maximum."""
+        return self._per_count(sums, counts, -torch.inf) / self.cfg.worst_group_temperature
 
     def outer_statistics(self, clients, x, y):
         """(l_is, n_is) rows (B, 2C) for outer_objective = worst_group; None for the separable balanced loss."""
@@ -191,7 +195,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         """f_i = sum_s p_s l_is / nbar_s with p = softmax(L / tau) at the pooled L_s (module docstring)."""
         sums, counts = mean_statistics[: self.dim_x], mean_statistics[self.dim_x:]
         p = torch.softmax(self._scaled_cell_losses(sums, counts), dim=0)
-        self._cell_factor = torch.where(counts > 0, p / counts.clamp(min=torch.finfo(counts.dtype).tiny), 0.0)
+        self._cell_factor = self._per_count(p, counts, 0.0)
         try:
             yield
         finally:
