@@ -285,7 +285,7 @@ def main(argv: list[str]) -> int:
     spec = load_spec(argv[0], argv[1:])
     out = Path(spec.get("output", "bench/results/bench.h5"))
     torch.set_num_threads(1)
-    rates = floors.machine_rates()
+    rates = floors.machine_rates(copy_mib=int(spec.get("copy_mib", 256)))
     print(f"this core: {rates['gemm_flops'] / 1e9:.1f} GFLOP/s float32 GEMM, {rates['copy_bandwidth'] / 1e9:.2f} GB/s copy", flush=True)
     attrs = {"spec_json": json.dumps(spec), "cpu_count": os.cpu_count() or 0, **rates,
              "allreduce_json": json.dumps(measure_allreduce(spec))}
