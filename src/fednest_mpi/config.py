@@ -271,6 +271,11 @@ class RunSection:
     device: str = spec("cpu", "torch device", choices=("cpu", "cuda"))
     dtype: str = spec("float64", "floating-point precision of iterates and oracles", choices=("float32", "float64"))
     torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
+    chunk_clients: int = spec(0, "clients a rank evaluates at once; a round's members are processed chunk by chunk, so memory "
+                              "per rank is bounded by the chunk (0: automatic from run.block_memory; results do not depend "
+                              "on it: bitwise with federation.reduction = ordered, docs/performance.md)", low=0)
+    block_memory: int = spec(512, "working-set budget of one chunk per rank in MiB, for the automatic run.chunk_clients "
+                             "(the problem estimates its bytes per client)", low=1)
     log_every: int = spec(10, "one summary log line every k outer iterations (batch logs)", low=1)
     progress: str = spec("auto", "progress bar on rank 0: auto (only on a terminal), always, never", choices=("auto", "always", "never"))
     checkpoint_every: int = spec(100, "write a checkpoint every k outer iterations; one is also written at iteration 0, at the end "

@@ -86,6 +86,15 @@ class Participants:
     def size(self) -> int:
         return int(self.ids.size)
 
+    def chunks(self, size: int) -> list[Participants]:
+        """This rank's members in consecutive pieces of at most ``size`` (0: one piece), each a
+        :class:`Participants` of the same S; always at least one piece (empty on a rank without
+        members, so that every rank evaluates the same shapes and reaches the same collectives)."""
+        slots = self.local_slots
+        if size <= 0 or slots.size <= size:
+            return [self]
+        return [Participants(ids=self.ids, local_slots=slots[lo:lo + size]) for lo in range(0, slots.size, size)]
+
 
 @dataclass
 class CommStats:
@@ -135,6 +144,7 @@ class Federation:
         # the clients whose data this rank needs: its block, or every client when any rank may evaluate any client
         self.hosted = self.block if placement == "block" else range(n_clients)
         self.stats = CommStats()
+        self.chunk_clients = 0  # members a rank evaluates at once in mean_over (0: all); set by the run from its memory budget
         self.round_times: list[tuple[float, float]] | None = None  # a list: record (enter, exit) of every round
 
     # ---------------------------------------------------------------------------------------
@@ -178,25 +188,49 @@ class Federation:
         single client's value exactly, and every rank sums the slots in client-id order, so the
         result is bitwise independent of the number of ranks.
         """
-        dims = [int(v.shape[1]) for v in vectors]
-        like = vectors[0]
+        return self._reduce(part, [(part, vectors)], weights)
+
+    def mean_over(self, part: Participants, local_rows, weights: np.ndarray | None = None) -> list[torch.Tensor]:
+        """:meth:`mean` of rows that this rank computes chunk by chunk: ``local_rows(piece)`` returns,
+        for a piece of :meth:`Participants.chunks` (at most :attr:`chunk_clients` members), one
+        tensor ``(len(piece.local_slots), d_k)`` per vector. Each piece's rows are folded into the
+        reduction buffer before the next piece is computed, so the working set is one chunk, not
+        the round's members (with ``reduction="sum"``; the ordered buffer holds |S| slots).
+
+        With ``reduction="ordered"`` the result is bitwise that of :meth:`mean` on all rows at once
+        (each row lands in its slot, whatever the chunk); with ``"sum"`` it equals it to rounding
+        (the weighted sum is accumulated chunk by chunk; one chunk: bitwise). **Collective**."""
+        return self._reduce(part, ((piece, local_rows(piece)) for piece in part.chunks(self.chunk_clients)), weights)
+
+    def _reduce(self, part: Participants, pieces, weights) -> list[torch.Tensor]:
+        """The reduction of :meth:`mean` over ``(piece, rows)`` pairs that cover this rank's members."""
         m = part.size
         w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / np.sum(weights)
-        w_t = torch.as_tensor(w, dtype=like.dtype, device=like.device)
-        local = torch.cat(vectors, dim=1) if len(vectors) > 1 else vectors[0]
-        slots = torch.as_tensor(part.local_slots, dtype=torch.long, device=like.device)
+        buf, w_t, dims = None, None, []
+        for piece, rows in pieces:
+            rows = list(rows)
+            local = torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
+            if w_t is None:
+                dims = [int(r.shape[1]) for r in rows]
+                w_t = torch.as_tensor(w, dtype=local.dtype, device=local.device)
+                if self.reduction == "ordered":
+                    buf = torch.zeros((m, sum(dims)), dtype=local.dtype, device=local.device)
+            slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=local.device)
+            if self.reduction == "ordered":
+                buf[slots] = local
+            elif local.shape[0]:
+                weighted = w_t[slots] @ local
+                buf = weighted if buf is None else buf.add_(weighted)
+        assert w_t is not None, "no piece of rows to reduce"
+        if buf is None:  # a rank without members contributes zeros
+            buf = torch.zeros(sum(dims), dtype=w_t.dtype, device=w_t.device)
+        buf = buf.contiguous()
+        self._allreduce_(buf)
         if self.reduction == "sum":
-            buf = w_t[slots] @ local if local.shape[0] else torch.zeros(sum(dims), dtype=like.dtype, device=like.device)
-            buf = buf.contiguous()
-            self._allreduce_(buf)
-            out = buf
-        else:
-            buf = torch.zeros((m, sum(dims)), dtype=like.dtype, device=like.device)
-            buf[slots] = local
-            self._allreduce_(buf)
-            out = buf[0] * w_t[0]
-            for s in range(1, m):
-                out = out + buf[s] * w_t[s]
+            return list(torch.split(buf, dims))
+        out = buf[0] * w_t[0]
+        for s in range(1, m):
+            out = out + buf[s] * w_t[s]
         return list(torch.split(out, dims))
 
     def _allreduce_(self, buf: torch.Tensor) -> None:

@@ -85,6 +85,18 @@ def agree_on_usage_error(comm, error: UsageError | None) -> None:
     raise cls(message)
 
 
+def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None:
+    """Raise, on every rank, the usage error that ``root`` found (if it found one).
+
+    **Collective** (one small bcast): for checks only ``root`` makes (rank 0 takes the output's
+    lock), called before any other collective of the run, so every rank exits 2 together.
+    """
+    report = comm.bcast(None if error is None else (type(error).__name__, str(error)), root=root)
+    if report is not None:
+        kind, message = report
+        raise {c.__name__: c for c in (UsageError, ConfigError, DataError)}.get(kind, UsageError)(message)
+
+
 TRAINING_COLUMNS = {
     "outer_loss": ("mean over all clients of f_i(x, y) on their outer (validation) data (every run.train_eval_every iterations, else NaN)", "1"),
     "inner_loss": ("mean over all clients of g_i(x, y) on their inner (training) data (every run.train_eval_every iterations, else NaN)", "1"),
@@ -118,6 +130,14 @@ def training_metrics(totals: np.ndarray, names) -> dict[str, float]:
     return {name: values[name] for name in names}
 
 
+def chunk_size(run, problem: BilevelProblem) -> int:
+    """Clients a rank evaluates at once: ``run.chunk_clients``, or as many as fit ``run.block_memory``
+    MiB by the problem's estimate of its bytes per client (:meth:`BilevelProblem.client_bytes`)."""
+    if run.chunk_clients > 0:
+        return run.chunk_clients
+    return max(1, run.block_memory * 2**20 // max(1, problem.client_bytes()))
+
+
 class Simulation:
     """A run of ``cfg`` on ``comm``: problem, federation and algorithm, built on every rank.
 
@@ -137,6 +157,7 @@ class Simulation:
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
             self.problem = build_problem(cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype))
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
+            self.fed.chunk_clients = chunk_size(cfg.run, self.problem)
         except UsageError as exc:
             error = exc
         agree_on_usage_error(comm, error)

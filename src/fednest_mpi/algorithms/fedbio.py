@@ -141,7 +141,12 @@ class FedBiO(FedNestFamily):
         return x_new, self.population_mean("y"), {}
 
     def _fedbio_round(self, S, k: int, x) -> torch.Tensor:
-        cfg, prob, ids = self.cfg, self.problem, S.local_ids
+        (x_new,) = self.fed.mean_over(S, lambda piece: [self._fedbio_local(piece.local_ids, k, x)])
+        return x_new
+
+    def _fedbio_local(self, ids: np.ndarray, k: int, x) -> torch.Tensor:
+        """FedBiO's I local iterations of the clients ``ids``; stores their y^(m), returns their x rows."""
+        cfg, prob = self.cfg, self.problem
         X, Y = self._rows(x, ids.size), self.store.get("y", ids)
         for j in range(cfg.sync_period):
             f = self.step_factor((k - 1) * cfg.sync_period + j + 1)
@@ -150,11 +155,18 @@ class FedBiO(FedNestFamily):
             X = X - f * cfg.outer_lr * self.local_hypergradient(k, j, ids, X, Y_phi)
             Y = Y_next
         self.store.put(ids, y=Y)
-        (x_new,) = self.fed.mean(S, [X])
-        return x_new
+        return X
 
     def _fedbioacc_round(self, S, k: int, x) -> torch.Tensor:
-        cfg, prob, ids = self.cfg, self.problem, S.local_ids
+        x_new, x_prev, nu = self.fed.mean_over(S, lambda piece: self._fedbioacc_local(piece.local_ids, k, x))
+        self.x_prev, self.nu = x_prev, nu
+        return x_new
+
+    def _fedbioacc_local(self, ids: np.ndarray, k: int, x) -> list[torch.Tensor]:
+        """FedBiOAcc's I local iterations of the clients ``ids``; stores their y^(m), y_{t-1}^(m) and
+        omega^(m), returns their (x_t, x_{t-1}, nu) rows. Reads the averaged x_{t-1} and nu of the
+        previous round, which the caller replaces only after every chunk is done."""
+        cfg, prob = self.cfg, self.problem
         n = ids.size
         X, Y = self._rows(x, n), self.store.get("y", ids)
         X_prev, Y_prev, Om = self._rows(x if self.x_prev is None else self.x_prev, n), self.store.get("y_prev", ids), self.store.get("omega", ids)
@@ -175,8 +187,7 @@ class FedBiO(FedNestFamily):
             X_prev, Y_prev = X, Y
             X, Y = X - f * cfg.outer_lr * Nu, Y - f * cfg.inner_lr * Om
         self.store.put(ids, y=Y, y_prev=Y_prev, omega=Om)
-        x_new, self.x_prev, self.nu = self.fed.mean(S, [X, X_prev, Nu])
-        return x_new
+        return [X, X_prev, Nu]
 
     # -- evaluation --------------------------------------------------------------------------------
     def population_mean(self, name: str) -> torch.Tensor:

@@ -164,28 +164,47 @@ class FedNestFamily:
         return x, y, diag
 
     # -- inner level ----------------------------------------------------------------------------
-    def _inner_local(self, S: Participants, k: int, t: int, x, y) -> torch.Tensor:
-        """Local steps of FedInn (Alg. 4, with SVRG) or LFedInn (Alg. 6); returns the local y_i rows.
+    def _inner_anchor(self, S: Participants, x, y) -> torch.Tensor | None:
+        """FedInn's SVRG anchor q = mean_S G_i(y) on each client's whole local data (Alg. 4; one
+        round), recording the members' inner losses and anchor norms; None for LFedInn (Alg. 6),
+        which records the losses only."""
+        prob, rec = self.problem, self.recorder
 
-        Alg. 4: q_{i,nu} = G_i(y_{i,nu}; zeta_{i,nu}) - G_i(y; zeta_{i,nu}) + q,  q = mean_S G_i(y)
-        (one round for q; the anchor G_i(y) uses the client's whole local data, as in SVRG/FedLin).
+        def anchors(piece):
+            ids = piece.local_ids
+            X, Y0 = self._rows(x, ids.size), self._rows(y, ids.size)
+            rec.took_part(ids, INNER)
+            if not self.variant.inner_variance_reduction:
+                rec.record("inner_loss", ids, lambda: prob.inner_value(ids, X, Y0))
+                return []
+            with prob.outer_fixed(ids, x):
+                rec.record("inner_loss", ids, lambda: prob.inner_value(ids, X, Y0))
+                anchor = prob.grad_y_inner(ids, X, Y0, None)
+            rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
+            return [anchor]
+
+        if not self.variant.inner_variance_reduction:
+            for piece in S.chunks(self.fed.chunk_clients):
+                anchors(piece)
+            return None
+        (q,) = self.fed.mean_over(S, anchors)
+        return q
+
+    def _inner_local(self, ids: np.ndarray, k: int, t: int, x, y, q) -> torch.Tensor:
+        """Local steps of FedInn (Alg. 4, with SVRG; ``q`` the anchor of :meth:`_inner_anchor`) or
+        LFedInn (Alg. 6, ``q`` None) of the clients ``ids``; returns their local y_i rows.
+
+        Alg. 4: q_{i,nu} = G_i(y_{i,nu}; zeta_{i,nu}) - G_i(y; zeta_{i,nu}) + q,  q = mean_S G_i(y).
         """
-        ids, prob, lr = S.local_ids, self.problem, self.cfg.inner_lr
+        prob, lr = self.problem, self.cfg.inner_lr
         n = ids.size
         X, Y0 = self._rows(x, n), self._rows(y, n)
-        rec = self.recorder
-        rec.took_part(ids, INNER)
         with prob.outer_fixed(ids, x):
-            rec.record("inner_loss", ids, lambda: prob.inner_value(ids, X, Y0))
-            if self.variant.inner_variance_reduction:
-                anchor = prob.grad_y_inner(ids, X, Y0, None)
-                rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
-                (q,) = self.fed.mean(S, [anchor])
             Y = Y0
             for nu in range(self.cfg.inner_local_steps):
                 s = Sample(self.key(P.INNER_SAMPLE, k, t), nu)
                 d = prob.grad_y_inner(ids, X, Y, s)
-                if self.variant.inner_variance_reduction:
+                if q is not None:
                     d = d - prob.grad_y_inner(ids, X, Y0, s) + q
                 Y = Y - lr * d
         return Y
@@ -193,7 +212,8 @@ class FedNestFamily:
     def fed_inn(self, k: int, t: int, x, y) -> torch.Tensor:
         """FedInn (Alg. 4) or LFedInn (Alg. 6): y+ = mean_S y_{i,tau}. Rounds: 2 (SVRG) or 1."""
         S = self.sample_clients(P.INNER_CLIENTS, k, t)
-        (y_new,) = self.fed.mean(S, [self._inner_local(S, k, t, x, y)])
+        q = self._inner_anchor(S, x, y)
+        (y_new,) = self.fed.mean_over(S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)])
         return y_new
 
     # -- outer level, global (FedOut + FedIHGP) -------------------------------------------------
@@ -212,16 +232,20 @@ class FedNestFamily:
             self.recorder.took_part(S.local_ids, IHGP)
             return S
 
-        S0 = clients(0)
-        n0 = S0.local_ids.size
-        (v,) = self.fed.mean(S0, [prob.grad_y_outer(S0.local_ids, self._rows(x, n0), self._rows(y, n0), Sample(self.key(P.OUTER_SAMPLE, k), -1))])
+        def outer_gradients(piece):
+            ids, m = piece.local_ids, piece.local_ids.size
+            return [prob.grad_y_outer(ids, self._rows(x, m), self._rows(y, m), Sample(self.key(P.OUTER_SAMPLE, k), -1))]
+
+        (v,) = self.fed.mean_over(clients(0), outer_gradients)
 
         def step(n, r):
-            S = clients(n)
-            ids, m = S.local_ids, S.local_ids.size
-            R = self._rows(r, m)
-            Hr = prob.hvp_yy_inner(ids, self._rows(x, m), self._rows(y, m), R, Sample(self.key(P.HVP_SAMPLE, k), n))
-            (r_next,) = self.fed.mean(S, [R - cfg.neumann_scale * Hr])
+            def products(piece):
+                ids, m = piece.local_ids, piece.local_ids.size
+                R = self._rows(r, m)
+                Hr = prob.hvp_yy_inner(ids, self._rows(x, m), self._rows(y, m), R, Sample(self.key(P.HVP_SAMPLE, k), n))
+                return [R - cfg.neumann_scale * Hr]
+
+            (r_next,) = self.fed.mean_over(clients(n), products)
             return r_next
 
         n_prime = rng.integer(self.key(P.IHGP_LENGTH, k), 0, cfg.neumann_steps) if cfg.ihgp_mode == "randomized" else None
@@ -237,28 +261,38 @@ class FedNestFamily:
         A pooled outer objective f = phi(mean_S u_i) (:meth:`BilevelProblem.outer_statistics`)
         adds one round first, for the mean of the u_i; f_i is then phi's linearisation there.
         """
-        prob, ids, n = self.problem, S.local_ids, S.local_ids.size
-        X, Y = self._rows(x, n), self._rows(y, n)
-        rec = self.recorder
-        rec.took_part(ids, OUTER)
-        rec.record("outer_loss", ids, lambda: prob.outer_value(ids, X, Y))
-        u = prob.outer_statistics(ids, X, Y)
-        if u is None:
-            return self._hypergradient(k, x, y, S, X, Y)
-        (pooled,) = self.fed.mean(S, [u])  # one round: the statistics of a pooled f (e.g. group losses)
-        with prob.outer_linearised(pooled):
-            return self._hypergradient(k, x, y, S, X, Y)
+        prob, rec = self.problem, self.recorder
+        for piece in S.chunks(self.fed.chunk_clients):
+            ids, n = piece.local_ids, piece.local_ids.size
+            rec.took_part(ids, OUTER)
+            rec.record("outer_loss", ids, lambda: prob.outer_value(ids, self._rows(x, n), self._rows(y, n)))
+        if not prob.pooled_outer_objective:
+            return self._hypergradient(k, x, y, S)
 
-    def _hypergradient(self, k: int, x, y, S: Participants, X, Y) -> torch.Tensor:
-        """h of :meth:`hypergradient` for the problem's current f_i (direct part, FedIHGP, one round);
-        X, Y: x and y as rows of the rank's participants."""
-        prob, ids, n = self.problem, S.local_ids, S.local_ids.size
-        h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
-        if self.cfg.hypergradient == "implicit":
-            p = self.fed_ihgp(k, x, y, S)
-            h_i = h_i - prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), self.cfg.neumann_steps + 1))
-        self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
-        (h,) = self.fed.mean(S, [h_i])
+        def statistics(piece):
+            ids, n = piece.local_ids, piece.local_ids.size
+            return [prob.outer_statistics(ids, self._rows(x, n), self._rows(y, n))]
+
+        (pooled,) = self.fed.mean_over(S, statistics)  # one round: the statistics of a pooled f (e.g. group losses)
+        with prob.outer_linearised(pooled):
+            return self._hypergradient(k, x, y, S)
+
+    def _hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
+        """h of :meth:`hypergradient` for the problem's current f_i (FedIHGP, then the direct part
+        minus the Jacobian product, one round)."""
+        prob, cfg = self.problem, self.cfg
+        p = self.fed_ihgp(k, x, y, S) if cfg.hypergradient == "implicit" else None
+
+        def local_hypergradients(piece):
+            ids, n = piece.local_ids, piece.local_ids.size
+            X, Y = self._rows(x, n), self._rows(y, n)
+            h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
+            if p is not None:
+                h_i = h_i - prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1))
+            self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
+            return [h_i]
+
+        (h,) = self.fed.mean_over(S, local_hypergradients)
         return h
 
     def fed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
@@ -272,13 +306,17 @@ class FedNestFamily:
         cfg, prob = self.cfg, self.problem
         S = self.sample_clients(P.OUTER_CLIENTS, k)
         h = self.hypergradient(k, x, y, S)
-        ids, n = S.local_ids, S.local_ids.size
-        X, Y = self._rows(x, n), self._rows(y, n)
-        Xi = X - cfg.outer_lr * h
-        for nu in range(1, cfg.outer_local_steps):
-            s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
-            Xi = Xi - cfg.outer_lr * (prob.grad_x_outer(ids, Xi, Y, s) - prob.grad_x_outer(ids, X, Y, s) + h)
-        (x_new,) = self.fed.mean(S, [Xi])
+
+        def local_steps(piece):
+            ids, n = piece.local_ids, piece.local_ids.size
+            X, Y = self._rows(x, n), self._rows(y, n)
+            Xi = X - cfg.outer_lr * h
+            for nu in range(1, cfg.outer_local_steps):
+                s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
+                Xi = Xi - cfg.outer_lr * (prob.grad_x_outer(ids, Xi, Y, s) - prob.grad_x_outer(ids, X, Y, s) + h)
+            return [Xi]
+
+        (x_new,) = self.fed.mean_over(S, local_steps)
         return x_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(h))}
 
     # -- outer level, local (LFedOut) -----------------------------------------------------------
@@ -310,11 +348,10 @@ class FedNestFamily:
         p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
         return prob.grad_x_outer(ids, X, Y, s) - prob.jvp_xy_inner(ids, X, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1))
 
-    def _outer_local(self, S: Participants, k: int, x, Y) -> torch.Tensor:
-        """Local steps of LFedOut (Alg. 5): every client uses its own Hessian and Jacobian
-        (:meth:`local_hypergradient`). ``Y`` holds one y row per local client (the global y, or
-        the client's own in NonAlt)."""
-        ids = S.local_ids
+    def _outer_local(self, ids: np.ndarray, k: int, x, Y) -> torch.Tensor:
+        """Local steps of LFedOut (Alg. 5) of the clients ``ids``: every client uses its own Hessian
+        and Jacobian (:meth:`local_hypergradient`). ``Y`` holds one y row per client (the global y,
+        or the client's own in NonAlt)."""
         Xi = self._rows(x, ids.size)
         rec = self.recorder
         rec.took_part(ids, OUTER)
@@ -329,15 +366,18 @@ class FedNestFamily:
     def lfed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
         """LFedOut (Alg. 5): x+ = mean_S x_{i,tau}; one round."""
         S = self.sample_clients(P.OUTER_CLIENTS, k)
-        Xi = self._outer_local(S, k, x, self._rows(y, S.local_ids.size))
-        (x_new,) = self.fed.mean(S, [Xi])
+        (x_new,) = self.fed.mean_over(S, lambda piece: [self._outer_local(piece.local_ids, k, x, self._rows(y, piece.local_ids.size))])
         return x_new, {}
 
     def nonalternating_round(self, k: int, t: int, x, y) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """LFedNest-NonAlt (appendix H.1): one client set trains y locally, then x on its own y_i;
         y and x are averaged together in one fused aggregation (one round)."""
         S = self.sample_clients(P.INNER_CLIENTS, k, t)
-        Yi = self._inner_local(S, k, t, x, y)
-        Xi = self._outer_local(S, k, x, Yi)
-        x_new, y_new = self.fed.mean(S, [Xi, Yi])
+        q = self._inner_anchor(S, x, y)
+
+        def local_steps(piece):
+            Yi = self._inner_local(piece.local_ids, k, t, x, y, q)
+            return [self._outer_local(piece.local_ids, k, x, Yi), Yi]
+
+        x_new, y_new = self.fed.mean_over(S, local_steps)
         return x_new, y_new, {}

@@ -30,12 +30,16 @@ class FedAvgS(FedNestFamily):
         """Outer iteration k: tau simultaneous local descent-ascent steps, one fused aggregation."""
         cfg, prob = self.cfg, self.problem
         S = self.sample_clients(P.INNER_CLIENTS, k, 0)
-        ids, n = S.local_ids, S.local_ids.size
-        X, Y = self._rows(x, n), self._rows(y, n)
-        self.recorder.took_part(ids, INNER | OUTER)  # one set updates both variables
-        for nu in range(cfg.inner_local_steps):
-            gy = prob.grad_y_inner(ids, X, Y, Sample(self.key(P.INNER_SAMPLE, k, 0), nu))
-            gx = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), nu))
-            X, Y = X - cfg.outer_lr * gx, Y - cfg.inner_lr * gy
-        x_new, y_new = self.fed.mean(S, [X, Y])
+
+        def local_steps(piece):
+            ids, n = piece.local_ids, piece.local_ids.size
+            X, Y = self._rows(x, n), self._rows(y, n)
+            self.recorder.took_part(ids, INNER | OUTER)  # one set updates both variables
+            for nu in range(cfg.inner_local_steps):
+                gy = prob.grad_y_inner(ids, X, Y, Sample(self.key(P.INNER_SAMPLE, k, 0), nu))
+                gx = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), nu))
+                X, Y = X - cfg.outer_lr * gx, Y - cfg.inner_lr * gy
+            return [X, Y]
+
+        x_new, y_new = self.fed.mean_over(S, local_steps)
         return x_new, y_new, {}

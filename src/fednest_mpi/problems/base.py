@@ -65,6 +65,11 @@ class BilevelProblem(ABC):
         yield
 
     # -- pooled outer objectives: f = phi(mean_i u_i(y)), not a mean of per-client losses ------------
+    @property
+    def pooled_outer_objective(self) -> bool:
+        """Whether f is a function of pooled statistics (:meth:`outer_statistics` is not None)."""
+        return False
+
     def outer_statistics(self, clients, x, y) -> torch.Tensor | None:
         """Per-client statistics u_i(x, y), shape (B, k), of an outer objective that is a function of
         their mean over the clients (e.g. a smooth maximum of pooled group losses); None (the
@@ -137,6 +142,13 @@ class BilevelProblem(ABC):
 
     @abstractmethod
     def _jvp_xy_inner(self, clients, x, y, v, sample): ...
+
+    def client_bytes(self) -> int:
+        """Estimated working set of one client in an oracle call or a local step, in bytes (sizes
+        the chunks of :meth:`Federation.mean_over <fednest_mpi.federation.Federation.mean_over>`):
+        by default 16 rows of x and y (iterates, gradients and the temporaries of a local step)."""
+        itemsize = torch.empty((), dtype=getattr(self, "dtype", torch.float64)).element_size()
+        return 16 * (self.dim_x + self.dim_y) * itemsize
 
     def counts_vector(self) -> np.ndarray:
         """Oracle counts in the fixed order of :data:`ORACLES` (for summing over ranks)."""

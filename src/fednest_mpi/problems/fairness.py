@@ -183,9 +183,13 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         """L_s / tau for the cells present, -inf for the others: the argument of the smooth maximum."""
         return self._per_count(sums, counts, -torch.inf) / self.cfg.worst_group_temperature
 
+    @property
+    def pooled_outer_objective(self) -> bool:
+        return self.cfg.outer_objective == "worst_group"
+
     def outer_statistics(self, clients, x, y):
         """(l_is, n_is) rows (B, 2C) for outer_objective = worst_group; None for the separable balanced loss."""
-        if self.cfg.outer_objective != "worst_group":
+        if not self.pooled_outer_objective:
             return None
         with torch.no_grad():
             return torch.cat(self._cell_sums(clients, y), dim=1)
