@@ -8,7 +8,7 @@ process (``mpiexec -n P`` for P > 1, see :mod:`bench.worker`), wrapped in :mod:`
   ``plain = true`` (clients_per_round <= ``plain_max_clients``, a key of the spec or the case);
 * ``sequential``: the baseline of :mod:`bench.sequential` (one client at a time, autograd, inside
   this package's algorithms), 1 rank, for clients_per_round <= ``sequential_max_clients``;
-* ``single``: this project, 1 rank;
+* ``single``: this project, 1 rank (unless the case says ``single = false``);
 * ``strong``: this project at each of ``strong_ranks`` with the same clients per round;
 * ``weak``: this project at each of ``weak_ranks`` with ``weak_clients_per_rank`` clients per rank,
 
@@ -159,7 +159,8 @@ def plan(spec: dict, case: dict) -> list[tuple[str, int, int]]:
             jobs.append(("plain", 1, c))
         if c <= int(spec.get("sequential_max_clients", 100)) and case.get("sequential", True):
             jobs.append(("sequential", 1, c))
-        jobs.append(("single", 1, c))
+        if case.get("single", True):
+            jobs.append(("single", 1, c))
         jobs += [("strong", p, c) for p in case.get("strong_ranks", []) if p > 1]
     per_rank = int(case.get("weak_clients_per_rank", 0))
     jobs += [("weak", p, per_rank * p) for p in case.get("weak_ranks", []) if per_rank]
