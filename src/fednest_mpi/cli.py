@@ -1,4 +1,4 @@
-"""Command line: ``fednest-mpi run | report | plot | jobs | download | config-doc`` (also ``python -m fednest_mpi``).
+"""Command line: ``fednest-mpi run | report | plot | recover | jobs | download | config-doc`` (also ``python -m fednest_mpi``).
 
 Exit codes: 0 success, also a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint
 (continue it with ``--resume``); 1 failure of the run; 2 usage error (bad arguments, config,
@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 import traceback
+from pathlib import Path
 
 from fednest_mpi import __version__
 from fednest_mpi.errors import UsageError
@@ -77,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     logy.add_argument("--logy", dest="logy", action="store_const", const=True, default=None, help="log y axis")
     logy.add_argument("--linear-y", dest="logy", action="store_const", const=False,
                       help="linear y axis (default: log for errors/norms spanning more than 2 decades)")
+    rec = sub.add_parser("recover", help="close the files of a killed run (SIGKILL, node loss) at its last complete iteration",
+                         epilog="example:\n  fednest-mpi recover runs/q.h5   # then continue it with run ... --resume",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rec.add_argument("run", help="run file (.h5) of a run that was killed before it closed its files")
     epilog_jobs = ("examples:\n  fednest-mpi jobs list jobs/sweeps/quadratic_variants.toml\n"
                    "  fednest-mpi jobs render jobs/sweeps/quadratic_variants.toml --site jobs/sites/local.toml\n"
                    "  bash runs/jobs/quadratic_variants/quadratic_variants.local.sh -j 2")
@@ -107,12 +112,11 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args) -> int:
     from fednest_mpi.federation import MPI  # imports mpi4py after the thread-level setting
 
-    from fednest_mpi import checkpoint
+    from fednest_mpi import checkpoint, lock
     from fednest_mpi import config as configuration
-    from fednest_mpi.io.h5 import RunWriter, check_directory, check_output_path, check_resumable_output
+    from fednest_mpi.io.h5 import check_directory, check_output_path, check_resumable_output
     from fednest_mpi.logs import setup_logging
-    from fednest_mpi.runner import Progress, Simulation
-    from fednest_mpi.series import RunSeries, series_layout
+    from fednest_mpi.runner import broadcast_usage_error
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -137,14 +141,47 @@ def _run(args) -> int:
         if args.resume:
             resume = checkpoint.load(folder)
             checkpoint.check_resumable(resume, cfg)
-            check_resumable_output(cfg.run.output, resume.output_rows)
+            check_directory(Path(cfg.run.output).parent, "run.output")
         else:
             check_output_path(cfg.run.output, cfg.run.overwrite)
         check_directory(folder, "run.checkpoint_dir")
     except UsageError as exc:
         return usage_error(exc)
 
-    # ---- the run: a usage error while building agrees across ranks; any exception aborts the job
+    # ---- one writer per output: rank 0 locks the output and the checkpoint folder (and checks the
+    # files a resume reads) and tells every rank, in the run's first collective
+    locks = []
+    found = None
+    if rank == 0:
+        try:
+            locks.append(lock.acquire(cfg.run.output, "run.output", take_stale=args.resume))
+            locks.append(lock.acquire(folder, "run.checkpoint_dir", take_stale=args.resume))
+            if args.resume:
+                check_resumable_output(cfg.run.output, resume.output_rows)
+        except UsageError as exc:
+            found = exc
+    try:
+        broadcast_usage_error(comm, found)
+    except UsageError as exc:
+        for held in locks:
+            held.release()
+        return usage_error(exc)
+    try:
+        return _simulate(cfg, comm, log, resume, folder, usage_error)
+    finally:
+        for held in reversed(locks):
+            held.release()
+
+
+def _simulate(cfg, comm, log, resume, folder, usage_error) -> int:
+    """The run itself (after validation and locking): a usage error while building agrees across ranks; any exception
+    aborts the job."""
+    from fednest_mpi import checkpoint
+    from fednest_mpi.io.h5 import RunWriter
+    from fednest_mpi.runner import Progress, Simulation
+    from fednest_mpi.series import RunSeries, series_layout
+
+    rank, size = comm.Get_rank(), comm.Get_size()
     writer = progress = series = None
     last = {"k": None}
     try:
@@ -259,7 +296,20 @@ def main(argv=None) -> int:
         return _jobs(args)
     if args.command == "download":
         return _download(args)
+    if args.command == "recover":
+        return _recover(args)
     return _run(args)
+
+
+def _recover(args) -> int:
+    from fednest_mpi.io.recover import recover
+
+    try:
+        print(recover(args.run))
+    except UsageError as exc:
+        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _download(args) -> int:

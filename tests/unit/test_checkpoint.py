@@ -257,7 +257,7 @@ def test_sigkill_mid_iteration_then_resume_equals_the_uninterrupted_run(tmp_path
     cfg = _cli_config(tmp_path)
     res = run_cli("run", cfg, "-q", env={"FEDNEST_MPI_INJECT_FAULT": "0:8:kill"})
     assert res.returncode == -signal.SIGKILL
-    assert len(read_run(tmp_path / "out.h5")[1]["iteration"]) == 8  # iterations 0..7 were flushed
+    assert len(read_run(tmp_path / "out.h5", unclosed="read")[1]["iteration"]) == 8  # iterations 0..7 were flushed
     assert checkpoint.load(tmp_path / "out.h5.ckpt").iteration == 6
     res = run_cli("run", cfg, "-q", "--resume")
     assert res.returncode == 0, res.stderr

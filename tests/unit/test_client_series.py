@@ -11,6 +11,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from fednest_mpi.cli import main
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
 from fednest_mpi.io.clients import ClientFile, SeriesLayout, read_clients, read_ranks, read_snapshots, truncate_client_files
@@ -246,6 +247,9 @@ def test_a_sigkilled_two_rank_run_leaves_per_client_series_of_its_completed_iter
     cfg = _cli_config(tmp_path)
     _cli(cfg, ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:4:kill"}, ok=False)  # rank 1 dies inside iteration 4
     _cli(cfg, "--output", tmp_path / "ref.h5", "--set", "algorithm.outer_iterations=3")
+    with pytest.raises(UsageError, match="fednest-mpi recover"):  # killed: not closed
+        read_clients(tmp_path / "out.h5")
+    assert main(["recover", str(tmp_path / "out.h5")]) == 0
     got, ref = read_clients(tmp_path / "out.h5"), read_clients(tmp_path / "ref.h5")
     for name in S.CLIENT_SERIES:  # iterations 0..3 completed
         np.testing.assert_array_equal(got[name], ref[name], err_msg=name)

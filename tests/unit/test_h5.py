@@ -95,6 +95,12 @@ def test_a_sigkilled_run_leaves_a_readable_file_with_its_completed_iterations(tm
     finally:
         if proc.poll() is None:
             proc.kill()
+    with pytest.raises(UsageError, match="was not closed by the run that wrote it.*fednest-mpi recover"):
+        read_run(path)
+    res = subprocess.run([sys.executable, "-m", "fednest_mpi", "recover", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "recovered" in res.stdout, res.stderr
+    with h5py.File(path, "r") as f:  # plain read mode: closed
+        assert json.loads(f.attrs["recovered"])["iterations_kept"] == len(f["iterations/iteration"])
     attrs, data = read_run(path)
     k = len(data["iteration"])
     assert k >= n and data["iteration"].tolist() == list(range(k))

@@ -15,6 +15,7 @@ of one shared dataset directly; this h5py is not built with MPI, so that path is
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,8 @@ import numpy as np
 
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
-from fednest_mpi.io.h5 import read_run
+from fednest_mpi.io.h5 import RECOVER_HINT, open_run, read_run, unclosed_policy
+from fednest_mpi.io.safe import open_checked, reading
 
 _CLIENT_CHUNK = (256, 8)  # clients x iterations per chunk: only chunks holding participants are allocated
 _RANK_CHUNK = 64  # iterations per chunk of /ranks
@@ -194,28 +196,77 @@ class MainSeries:
 # Reading and truncation
 
 
-def _open_checked(path: str | Path) -> tuple[h5py.File, int]:
+def _open_checked(path: str | Path, unclosed: str = "live") -> tuple[h5py.File, int]:
     """(open run file, number of completed iterations); validates the file like :func:`~fednest_mpi.io.h5.read_run`."""
-    _, data = read_run(path)
-    return h5py.File(path, "r", libver="latest", swmr=True), len(data[S.SCALE])
+    _, data = read_run(path, unclosed)
+    return open_run(path, unclosed), len(data[S.SCALE])
 
 
 def read_clients(path: str | Path) -> dict[str, np.ndarray]:
     """{series: (clients, completed iterations) array} of a run file (also while the run writes it).
 
-    Raises UsageError when the run was written without per-client series.
+    Read from the per-rank client files directly (each validated like the run file: a damaged,
+    truncated or missing one raises UsageError naming it), not through the virtual datasets, which
+    would show a missing source as fill values. Raises UsageError when the run was written without
+    per-client series.
     """
     f, n = _open_checked(path)
-    with f:
+    with f, reading(path, "run file"):
         if S.CLIENTS not in f:
             raise UsageError(f"{str(path)!r} holds no per-client series (written with run.client_series = false); "
                              "rerun with run.client_series = true")
-        group = f[S.CLIENTS]
-        out = {name: group[name][:, :n] for name in S.CLIENT_SERIES}
-    if any(a.shape[1] < n for a in out.values()):
-        raise UsageError(f"{str(path)!r}: the per-rank client files in {str(S.client_dir(path))!r} are missing or shorter "
-                         f"than the run's {n} iterations; keep that folder next to the run file")
+        n_clients = f[S.CLIENTS][S.CLIENT_SCALE].shape[0]
+    out = {name: np.full((n_clients, n), fill, dtype=dtype) for name, (dtype, fill, _, _) in S.CLIENT_SERIES.items()}
+    files = check_client_files(path, n, unclosed=unclosed_policy(path, "live"), n_clients=n_clients)
+    try:
+        for rows, g in files:
+            with reading(g.filename, "client file"):
+                for name in S.CLIENT_SERIES:
+                    out[name][rows.start:rows.stop] = g[S.CLIENTS][name][:, :n]
+    finally:
+        for _, g in files:
+            g.close()
     return out
+
+
+def check_client_files(run_path: str | Path, rows: int, unclosed: str = "live", what: str = "",
+                       n_clients: int | None = None) -> list[tuple[range, h5py.File]]:
+    """(client ids, open file) of every per-rank client file of a run, after checking that each is
+    a readable client file holding at least ``rows`` iterations and that together they hold every
+    client (``n_clients``; default: read from the run file's /clients). A run file without
+    /clients needs none (returns []). UsageError, prefixed ``what``, naming the first bad file."""
+    if n_clients is None:
+        f = open_run(run_path, "read" if unclosed == "read" else "live")
+        with f, reading(run_path, "run file"):
+            if S.CLIENTS not in f:
+                return []
+            n_clients = f[S.CLIENTS][S.CLIENT_SCALE].shape[0]
+    folder = S.client_dir(run_path)
+    fix = f"restore {str(folder)!r} next to the run file (it holds the per-client series)"
+    found = _rank_files(run_path, unclosed)
+    covered = np.zeros(n_clients, dtype=bool)
+    for ids, g in found:
+        for name in S.CLIENT_SERIES:
+            shape = g[S.CLIENTS][name].shape if name in g.get(S.CLIENTS, {}) else None
+            if shape is None or shape[0] != len(ids) or shape[1] < rows:
+                for _, h in found:
+                    h.close()
+                held = "no such series" if shape is None else f"shape {shape}"
+                raise UsageError(f"{what}client file {g.filename!r} is damaged or too short: /{S.CLIENTS}/{name} has {held}, "
+                                 f"expected {len(ids)} clients x at least {rows} iterations; {fix}")
+        if ids.stop > n_clients:
+            for _, h in found:
+                h.close()
+            raise UsageError(f"{what}client file {g.filename!r} holds clients {ids.start}..{ids.stop - 1}, the run has "
+                             f"{n_clients}; it belongs to another run; {fix}")
+        covered[ids.start:ids.stop] = True
+    if not covered.all():
+        for _, h in found:
+            h.close()
+        missing = int(np.flatnonzero(~covered)[0])
+        state = "is missing" if not folder.is_dir() else f"holds no file with client {missing}"
+        raise UsageError(f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; {fix}")
+    return found
 
 
 def read_ranks(path: str | Path) -> dict[str, np.ndarray]:
@@ -243,14 +294,27 @@ def _remove_rank_files(run_path, pattern: str = "rank*.h5*") -> None:
         path.unlink()
 
 
-def _rank_files(run_path) -> list[tuple[range, Path]]:
-    """(client ids, path) of every existing per-rank client file of a run."""
+def _rank_files(run_path, unclosed: str = "read") -> list[tuple[range, h5py.File]]:
+    """(client ids, open file) of every existing per-rank client file of a run, each validated
+    (:func:`fednest_mpi.io.safe.open_checked`; ``unclosed`` as there)."""
     folder = S.client_dir(run_path)
     out = []
-    for path in sorted(folder.glob("rank*.h5")) if folder.is_dir() else ():
-        with h5py.File(path, "r", libver="latest", swmr=True) as f:
-            first, n = int(f.attrs["first_client"]), int(f.attrs["n_hosted"])
-        out.append((range(first, first + n), path))
+    try:
+        for path in sorted(folder.glob("rank*.h5")) if folder.is_dir() else ():
+            g, _ = open_checked(path, "client file", unclosed, RECOVER_HINT.format(path=shlex.quote(str(run_path))))
+            out.append((None, g))
+            with reading(path, "client file"):
+                if g.attrs.get("format") != S.FORMAT + "/clients" or S.CLIENTS not in g:
+                    raise UsageError(f"client file {str(path)!r} is not a fednest-mpi client file (format attribute "
+                                     f"{g.attrs.get('format')!r})")
+                first, n = int(g.attrs["first_client"]), int(g.attrs["n_hosted"])
+            if first < 0 or n < 0:
+                raise UsageError(f"client file {str(path)!r} is damaged: it says it holds {n} clients from {first}")
+            out[-1] = (range(first, first + n), g)
+    except BaseException:
+        for _, g in out:
+            g.close()
+        raise
     return out
 
 
@@ -260,30 +324,34 @@ def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple
 
     The files are rewritten, partitioned by ``blocks`` (client ids of every rank of the resumed
     run; default: as they are): the new files are written next to the old ones, which are only
-    read (in SWMR mode, so also the files of a killed run, which HDF5 refuses to open otherwise),
-    and replace them once all are complete. Not collective: rank 0 calls it before any rank opens
+    read (validated; in bounded SWMR mode when not closed, so also the files of a killed run), and
+    replace them once all are complete. Not collective: rank 0 calls it before any rank opens
     its file for appending.
     """
     existing = _rank_files(run_path)
-    if blocks is None:
-        blocks = tuple(rows for rows, _ in existing)
-    folder = S.client_dir(run_path)
-    for rank, rows in enumerate(blocks):
-        if not len(rows):
-            continue
-        target = _create_client_file(folder / (S.rank_file(rank) + ".partial"), rank, rows)
-        with target:
-            for old_rows, path in existing:
-                lo, hi = max(rows.start, old_rows.start), min(rows.stop, old_rows.stop)
-                if lo >= hi:
-                    continue
-                with h5py.File(path, "r", libver="latest", swmr=True) as f:
-                    for name in S.CLIENT_SERIES:
-                        src, dst = f[S.CLIENTS][name], target[S.CLIENTS][name]
-                        n = min(src.shape[1], n_iterations)
-                        if dst.shape[1] < n:
-                            dst.resize((dst.shape[0], n))
-                        dst[lo - rows.start:hi - rows.start, :n] = src[lo - old_rows.start:hi - old_rows.start, :n]
+    try:
+        if blocks is None:
+            blocks = tuple(rows for rows, _ in existing)
+        folder = S.client_dir(run_path)
+        for rank, rows in enumerate(blocks):
+            if not len(rows):
+                continue
+            target = _create_client_file(folder / (S.rank_file(rank) + ".partial"), rank, rows)
+            with target:
+                for old_rows, f in existing:
+                    lo, hi = max(rows.start, old_rows.start), min(rows.stop, old_rows.stop)
+                    if lo >= hi:
+                        continue
+                    with reading(f.filename, "client file"):
+                        for name in S.CLIENT_SERIES:
+                            src, dst = f[S.CLIENTS][name], target[S.CLIENTS][name]
+                            n = min(src.shape[1], n_iterations)
+                            if dst.shape[1] < n:
+                                dst.resize((dst.shape[0], n))
+                            dst[lo - rows.start:hi - rows.start, :n] = src[lo - old_rows.start:hi - old_rows.start, :n]
+    finally:
+        for _, f in existing:
+            f.close()
     _remove_rank_files(run_path, "rank*.h5")
     for rank, rows in enumerate(blocks):
         if len(rows):
@@ -293,7 +361,7 @@ def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple
 def _read_head(run_path, rows: int, size: int) -> dict[str, np.ndarray]:
     """The first ``rows`` iterations of the phase times (if the run had ``size`` ranks) and snapshots of a run file."""
     out = {}
-    with h5py.File(run_path, "r", libver="latest", swmr=True) as f:
+    with open_run(run_path, "read") as f, reading(run_path, "run file"):
         for name in S.RANK_SERIES if S.RANKS in f and f[S.RANKS][S.RANK_SCALE].shape[0] == size else ():
             out[name] = f[S.RANKS][name][:, :rows]
         if S.SNAPSHOTS in f:

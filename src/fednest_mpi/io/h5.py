@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -27,8 +28,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fednest_mpi import __version__
+from fednest_mpi import __version__, lock
 from fednest_mpi.errors import UsageError
+from fednest_mpi.io.safe import open_checked, reading
 from fednest_mpi.io.schema import FORMAT, GROUP, SCALE, SCHEMA_VERSION  # names live in one module
 
 _CHUNK = 256
@@ -74,15 +76,19 @@ def check_output_path(path: str | Path, overwrite: bool) -> None:
 
 
 def check_resumable_output(path: str | Path, rows: int) -> None:
-    """Refuse to resume into ``path`` unless it is a run file holding at least ``rows`` iterations."""
+    """Refuse to resume into ``path`` unless it is a readable run file holding at least ``rows``
+    iterations, with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`)."""
+    from fednest_mpi.io.clients import check_client_files  # clients imports this module
+
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--resume: the output file {str(p)!r} of the checkpointed run does not exist; "
                          "run without --resume to start again")
-    _, data = read_run(p)
+    _, data = read_run(p, unclosed="read")
     if len(data.get(SCALE, ())) < rows:
         raise UsageError(f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
                          "checkpoint: it is not this checkpoint's output; run without --resume to start again")
+    check_client_files(p, rows, unclosed="read", what="--resume: ")
     check_directory(p.parent, "run.output")
 
 
@@ -101,15 +107,24 @@ class RunWriter:
         complete, so a crash meanwhile leaves it as it was.
     extend : callable given the open file before it switches to SWMR mode (the last moment new
         groups may be created): :meth:`fednest_mpi.io.clients.SeriesLayout.create` adds the 2-D groups.
+    recovered : with ``keep_rows``, rebuild the file for ``fednest-mpi recover``
+        (:mod:`fednest_mpi.io.recover`): this dict is stored as the JSON attribute ``recovered``
+        instead of a ``resumes`` entry.
     """
 
     def __init__(self, path: str | Path, attrs: dict, columns: dict[str, tuple[str, str]], keep_rows: int | None = None,
-                 extend=None):
+                 extend=None, recovered: dict | None = None):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
         self.path = path
-        kept_attrs, kept = _read_head(path, keep_rows, columns) if keep_rows is not None else ({}, {})
+        # one writer per file: the command line took the lock already; a writer made directly takes its own
+        self._lock = None if lock.held_here(path) else lock.acquire(path, "run.output", take_stale=keep_rows is not None)
+        try:
+            kept_attrs, kept = _read_head(path, keep_rows, columns) if keep_rows is not None else ({}, {})
+        except BaseException:
+            self.release()
+            raise
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.file = h5py.File(tmp, "w", libver="latest")
         f = self.file
@@ -126,9 +141,13 @@ class RunWriter:
         f.attrs.update(attrs)
         if keep_rows is not None:
             resumes = json.loads(kept_attrs.pop("resumes", "[]"))
-            resumes.append({"iteration": keep_rows - 1, "mpi_size": attrs.get("mpi_size"), "utc": now})
+            if recovered is None:
+                resumes.append({"iteration": keep_rows - 1, "mpi_size": attrs.get("mpi_size"), "utc": now})
             f.attrs.update(kept_attrs)
-            f.attrs["resumes"] = json.dumps(resumes)
+            if resumes:
+                f.attrs["resumes"] = json.dumps(resumes)
+            if recovered is not None:
+                f.attrs["recovered"] = json.dumps({**recovered, "utc": now})
         group = f.create_group(GROUP)
         self.columns = list(columns)
         for name, (description, units) in columns.items():
@@ -165,18 +184,50 @@ class RunWriter:
     def close(self) -> None:
         if self.file.id.valid:
             self.file.close()
+        self.release()
+
+    def release(self) -> None:
+        """Remove the lock this writer took itself (none when the command line holds it)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
-def read_run(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(attributes, {column: array}) of a run file; works on a file that is still being written."""
+RECOVER_HINT = ("; the run was killed or failed before closing it: run `fednest-mpi recover {path}` to close it at its "
+                "last complete iteration")
+
+
+def unclosed_policy(path: str | Path, unclosed: str) -> str:
+    """"read" or "refuse" for a run file that its writer has not closed: ``unclosed`` = "live" reads
+    it only while a run holds its lock (:mod:`fednest_mpi.lock`), i.e. while it is being written."""
+    if unclosed != "live":
+        return unclosed
+    held = lock.holder(path)
+    return "read" if held is not None and held.state != "stale" else "refuse"
+
+
+def open_run(path: str | Path, unclosed: str = "live") -> h5py.File:
+    """The run file ``path``, open for reading after :func:`fednest_mpi.io.safe.open_checked`.
+
+    ``unclosed``: "live" (default: a file not closed by its writer is read only while the run
+    writing it holds its lock; else UsageError naming ``fednest-mpi recover``), "read" (read it
+    in any case: resume, recover) or "refuse"."""
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"{str(p)!r} does not exist; pass the path of a run file written by `fednest-mpi run`")
-    try:
-        f = h5py.File(p, "r", libver="latest", swmr=True)
-    except OSError as exc:
-        raise UsageError(f"{str(p)!r} is not a readable HDF5 file ({exc})") from None
-    with f:
+        what = "is a folder" if p.is_dir() else "does not exist"
+        raise UsageError(f"{str(p)!r} {what}; pass the path of a run file written by `fednest-mpi run`")
+    f, _ = open_checked(p, "run file", unclosed_policy(p, unclosed), RECOVER_HINT.format(path=shlex.quote(str(p))))
+    return f
+
+
+def read_run(path: str | Path, unclosed: str = "live") -> tuple[dict, dict[str, np.ndarray]]:
+    """(attributes, {column: array}) of a run file; works on a file that is still being written.
+
+    Every column is cut to the iterations present in all of them. A damaged, truncated or unclosed
+    file (see :func:`open_run` for ``unclosed``) raises UsageError naming it, at once."""
+    p = Path(path)
+    f = open_run(p, unclosed)
+    with f, reading(p, "run file"):
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
         if attrs.get("format") != FORMAT:
             raise UsageError(f"{str(p)!r} is not a fednest-mpi run file (format attribute {attrs.get('format')!r})")
@@ -185,16 +236,18 @@ def read_run(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
                 f"{str(p)!r} has schema version {attrs.get('schema_version')}, this fednest-mpi {__version__} reads version "
                 f"{SCHEMA_VERSION}; read it with the fednest-mpi version named in its package_version attribute"
             )
+        if GROUP not in f or SCALE not in f[GROUP]:
+            raise UsageError(f"run file {str(p)!r} is damaged: it has no /{GROUP}/{SCALE}")
         group = f[GROUP]
         n = min(group[name].shape[0] for name in group)
         data = {name: group[name][:n] for name in group}
-    attrs["config"] = json.loads(attrs.get("config_json", "{}"))
+        attrs["config"] = json.loads(attrs.get("config_json", "{}"))
     return attrs, data
 
 
 def _read_head(path: Path, rows: int, columns) -> tuple[dict, dict[str, np.ndarray]]:
     """(attributes, {column: first ``rows`` entries}) of an existing run file with the same columns."""
-    attrs, data = read_run(path)
+    attrs, data = read_run(path, unclosed="read")
     attrs.pop("config")
     if set(data) != set(columns):
         raise UsageError(f"--resume: {str(path)!r} has the columns {sorted(data)}, this run records {sorted(columns)}; "
