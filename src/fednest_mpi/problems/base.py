@@ -109,6 +109,19 @@ class BilevelProblem(ABC):
         self.oracle_counts["jvp_xy_inner"] += len(clients)
         return self._jvp_xy_inner(clients, x, y, v, sample)
 
+    def local_sgd(self, clients, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float, key: int) -> torch.Tensor | None:
+        """The clients' y after ``steps`` local SGD steps y <- y - lr nabla_y g_i(x, y; Sample(key, nu))
+        from the **shared** iterates x (d1,) and y (d2,) -- LFedInn (Alg. 6) / FedAvg -- as (B, d2)
+        rows; None when the problem has no fused form (the algorithm then calls
+        :meth:`grad_y_inner` step by step). Counted as ``steps`` inner gradient calls per client."""
+        rows = self._local_sgd(clients, x, y, steps, lr, key)
+        if rows is not None:
+            self.oracle_counts["grad_y_inner"] += len(clients) * steps
+        return rows
+
+    def _local_sgd(self, clients, x, y, steps, lr, key) -> torch.Tensor | None:
+        return None
+
     # -- values (optional, not counted) ------------------------------------------------------------
     def inner_value(self, clients, x, y) -> torch.Tensor | None:
         """g_i(x, y) on each client's whole local inner data, shape (B,), or None where the problem

@@ -45,8 +45,9 @@ import torch
 from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
-from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.problems.base import BilevelProblem, Sample
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
+from fednest_mpi.problems.shared_start import shared_start_sgd
 
 N_PIXELS, N_CLASSES = 784, 10
 _EVAL_CHUNK = 5000
@@ -127,6 +128,33 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         """Per-client class-weighted validation cross-entropy (B,)."""
         A, t, w = self._batch(self.outer, clients, sample, self.cfg.hypergradient_batch_size)
         return (w * self.class_weights[t] * _cross_entropy(self._logits(A, y), t)).sum(1)
+
+    # -- fused local SGD from the shared y (FedAvg / LFedInn): no per-client weight copies per step --
+    def _local_sgd(self, clients, x, y, steps, lr, key):
+        """Closed-form batched backpropagation of the MLP with the low-rank form of local SGD from
+        shared weights (:func:`~fednest_mpi.problems.shared_start.shared_start_sgd`)."""
+        clients = np.asarray(clients, dtype=np.int64)
+        out = torch.empty(clients.size, self.dim_y, dtype=self.dtype, device=self.device)
+        if clients.size == 0 or steps == 0:
+            return out.copy_(y.expand_as(out))
+        layers = self._layers(y[None])
+        scale = 2.0 * torch.sigmoid(x[:N_CLASSES]) if self.cfg.tune_loss else None
+
+        def batch(nu):
+            A, t, w = self._batch(self.inner, clients, Sample(key, nu), self.cfg.batch_size)
+
+            def residual(logits):
+                z = logits if scale is None else logits * scale + x[N_CLASSES:]
+                G = torch.softmax(z, dim=-1)
+                G.scatter_add_(-1, t[..., None], torch.full_like(G[..., :1], -1.0))
+                G.mul_(w[..., None])
+                return G if scale is None else G.mul_(scale)
+
+            return A, residual
+
+        shared_start_sgd([W[0] for W, _ in layers], [b[0] for _, b in layers], batch, steps, lr,
+                         self.cfg.inner_regularization, out)
+        return out
 
     # -- oracles: reverse-mode autograd (AutogradOracles), x frozen at 0 when the loss is not tuned --
     def _jvp_xy_inner(self, clients, x, y, v, sample):

@@ -1,0 +1,81 @@
+"""Fused local SGD from shared weights (problems/shared_start.py) equals the plain loop of gradient
+steps: against autograd on random MLPs, and on the loss-tuning problem against its own oracles."""
+
+import numpy as np
+import pytest
+import torch
+
+from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.base import Sample
+from fednest_mpi.problems.shared_start import shared_start_sgd
+
+from shared_data import requires, small_mnist_config
+
+F64 = torch.float64
+
+
+def _plain_loop(weights, biases, data, steps, lr, decay):
+    """Per-client autograd SGD on private copies (the reference)."""
+    rows = []
+    for c in range(data[0][0].shape[0]):
+        params = [p.clone().requires_grad_() for pair in zip(weights, biases) for p in pair]
+        for nu in range(steps):
+            A, t, w = (d[c] for d in data[nu])
+            h = A
+            for j in range(len(weights)):
+                h = torch.nn.functional.linear(h, params[2 * j], params[2 * j + 1])
+                if j < len(weights) - 1:
+                    h = torch.relu(h)
+            loss = (w * torch.nn.functional.cross_entropy(h, t, reduction="none")).sum()
+            loss = loss + 0.5 * decay * sum((p * p).sum() for p in params)
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= lr * g
+        rows.append(torch.cat([p.detach().reshape(-1) for p in params]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("widths", [(6, 3), (6, 5, 3), (7, 5, 4, 3)])
+@pytest.mark.parametrize("steps", [1, 4])
+def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps):
+    gen = torch.Generator().manual_seed(len(widths) * 10 + steps)
+    C, b, lr, decay = 5, 3, 0.3, 0.1
+    weights = [torch.randn(o, i, generator=gen, dtype=F64) for i, o in zip(widths[:-1], widths[1:])]
+    biases = [torch.randn(o, generator=gen, dtype=F64) for o in widths[1:]]
+    data = []
+    for _ in range(steps):
+        w = torch.rand(C, b, generator=gen, dtype=F64)
+        w[0, -1] = 0.0  # a padded sample
+        data.append((torch.randn(C, b, widths[0], generator=gen, dtype=F64), torch.randint(widths[-1], (C, b), generator=gen),
+                     w / w.sum(1, keepdim=True)))
+
+    def batch(nu):
+        A, t, w = data[nu]
+
+        def residual(z):
+            G = torch.softmax(z, -1) - torch.nn.functional.one_hot(t, widths[-1])
+            return G * w[..., None]
+        return A, residual
+
+    out = torch.empty(C, sum(o * i + o for i, o in zip(widths[:-1], widths[1:])), dtype=F64)
+    shared_start_sgd(weights, biases, batch, steps, lr, decay, out)
+    torch.testing.assert_close(out, _plain_loop(weights, biases, data, steps, lr, decay), rtol=1e-12, atol=1e-12)
+
+
+@requires("mnist")
+@pytest.mark.parametrize("tune_loss", [True, False])
+@pytest.mark.parametrize("hidden", [(7, 5), (0, 0)])
+def test_loss_tuning_local_sgd_equals_its_gradient_oracle_loop(tune_loss, hidden):
+    cfg = small_mnist_config("loss_tuning", hidden1=hidden[0], hidden2=hidden[1], tune_loss=tune_loss, batch_size=4)
+    prob = build_problem(cfg.problem, 0, range(20), dtype=torch.float64)
+    x, y = prob.initial_point()
+    x = x + 0.3 * torch.sin(torch.arange(x.numel(), dtype=x.dtype)) if tune_loss else x
+    ids = np.array([2, 5, 11, 17])
+    steps, lr, key = 3, 0.2, 1234
+    fused = prob.local_sgd(ids, x, y, steps, lr, key)
+    assert prob.oracle_counts["grad_y_inner"] == steps * ids.size
+    X, Y = x.expand(ids.size, -1), y.expand(ids.size, -1)
+    for nu in range(steps):
+        Y = Y - lr * prob.grad_y_inner(ids, X, Y, Sample(key, nu))
+    torch.testing.assert_close(fused, Y, rtol=1e-10, atol=1e-12)
