@@ -136,3 +136,21 @@ def test_long_tail_arguments():
         long_tail_indices(labels, n_classes=3)
     with pytest.raises(ValueError, match="ratio >= 1"):
         long_tail_indices(labels, n_classes=4, ratio=0.5)
+
+
+def test_split_is_the_per_client_keyed_permutation_for_clients_of_mixed_sizes():
+    # the split is vectorised over clients of equal size; each client's must still be the one its
+    # own key (seed, client i) gives
+    import math
+
+    from fednest_mpi import rng
+    from fednest_mpi.data.partition import _SPLIT
+
+    gen = np.random.default_rng(3)
+    clients = [np.sort(gen.choice(1000, size=n, replace=False)) for n in [5, 9, 5, 12, 9, 5, 30]]
+    splits = split_inner_outer(clients, 0.3, seed=8)
+    for i, idx in enumerate(clients):
+        perm = rng.permutation(rng.key(8, _SPLIT, i), len(idx))
+        n_val = math.ceil(0.3 * len(idx) - 1e-9)
+        np.testing.assert_array_equal(splits[i][0], np.sort(idx[perm[n_val:]]))
+        np.testing.assert_array_equal(splits[i][1], np.sort(idx[perm[:n_val]]))

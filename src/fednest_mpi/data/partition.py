@@ -124,16 +124,20 @@ def split_inner_outer(client_indices: list[np.ndarray], val_fraction: float,
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    splits = []
-    for i, idx in enumerate(client_indices):
-        idx = np.asarray(idx)
-        n_val = math.ceil(val_fraction * len(idx) - 1e-9)  # tolerance: 0.7 * 10 is 7.000000000000001
-        if n_val >= len(idx):
-            raise ValueError(f"client {i} has {len(idx)} samples: val_fraction={val_fraction} "
-                             f"leaves none for training; give clients more samples")
-        perm = rng.permutation(rng.key(seed, _SPLIT, i), len(idx))
-        splits.append((np.sort(idx[perm[n_val:]]), np.sort(idx[perm[:n_val]])))
-    return splits
+    indices = [np.asarray(idx) for idx in client_indices]
+    sizes = np.array([len(idx) for idx in indices], dtype=np.int64)
+    n_val = np.ceil(val_fraction * sizes - 1e-9).astype(np.int64)  # tolerance: 0.7 * 10 is 7.000000000000001
+    short = np.flatnonzero(n_val >= sizes)
+    if short.size:
+        i = int(short[0])
+        raise ValueError(f"client {i} has {sizes[i]} samples: val_fraction={val_fraction} "
+                         f"leaves none for training; give clients more samples")
+    perms: list[np.ndarray] = [np.empty(0, np.int64)] * len(indices)
+    for n in np.unique(sizes):  # clients of one size draw their permutations in one vectorised call
+        members = np.flatnonzero(sizes == n)
+        for i, perm in zip(members.tolist(), rng.permutation(rng.key(seed, _SPLIT, members), int(n))):
+            perms[i] = perm
+    return [(np.sort(idx[perm[v:]]), np.sort(idx[perm[:v]])) for idx, perm, v in zip(indices, perms, n_val.tolist())]
 
 
 def long_tail_indices(labels, n_classes: int = 10, max_per_class: int = 6000,

@@ -24,6 +24,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+def squared_norms(rows: torch.Tensor) -> torch.Tensor:
+    """||row||^2 of each row of (B, d) ``rows``; a shared row (``Tensor.expand``, stride 0) is
+    reduced once instead of B times."""
+    if rows.shape[0] and rows.stride(0) == 0:
+        return (rows[0] @ rows[0]).expand(rows.shape[0])
+    return (rows * rows).sum(1)
+
+
 class Sample(NamedTuple):
     """Names a stochastic draw: ``key`` from :func:`fednest_mpi.rng.key` (seed, purpose, round, ...),
     ``step`` the local step (or Neumann term) within that round."""

@@ -58,7 +58,7 @@ from fednest_mpi.data import dirichlet_partition, load_adult, resolve_data_dir
 from fednest_mpi.data.adult import RACES, SEXES
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
-from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.problems.base import BilevelProblem, squared_norms
 from fednest_mpi.problems.clientdata import HostedSamples
 
 _POOL = 201  # stream of the validation pool (beyond rng.Purpose and data.partition's purposes)
@@ -221,7 +221,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
     # -- values (uncounted) --------------------------------------------------------------------------
     def inner_value(self, clients, x, y):
         with torch.no_grad():
-            return self._inner_losses(clients, x, y, None, 0) + 0.5 * self.cfg.inner_regularization * (y * y).sum(1)
+            return self._inner_losses(clients, x, y, None, 0) + 0.5 * self.cfg.inner_regularization * squared_norms(y)
 
     def outer_value(self, clients, x, y):
         with torch.no_grad():

@@ -45,7 +45,7 @@ import torch
 from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
-from fednest_mpi.problems.base import BilevelProblem, Sample
+from fednest_mpi.problems.base import BilevelProblem, Sample, squared_norms
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
 from fednest_mpi.problems.shared_start import shared_start_sgd
 
@@ -164,7 +164,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
 
     def inner_value(self, clients, x, y):
         """g_i(x, y): VS-loss on the whole inner split + (lambda/2) ||y||^2 (not counted)."""
-        return self._inner_losses(clients, x, y, None, 0) + 0.5 * self.cfg.inner_regularization * (y * y).sum(1)
+        return self._inner_losses(clients, x, y, None, 0) + 0.5 * self.cfg.inner_regularization * squared_norms(y)
 
     def outer_value(self, clients, x, y):
         """f_i(x, y): class-weighted cross-entropy on the whole outer split (not counted)."""

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.problems.base import BilevelProblem, squared_norms
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
@@ -322,7 +322,7 @@ class RepresentationProblem(BilevelProblem):
 
     def inner_value(self, clients, x, y):
         """g_i(x, y): cross-entropy on the whole inner split + (lambda/2) ||y||^2 (not counted)."""
-        return self._cross_entropy(self.inner, clients, x, y) + 0.5 * self.cfg.inner_regularization * (y * y).sum(1)
+        return self._cross_entropy(self.inner, clients, x, y) + 0.5 * self.cfg.inner_regularization * squared_norms(y)
 
     def outer_value(self, clients, x, y):
         """f_i(x, y): cross-entropy on the whole outer split (not counted)."""
