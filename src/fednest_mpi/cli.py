@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args) -> int:
     from fednest_mpi.federation import MPI  # imports mpi4py after the thread-level setting
 
-    from fednest_mpi import checkpoint, lock
+    from fednest_mpi import checkpoint, failure, lock
     from fednest_mpi import config as configuration
     from fednest_mpi.io.h5 import check_directory, check_output_path, check_resumable_output
     from fednest_mpi.logs import setup_logging
@@ -158,6 +158,7 @@ def _run(args) -> int:
             locks.append(lock.acquire(folder, "run.checkpoint_dir", take_stale=args.resume))
             if args.resume:
                 check_resumable_output(cfg.run.output, resume.output_rows)
+            failure.clear(cfg.run.output)  # the failure notes of an earlier run
         except UsageError as exc:
             found = exc
     try:
@@ -176,14 +177,22 @@ def _run(args) -> int:
 def _simulate(cfg, comm, log, resume, folder, usage_error) -> int:
     """The run itself (after validation and locking): a usage error while building agrees across ranks; any exception
     aborts the job."""
-    from fednest_mpi import checkpoint
+    from fednest_mpi import checkpoint, failure
     from fednest_mpi.io.h5 import RunWriter
     from fednest_mpi.runner import Progress, Simulation
     from fednest_mpi.series import RunSeries, series_layout
 
     rank, size = comm.Get_rank(), comm.Get_size()
-    writer = progress = series = None
+    writer = progress = series = watch = None
     last = {"k": None}
+
+    def close_files(rows=None):
+        """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept."""
+        kept = writer.close() if writer is not None else rows  # rank 0: the rows of the run file
+        if series is not None:
+            series.close(kept if kept is not None else series.completed)
+        return kept
+
     try:
         with checkpoint.StopSignals() as stop:
             log.info("fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s", __version__, cfg.algorithm.name,
@@ -201,6 +210,8 @@ def _simulate(cfg, comm, log, resume, folder, usage_error) -> int:
                 progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every,
                                     start=resume.iteration if resume else 0)
             series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
+            if size > 1:  # an exception on any rank: every rank closes its files before the abort
+                watch = failure.Watch(cfg.run.output, rank, size, close_files)
 
             def on_iteration(k, row):
                 last["k"] = k
@@ -209,20 +220,26 @@ def _simulate(cfg, comm, log, resume, folder, usage_error) -> int:
 
             result = sim.run(writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series)
     except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
+        close_files()  # the bad iteration's client columns go
         if rank == 0:
             print(f"fednest-mpi: run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({folder}) hold the "
                   "iterations before", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
         where = f" after iteration {last['k']}" if last["k"] is not None else ""
-        print(f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        message = f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
+        print(message, file=sys.stderr)
         traceback.print_exc(file=sys.stderr)
-        if writer is not None:
-            writer.close()
+        if watch is not None:
+            watch.fail(message)  # every rank closes its files, then the job is aborted
+        else:
+            close_files()
         if size > 1:
             comm.Abort(1)
         return 1
     finally:
+        if watch is not None:
+            watch.stop()
         if progress is not None:
             progress.close()
         if series is not None:

@@ -60,6 +60,7 @@ class RunSeries:
         fed.round_times = []
         self.origin = fed.synchronized_clock()
         self.file = None
+        self.completed = keep_rows or 0  # iterations whose bookkeeping reduction this rank completed
         if self.recorder.enabled and len(fed.block):
             self.file = ClientFile(cfg.run.output, fed.rank, fed.block, append=keep_rows is not None)
 
@@ -76,11 +77,14 @@ class RunSeries:
     def after_bookkeeping(self, k: int, table: np.ndarray, x, y) -> None:
         """Rank 0: write iteration k's phase times (``table``: the summed slots) and a due snapshot,
         before the run file's row (which flushes the file)."""
+        self.completed = k + 1
         if self.main is None:
             return
         due = self.every > 0 and (k % self.every == 0 or k == self.last)
         self.main.append(k, phase_times(table.reshape(self.fed.size, -1)), (x, y) if due else None)
 
-    def close(self) -> None:
+    def close(self, iterations: int | None = None) -> None:
+        """Close this rank's client file, cut to ``iterations`` if given (:attr:`completed` after a
+        NaN stop, whose iteration never completes: its column is dropped)."""
         if self.file is not None:
-            self.file.close()
+            self.file.close(iterations)

@@ -22,6 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from fednest_mpi import failure
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
 from fednest_mpi.io.h5 import RECOVER_HINT, open_run, read_run, unclosed_policy
@@ -140,17 +141,25 @@ class ClientFile:
         slice from the first to the last participant when they are dense, else entry by entry."""
         rows = np.flatnonzero(records["participation"])
         dense = rows.size and 2 * rows.size >= rows[-1] - rows[0] + 1
-        for name, d in self.datasets.items():
-            _extend_columns(d, k)
-            if dense:  # the entries between participants already hold the fill value
-                d[rows[0]:rows[-1] + 1, k] = records[name][rows[0]:rows[-1] + 1]
-            elif rows.size:
-                d[rows, k] = records[name][rows]
-        self.file.flush()
+        with failure.guard():
+            for name, d in self.datasets.items():
+                _extend_columns(d, k)
+                if dense:  # the entries between participants already hold the fill value
+                    d[rows[0]:rows[-1] + 1, k] = records[name][rows[0]:rows[-1] + 1]
+                elif rows.size:
+                    d[rows, k] = records[name][rows]
+            self.file.flush()
 
-    def close(self) -> None:
+    def close(self, columns: int | None = None) -> None:
+        """Close the file, first cutting it to ``columns`` iterations (None: as it is): the
+        iterations the run completed, after a NaN stop or a failure."""
         if self.file.id.valid:
-            self.file.close()
+            try:
+                for d in self.datasets.values() if columns is not None else ():
+                    if d.shape[1] > columns:
+                        d.resize((d.shape[0], columns))
+            finally:
+                self.file.close()
 
 
 def _create_client_file(path: Path, rank: int, hosted: range) -> h5py.File:
@@ -179,6 +188,10 @@ class MainSeries:
         """Column k of every phase series and, if ``snapshot`` = (x, y) is given, one snapshot row.
 
         Call before the run file's per-iteration row is appended (which flushes the file)."""
+        with failure.guard():
+            self._append(k, phases, snapshot)
+
+    def _append(self, k: int, phases: dict[str, np.ndarray], snapshot) -> None:
         for name, d in self.phases.items():
             _extend_columns(d, k)
             d[:, k] = phases[name]

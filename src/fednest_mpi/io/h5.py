@@ -28,10 +28,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fednest_mpi import __version__, lock
+from fednest_mpi import __version__, failure, lock
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.safe import open_checked, reading
-from fednest_mpi.io.schema import FORMAT, GROUP, SCALE, SCHEMA_VERSION  # names live in one module
+from fednest_mpi.io.schema import FORMAT, GROUP, RANKS, SCALE, SCHEMA_VERSION, SNAPSHOT_SCALE, SNAPSHOTS  # names: one module
 
 _CHUNK = 256
 
@@ -170,6 +170,10 @@ class RunWriter:
 
     def append(self, row: dict[str, float]) -> None:
         """Add one iteration's values (missing columns are NaN) and flush."""
+        with failure.guard():
+            self._append(row)
+
+    def _append(self, row: dict[str, float]) -> None:
         group = self.file[GROUP]
         # the scale is extended last, so a concurrent reader never sees an iteration without its values
         for name in [c for c in self.columns if c != SCALE] + [SCALE]:
@@ -181,10 +185,34 @@ class RunWriter:
             group[name].flush()
         self.file.flush()
 
-    def close(self) -> None:
+    def close(self) -> int | None:
+        """Close the file, first cutting every part to the rows of /iterations (:meth:`cut`); the rows kept."""
+        rows = None
         if self.file.id.valid:
-            self.file.close()
+            try:
+                rows = self.cut()
+            finally:
+                self.file.close()
         self.release()
+        return rows
+
+    def cut(self) -> int:
+        """Cut every column, ``/ranks`` and ``/snapshots`` to the iterations of ``/iterations/iteration``
+        (a failure may have left a row half written); the number of rows. Nothing changes when they agree."""
+        f = self.file
+        n = f[GROUP][SCALE].shape[0]
+        for name in self.columns:
+            if f[GROUP][name].shape[0] > n:
+                f[GROUP][name].resize((n,))
+        for d in f[RANKS].values() if RANKS in f else ():
+            if d.ndim == 2 and d.shape[1] > n:
+                d.resize((d.shape[0], n))
+        if SNAPSHOTS in f:
+            keep = int(np.searchsorted(f[SNAPSHOTS][SNAPSHOT_SCALE][:], n))
+            for d in f[SNAPSHOTS].values():
+                if d.shape[0] > keep:
+                    d.resize((keep,) + d.shape[1:])
+        return n
 
     def release(self) -> None:
         """Remove the lock this writer took itself (none when the command line holds it)."""

@@ -1,0 +1,128 @@
+"""Ending a job after an exception on any rank with every file closed and in step.
+
+An exception on one rank leaves the others blocked in a collective the failed rank never joins;
+``MPI_Abort`` ends them (with SIGKILL under MPICH's launcher and SLURM), so they cannot close their
+files themselves, and the run file would lose rows still in flight on rank 0. So before aborting,
+the failed rank tells every rank through the file system they share (the output's folder), where a
+thread on every rank watches:
+
+1. the failed rank creates the folder ``RUN.h5.failed/`` (its message in ``failed-rankR``);
+2. every rank's watcher (polling every :data:`POLL_SECONDS`) or the failed rank itself takes the I/O
+   guard (so no write is half done), closes its files and writes ``closed-rankR``. Rank 0 first cuts
+   the run file to the rows it has written (R, every column, ``/ranks`` and ``/snapshots`` to match)
+   and writes R into its note; the other ranks wait for it (at most :data:`ACK_SECONDS`) and cut
+   their client files to the same R iterations (they can only be ahead of rank 0, never behind);
+3. the failed rank waits until every rank has closed (at most :data:`ACK_SECONDS`), then aborts.
+
+After the guard has closed the files, a write from the main thread waits for the abort instead of
+failing a second time. The folder of an earlier run is removed by rank 0 when it takes the output's
+lock (:mod:`fednest_mpi.lock`). No MPI and no HDF5 here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+POLL_SECONDS = 0.5  # how often the watcher looks for a failure (one stat)
+ACK_SECONDS = 10.0  # how long the failed rank waits for every rank to close its files
+_GUARD = threading.RLock()
+_CLOSED = threading.Event()
+
+
+def folder_of(output: str | Path) -> Path:
+    """The folder through which the ranks of a run writing ``output`` learn of a failure."""
+    return Path(str(output) + ".failed")
+
+
+def clear(output: str | Path) -> None:
+    """Remove the failure folder of an earlier run (rank 0, holding the output's lock)."""
+    shutil.rmtree(folder_of(output), ignore_errors=True)
+
+
+class guard:
+    """Context manager around every write to a run's HDF5 files: excludes closing them meanwhile,
+    and once they were closed after a failure, waits to be aborted (at most a minute, then exits)."""
+
+    def __enter__(self):
+        _GUARD.acquire()
+        if _CLOSED.is_set():
+            _GUARD.release()
+            time.sleep(60.0)
+            os._exit(1)
+        return self
+
+    def __exit__(self, *exc):
+        _GUARD.release()
+
+
+class Watch:
+    """One rank's part: a thread watching for another rank's failure, and :meth:`fail` for its own.
+
+    ``close(rows)`` closes this rank's files, cutting them to ``rows`` iterations (None: as many as
+    this rank completed), and returns the rows kept (rank 0: those of the run file)."""
+
+    def __init__(self, output: str | Path, rank: int, size: int, close):
+        self.folder, self.rank, self.size, self.close = folder_of(output), rank, size, close
+        self._done = threading.Lock()
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="fednest-failure-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread (the run is over)."""
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            if self.folder.is_dir() and any(self.folder.glob("failed-rank*")):
+                self._close_files()
+                return
+
+    def _close_files(self) -> None:
+        with self._done:
+            if self._closed:
+                return
+            self._closed = True
+            with _GUARD:
+                rows = None if self.rank == 0 else self._rank0_rows()
+                try:
+                    kept = self.close(rows)
+                except Exception:  # noqa: BLE001 -- a broken file must not stop the others from closing
+                    kept = None
+                _CLOSED.set()
+            _write(self.folder / f"closed-rank{self.rank:05d}", "" if kept is None else str(kept))
+
+    def _rank0_rows(self) -> int | None:
+        deadline = time.monotonic() + ACK_SECONDS / 2
+        note = self.folder / "closed-rank00000"
+        while time.monotonic() < deadline:
+            try:
+                text = note.read_text().strip()
+                return int(text) if text else None
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        return None
+
+    def fail(self, message: str) -> None:
+        """This rank failed: tell the others, close this rank's files, wait until all are closed."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _write(self.folder / f"failed-rank{self.rank:05d}", message)
+        self._close_files()
+        deadline = time.monotonic() + ACK_SECONDS
+        while time.monotonic() < deadline and len(list(self.folder.glob("closed-rank*"))) < self.size:
+            time.sleep(0.05)
+        self.stop()
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
