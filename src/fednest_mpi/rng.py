@@ -11,8 +11,10 @@ Purposes are small integers from :class:`Purpose`; add new ones at the end.
 from __future__ import annotations
 
 import enum
+import math
 
 import numpy as np
+import torch
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -82,3 +84,40 @@ def sample_without_replacement(k: np.ndarray, population: int, size: int) -> np.
 def integer(k: np.ndarray, low: int, high: int) -> int:
     """One integer uniformly from ``[low, high)``."""
     return low + int(uniform(k, 1)[0] * (high - low))
+
+
+def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+    """Standard normals (float32) of many keyed streams at once, concatenated: the first
+    ``lengths[i]`` numbers of stream ``keys[i]``, for every i, in one vectorised pass (no loop over
+    streams). Stream k's j-th 64-bit word is the SplitMix64 output ``mix(k + (j + 1) * golden)``;
+    each word gives two normals by Box-Muller (radius from its high 23 bits, angle from its low
+    half's; values within about 5.7 standard deviations). A stream's numbers depend on its key
+    alone, not on which other streams are drawn with it (tested bitwise across groupings)."""
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    words = (lengths + 1) // 2
+    if keys.size and np.all(words == words[0]):  # equal streams: a (streams, words) grid
+        z = keys[:, None] + np.arange(1, int(words[0]) + 1, dtype=np.uint64)[None, :] * _GOLDEN
+    else:
+        total = int(words.sum())
+        counter = np.arange(1, total + 1, dtype=np.uint64) - np.repeat(np.cumsum(words) - words, words).astype(np.uint64)
+        z = keys[np.repeat(np.arange(keys.size), words)] + counter * _GOLDEN
+    with np.errstate(over="ignore"):
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+    halves = z.reshape(-1).view(np.uint32).reshape(-1, 2)  # little-endian: (low, high) 32-bit halves
+    unit = torch.from_numpy(((halves >> np.uint32(9)) | np.uint32(0x3F800000)).view(np.float32))  # [1, 2)
+    radius = unit[:, 1].neg().add_(2.0).log_().mul_(-2.0).sqrt_()  # from u in (0, 1]
+    angle = unit[:, 0].sub(1.0).mul_(2.0 * math.pi)
+    out = torch.empty(unit.shape, dtype=torch.float32)
+    out[:, 0] = radius * torch.cos(angle)
+    out[:, 1] = radius.mul_(torch.sin(angle))
+    out = out.reshape(-1)
+    if np.any(lengths % 2):  # an odd-length stream drops the second number of its last word
+        keep = np.ones(out.numel(), dtype=bool)
+        keep[2 * np.cumsum(words)[lengths % 2 == 1] - 1] = False
+        out = out[torch.from_numpy(keep)]
+    return out
