@@ -16,7 +16,9 @@ The command prints the fitted constants, predicted against measured time for eve
 (relative error), and the prediction at ``nodes`` x ``ranks_per_node`` ranks (64 x 64) and ``clients``
 per round (10^6) with its assumptions; it writes a plot (predicted vs measured; predicted time per
 round against ranks at ``clients``) to ``plot`` (default: next to the file, ``*_model.png``).
-``alpha=`` (s) and ``beta=`` (s per byte) replace the fitted network constants.
+``alpha=`` (s) and ``beta=`` (s per byte) replace the fitted network constants; ``time=cpu`` fits
+and compares the CPU time of the algorithm part (``alg_cpu_s``, steadier on a shared machine)
+instead of its wall time.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Network:
 class Compute:
     a: float  # s per round
     b: float  # s per participating client
+    sizes: int = 2  # distinct |S| fitted (1: a = 0 assumed)
 
     def seconds(self, clients: int, ranks: int) -> float:
         return self.a + self.b * math.ceil(clients / ranks)
@@ -69,9 +72,9 @@ def fit_compute(clients, seconds) -> Compute:
     """a + b |S| by least squares over 1-rank rows; one distinct size: a = 0."""
     c, t = np.asarray(clients, dtype=float), np.asarray(seconds, dtype=float)
     if np.unique(c).size < 2:
-        return Compute(0.0, float(np.mean(t / c)))
+        return Compute(0.0, float(np.mean(t / c)), 1)
     (b, a), *_ = np.linalg.lstsq(np.stack([c, np.ones_like(c)], axis=1), t, rcond=None)
-    return Compute(float(a), float(b))
+    return Compute(float(a), float(b), int(np.unique(c).size))
 
 
 def group(row: dict) -> tuple[str, str]:
@@ -90,12 +93,13 @@ class Model:
         return self.compute[key].seconds(clients, ranks), self.network.allreduce(ranks, calls, nbytes)
 
 
-def fit(rows: list[dict], network: Network) -> Model:
+def fit(rows: list[dict], network: Network, measure: str = "alg_s") -> Model:
+    """The model of ``rows`` (``measure``: the column fitted, alg_s = wall time or alg_cpu_s)."""
     compute, comm = {}, {}
     for key in dict.fromkeys(group(r) for r in rows):
         ones = [r for r in rows if group(r) == key and r["ranks"] == 1]
         if ones:
-            compute[key] = fit_compute([r["clients_per_round"] for r in ones], [r["alg_s"] for r in ones])
+            compute[key] = fit_compute([r["clients_per_round"] for r in ones], [r[measure] for r in ones])
         measured = [r for r in rows if group(r) == key and not math.isnan(r.get("allreduce_calls", math.nan))]
         if key[1] == "project" and measured:
             comm[key[0]] = (float(np.median([r["allreduce_calls"] for r in measured])),
@@ -115,24 +119,25 @@ def network_of(attrs: dict, alpha: float | None, beta: float | None) -> tuple[Ne
     return Network(fitted.alpha if alpha is None else alpha, fitted.beta if beta is None else beta), source
 
 
-def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str) -> tuple[str, list[tuple]]:
+def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str, measure: str = "alg_s") -> tuple[str, list[tuple]]:
     """The printed report and the (key, measured, predicted) points of the plot."""
     net = model.network
     lines = [f"Allreduce: alpha = {net.alpha * 1e6:.2f} us, beta = {net.beta * 1e9:.3f} ns/B "
              f"({1 / net.beta / 1e9 if net.beta > 0 else math.nan:.2f} GB/s) ({note})", "",
-             "compute per round = a + b ceil(|S| / P), fitted to the 1-rank rows:"]
+             f"compute per round = a + b ceil(|S| / P), fitted to the 1-rank rows' {measure}:"]
     for (case, kind), c in model.compute.items():
-        lines.append(f"  {case:>16} {kind:>8}: a = {c.a:8.4f} s, b = {c.b * 1e3:9.4f} ms per client")
-    lines += ["", f"{'case':>16} {'kind':>8} {'P':>3} {'|S|':>7} {'measured s':>11} {'predicted s':>11} {'rel. error':>10}"]
+        lines.append(f"  {case:>16} {kind:>10}: a = {c.a:8.4f} s, b = {c.b * 1e3:9.4f} ms per client"
+                     + ("" if c.sizes > 1 else "  (one |S|: a = 0 assumed)"))
+    lines += ["", f"{'case':>16} {'kind':>10} {'P':>3} {'|S|':>7} {'measured s':>11} {'predicted s':>11} {'rel. error':>10}"]
     points = []
     for r in rows:
         key = group(r)
         if key not in model.compute:
             continue
         pred = sum(model.predict(key, int(r["ranks"]), int(r["clients_per_round"])))
-        points.append((key, r["alg_s"], pred))
-        lines.append(f"{key[0]:>16} {key[1]:>8} {int(r['ranks']):>3} {int(r['clients_per_round']):>7} {r['alg_s']:>11.4f} "
-                     f"{pred:>11.4f} {100 * (pred - r['alg_s']) / r['alg_s']:>9.1f}%")
+        points.append((key, r[measure], pred))
+        lines.append(f"{key[0]:>16} {key[1]:>10} {int(r['ranks']):>3} {int(r['clients_per_round']):>7} {r[measure]:>11.4f} "
+                     f"{pred:>11.4f} {100 * (pred - r[measure]) / r[measure]:>9.1f}%")
     lines += ["", f"prediction: {ranks} ranks, {clients:,} clients per round ({math.ceil(clients / ranks)} per rank):"]
     for key in model.compute:
         if key[1] != "project":
@@ -172,19 +177,21 @@ def plot(model: Model, points: list[tuple], clients: int, top: int, path: Path) 
     fig.savefig(path, dpi=110)
 
 
-OPTIONS = {"nodes": int, "ranks_per_node": int, "clients": int, "alpha": float, "beta": float, "plot": str}
+OPTIONS = {"nodes": int, "ranks_per_node": int, "clients": int, "alpha": float, "beta": float, "plot": str, "time": str}
 
 
 def parse(argv: list[str]) -> tuple[str, dict]:
     """(results path, options) of ``RESULTS.h5 [key=value ...]``; ValueError on a bad argument."""
     if not argv or argv[0].startswith("-"):
         raise ValueError("usage: python -m bench.model RESULTS.h5 [" + " ".join(f"{k}=..." for k in OPTIONS) + "]")
-    opts = {"nodes": 64, "ranks_per_node": 64, "clients": 1_000_000, "alpha": None, "beta": None, "plot": None}
+    opts = {"nodes": 64, "ranks_per_node": 64, "clients": 1_000_000, "alpha": None, "beta": None, "plot": None, "time": "wall"}
     for text in argv[1:]:
         key, sep, value = text.partition("=")
         if not sep or key not in OPTIONS:
             raise ValueError(f"unknown argument {text!r}; expected one of " + ", ".join(f"{k}=..." for k in OPTIONS))
         opts[key] = OPTIONS[key](value)
+    if opts["time"] not in ("wall", "cpu"):
+        raise ValueError(f"time={opts['time']}: expected wall or cpu")
     return argv[0], opts
 
 
@@ -196,12 +203,13 @@ def main(argv: list[str]) -> int:
         print(f"bench.model: {exc}", file=sys.stderr)
         return 2
     network, note = network_of(attrs, opts["alpha"], opts["beta"])
-    model = fit(rows, network)
+    measure = "alg_s" if opts["time"] == "wall" else "alg_cpu_s"
+    model = fit(rows, network, measure)
     if not model.compute:
         print(f"bench.model: {path} has no 1-rank rows to fit", file=sys.stderr)
         return 2
     ranks = opts["nodes"] * opts["ranks_per_node"]
-    text, points = report(model, rows, ranks, opts["clients"], note)
+    text, points = report(model, rows, ranks, opts["clients"], note, measure)
     print(text)
     out = Path(opts["plot"]) if opts["plot"] else Path(path).with_name(Path(path).stem + "_model.png")
     plot(model, points, opts["clients"], ranks, out)

@@ -313,9 +313,10 @@ def main(argv: list[str]) -> int:
             write_bench(out, rows, COLUMNS, attrs)  # after every measurement: a crash keeps the others
     derive(rows)
     write_bench(out, rows, COLUMNS, attrs)
-    many = [r for r in rows if r.get("flop_floor") is not None]
+    family = {c["name"] for c in selected(spec) if c.get("family") == "many"}
+    many = [r for r in rows if r["case"] in family]
     if len(many) < len(rows):
-        print(table([r for r in rows if r.get("flop_floor") is None]))
+        print(table([r for r in rows if r["case"] not in family]))
     if many:
         print("many clients (floors: bench/floors.py; x plain = plain loop s/round / this row's)")
         print(table(many, MANY))
