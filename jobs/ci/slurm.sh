@@ -4,6 +4,7 @@
 # usage: bash jobs/ci/slurm.sh up          start it; prints its folder DIR (last line of stdout)
 #        bash jobs/ci/slurm.sh down DIR    stop exactly the daemons `up` started, remove DIR
 #        bash jobs/ci/slurm.sh check       exit 0 when `up` can work here, else say why (exit 1)
+#        bash jobs/ci/slurm.sh install     only install the packages (when absent and allowed)
 #
 # `up` installs slurmctld, slurmd, slurm-client and munge with apt when they are absent and it
 # may (root, or password-less sudo, and the package mirror answers), writes DIR/slurm.conf for
@@ -179,6 +180,7 @@ down() {
 
 case ${1:-} in
     up) up ;;
+    install) install ;;
     down) down "${2:-}" ;;
     check)
         installed && exit 0
