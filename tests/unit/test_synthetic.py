@@ -9,7 +9,7 @@ from fednest_mpi import config, rng
 from fednest_mpi.data.synthetic import SyntheticSpec, client_model, generate, sample_counts
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
-from fednest_mpi.problems.synthetic import CACHED_SETS
+from fednest_mpi.problems import synthetic
 
 
 def _cfg(problem=None, **sections):
@@ -93,13 +93,15 @@ def test_a_client_row_does_not_depend_on_its_block_or_the_cache(problem):
     torch.testing.assert_close(alone[0], batched[1], rtol=1e-12, atol=1e-14)
 
 
-def test_memory_holds_only_the_recent_client_sets(problem):
+def test_memory_holds_only_the_recent_client_sets_within_the_budget(problem, monkeypatch):
     prob, _ = problem
+    last_two = sum(synthetic._nbytes(prob._generate(np.arange(a, a + 5))) for a in (30, 35))
+    monkeypatch.setattr(synthetic, "DATA_BUDGET_BYTES", last_two)
     for start in range(0, 40, 5):
         prob.client_set(np.arange(start, start + 5))
-    assert len(prob._sets) == CACHED_SETS
+    assert len(prob._sets) == 2
     prob.client_set(np.array([36, 38]))  # a subset of the last set: no new generation
-    assert len(prob._sets) == CACHED_SETS and list(prob._sets.values())[-1].ids.tolist() == list(range(35, 40))
+    assert len(prob._sets) == 2 and list(prob._sets.values())[-1].ids.tolist() == list(range(35, 40))
 
 
 def test_fednest_learns_on_synthetic_data():

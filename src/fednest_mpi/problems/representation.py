@@ -69,7 +69,8 @@ class FeatureStore:
 
     def __init__(self):
         self.x = None  # (x, version) the rows belong to
-        self.rows: OrderedDict = OrderedDict()  # (split, client) -> (n_c, H) features
+        self.rows: OrderedDict = OrderedDict()  # (split, client) -> ((n_c, H) features, n_c)
+        self.total_rows = 0  # sum of n_c over the entries (kept, so that eviction never walks the store)
         self.assembled = None  # ((split, clients bytes, width), (B, width, H))
 
     def matches(self, x) -> bool:
@@ -78,6 +79,7 @@ class FeatureStore:
     def reset(self, x) -> None:
         self.x, self.assembled = (x, x._version), None
         self.rows.clear()
+        self.total_rows = 0
 
     def lookup(self, split, clients: np.ndarray, width: int):
         key = (split, clients.tobytes(), width)
@@ -88,29 +90,30 @@ class FeatureStore:
 
     def add(self, split, clients: np.ndarray, counts: np.ndarray, features: torch.Tensor) -> None:
         """Keep rows [:count] of each client's (padded) features."""
-        for c, n, H in zip(clients.tolist(), counts.tolist(), features):
-            self.rows[(split, c)] = H[:n]
+        for c, n, H in zip(clients.tolist(), counts.tolist(), features.unbind(0)):
+            old = self.rows.pop((split, c), None)
+            self.total_rows += n - (old[1] if old is not None else 0)
+            self.rows[(split, c)] = (H[:n], n)
 
     def assemble(self, split, clients: np.ndarray, width: int, hidden: int, like: torch.Tensor) -> torch.Tensor:
         """(B, width, H): each client's rows, zero rows as padding (their weights are 0)."""
-        parts = [self.rows[(split, c)] for c in clients.tolist()]
+        entries = [self.rows[(split, c)] for c in clients.tolist()]
         for c in clients.tolist():
             self.rows.move_to_end((split, c))
-        out = like.new_zeros(len(parts), width, hidden)
-        counts = torch.tensor([len(H) for H in parts], dtype=torch.int64)
-        if parts:
-            flat = torch.repeat_interleave(torch.arange(len(parts)) * width - torch.cumsum(counts, 0) + counts, counts) + torch.arange(int(counts.sum()))
-            out.view(-1, hidden).index_copy_(0, flat.to(out.device), torch.cat(parts))
+        out = like.new_zeros(len(entries), width, hidden)
+        counts = np.array([n for _, n in entries], dtype=np.int64)
+        if entries:
+            flat = np.repeat(np.arange(len(entries)) * width - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+            out.view(-1, hidden).index_copy_(0, torch.from_numpy(flat).to(out.device), torch.cat([H for H, _ in entries]))
         self.assembled = ((split, clients.tobytes(), width), out)
-        self._evict(keep=len(parts), row_bytes=hidden * out.element_size())
+        self._evict(keep=len(entries), recent_rows=int(counts.sum()), row_bytes=hidden * out.element_size())
         return out
 
-    def _evict(self, keep: int, row_bytes: int) -> None:
-        total = sum(len(H) for H in self.rows.values()) * row_bytes
-        recent = sum(len(H) for H in list(self.rows.values())[-keep:]) * row_bytes if keep else 0
-        while len(self.rows) > keep and total > recent + FEATURE_BUDGET_BYTES:
-            _, H = self.rows.popitem(last=False)
-            total -= len(H) * row_bytes
+    def _evict(self, keep: int, recent_rows: int, row_bytes: int) -> None:
+        """Drop the oldest entries beyond the ``keep`` most recent (``recent_rows`` rows) and the budget."""
+        while len(self.rows) > keep and (self.total_rows - recent_rows) * row_bytes > FEATURE_BUDGET_BYTES:
+            _, (_, n) = self.rows.popitem(last=False)
+            self.total_rows -= n
 
 
 class RepresentationProblem(BilevelProblem):

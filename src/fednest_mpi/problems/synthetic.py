@@ -6,9 +6,10 @@ d -> H, y = linear head H -> C, with the closed-form batched oracles of
 (:mod:`fednest_mpi.data.synthetic`): client i's samples are a pure function of (seed, i), the
 first ``1 - val_fraction`` of them its inner (train) split, the rest its outer (validation) split.
 
-Nothing is hosted: a client's data are generated when an oracle first asks for it and kept for
-the last :data:`CACHED_SETS` client sets only, so memory is proportional to the participants of
-a round, not to M (10^4 - 10^6 clients are fine), and **any rank can evaluate any client**
+Nothing is hosted: a client's data are generated when an oracle first asks for it (for a whole
+chunk of clients at once) and kept for the most recent client sets within :data:`DATA_BUDGET_BYTES`
+(at least the last one), so memory is bounded by the chunk and the budget, not by M or by the
+clients of a round (10^4 - 10^6 clients are fine), and **any rank can evaluate any client**
 (which balanced placement, ``federation.placement = "balanced"``, relies on).
 
 Evaluation: accuracy and cross-entropy on ``eval_samples`` fresh samples (a separate stream) of
@@ -28,7 +29,7 @@ from fednest_mpi.data.synthetic import SyntheticSpec, generate
 from fednest_mpi.problems.clientdata import ClientSplit
 from fednest_mpi.problems.representation import RepresentationProblem
 
-CACHED_SETS = 2  # FedNest touches a set again only right after first use (FedInn steps; FedOut's S)
+DATA_BUDGET_BYTES = 256 * 2**20  # generated samples kept for reuse (FedInn's anchor and local passes, FedOut's set)
 _TEST_STREAM = 1
 
 
@@ -39,6 +40,10 @@ class _ClientSet:
     targets: torch.Tensor
     inner: ClientSplit
     outer: ClientSplit
+
+
+def _nbytes(cs: _ClientSet) -> int:
+    return cs.inputs.numel() * cs.inputs.element_size() + cs.targets.numel() * cs.targets.element_size()
 
 
 class SyntheticProblem(RepresentationProblem):
@@ -82,7 +87,7 @@ class SyntheticProblem(RepresentationProblem):
         ids = np.unique(clients)
         cs = self._generate(ids)
         self._sets[ids.tobytes()] = cs
-        while len(self._sets) > CACHED_SETS:
+        while len(self._sets) > 1 and sum(_nbytes(c) for c in self._sets.values()) > DATA_BUDGET_BYTES:
             self._sets.popitem(last=False)
         return cs, np.searchsorted(ids, clients)
 
