@@ -37,10 +37,8 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
+from fednest_mpi.comm import mpi, wtime
 from fednest_mpi.errors import UsageError
-
-os.environ.setdefault("MPI4PY_RC_THREAD_LEVEL", "single")  # see docs/performance.md: 3x lower latency
-from mpi4py import MPI  # noqa: E402
 
 
 def block_range(n_clients: int, size: int, rank: int) -> range:
@@ -110,7 +108,8 @@ class Federation:
 
     Parameters
     ----------
-    comm : mpi4py communicator (``MPI.COMM_WORLD``, ``MPI.COMM_SELF`` or a sub-communicator).
+    comm : mpi4py communicator (``MPI.COMM_WORLD``, ``MPI.COMM_SELF`` or a sub-communicator) or a
+        :class:`~fednest_mpi.comm.SerialComm` (one rank, no MPI).
     n_clients : M, the number of clients.
     reduction : ``"sum"`` or ``"ordered"`` (see :meth:`mean`).
     wait : how a rank waits for a collective: ``"block"`` (MPI's own wait, which busy-polls in
@@ -242,7 +241,7 @@ class Federation:
             return
         if buf.device.type != "cpu":  # the kernels that produce buf are computation, not communication
             torch.cuda.current_stream(buf.device).synchronize()
-        t0 = MPI.Wtime()
+        t0 = wtime(self.comm)
         if buf.device.type == "cpu":
             self._allreduce_array(buf.numpy())
         else:
@@ -257,16 +256,16 @@ class Federation:
                 host.copy_(buf)
                 self._allreduce_array(host.numpy())
                 buf.copy_(host)
-        t1 = MPI.Wtime()
+        t1 = wtime(self.comm)
         self.stats.seconds += t1 - t0
         if self.round_times is not None:
             self.round_times.append((t0, t1))
 
     def _allreduce_array(self, array) -> None:
         if not self.poll:
-            self.comm.Allreduce(MPI.IN_PLACE, array)
+            self.comm.Allreduce(mpi().IN_PLACE, array)
             return
-        request = self.comm.Iallreduce(MPI.IN_PLACE, array)
+        request = self.comm.Iallreduce(mpi().IN_PLACE, array)
         tries = 0
         while not request.Test():
             tries += 1
@@ -281,7 +280,7 @@ class Federation:
         same instant, the common origin of the per-rank phase times. **Collective**."""
         if self.size > 1:
             self.comm.Barrier()
-        return MPI.Wtime()
+        return wtime(self.comm)
 
     def take_round_times(self) -> np.ndarray:
         """(enter, exit) ``MPI.Wtime()`` of every counted aggregation since the last call, shape (R, 2)
@@ -305,7 +304,7 @@ def node_layout(comm) -> tuple[int, int]:
     """(this rank's index among the ranks of ``comm`` on its node, number of such ranks). **Collective**."""
     if comm.Get_size() == 1:
         return 0, 1
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node = comm.Split_type(mpi().COMM_TYPE_SHARED)
     try:
         return node.Get_rank(), node.Get_size()
     finally:

@@ -1,0 +1,29 @@
+"""Communication is injected: importing the library starts no MPI, and a run on the serial stand-in
+equals the same run on MPI's COMM_SELF bitwise."""
+
+import subprocess
+import sys
+
+import torch
+
+from fednest_mpi.comm import SerialComm
+from fednest_mpi.runner import simulate
+from histories import assert_histories_match
+
+
+def test_importing_the_library_does_not_start_mpi():
+    code = ("import sys\n"
+            "import fednest_mpi.algorithms, fednest_mpi.problems, fednest_mpi.runner, fednest_mpi.series\n"
+            "import fednest_mpi.analysis, fednest_mpi.checkpoint, fednest_mpi.federation, fednest_mpi.io.h5\n"
+            "print('mpi4py.MPI' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_serial_run_equals_the_comm_self_run(small_config):
+    from mpi4py import MPI
+
+    cfg = small_config(algorithm={"name": "fednest", "clients_per_round": 5}, run={"chunk_clients": 2})
+    serial, mpi = simulate(cfg, SerialComm()), simulate(cfg, MPI.COMM_SELF)
+    assert_histories_match(serial.history, mpi.history)
+    assert torch.equal(serial.x, mpi.x) and torch.equal(serial.y, mpi.y)
