@@ -313,6 +313,10 @@ SECTIONS = {"algorithm": AlgorithmConfig, "federation": FederationConfig, "run":
 # Loading and validation
 
 
+INT_LIMIT = 2**63  # integer fields are int64 in numpy and torch
+SEED_MAX = 2**64 - 1  # the seed is a uint64 key (rng.py)
+
+
 def _did_you_mean(word: str, options) -> str:
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -326,6 +330,8 @@ def _coerce(path: str, value: Any, typ: Any) -> Any:
         raise ConfigError(f"{path}: expected true or false, got {value!r}")
     if typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value <= (SEED_MAX if path == "seed" else INT_LIMIT - 1):
+                raise ConfigError(f"{path}: {value} does not fit in a 64-bit integer; choose a smaller value")
             return value
         raise ConfigError(f"{path}: expected an integer, got {value!r}")
     if typ is float:
@@ -393,7 +399,7 @@ def from_dict(data: dict) -> RunConfig:
     kwargs = {}
     if "seed" in data:
         kwargs["seed"] = _coerce("seed", data["seed"], int)
-        _check_range("seed", kwargs["seed"], {"low": 0})
+        _check_range("seed", kwargs["seed"], {"low": 0, "high": SEED_MAX})
     if "problem" in data:
         kwargs["problem"] = _build_problem(data["problem"])
     for name, cls in SECTIONS.items():
@@ -496,13 +502,24 @@ def read_file(path: str | Path, _seen: tuple = ()) -> dict:
     only what differs (``configs/mnist/``).
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a folder; pass the path of a TOML file, such as configs/quadratic.toml")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                          "save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read ({exc.strerror or exc})") from None
     try:
         data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not _seen and data == {}:
+        raise ConfigError(f"config file {str(p)!r} is empty; a config needs at least the sections [problem] and [algorithm] "
+                          "(every other field has a default), e.g. a copy of configs/quadratic.toml")
     base = data.pop("base", None)
     if base is None:
         return data

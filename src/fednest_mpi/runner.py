@@ -23,6 +23,7 @@ from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, UsageError
 from fednest_mpi.federation import Federation, torch_device
+from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
 
 logger = logging.getLogger(__name__)
@@ -155,11 +156,15 @@ class Simulation:
         error = None
         try:
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
+            check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
             self.problem = build_problem(cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype))
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
             self.fed.chunk_clients = chunk_size(cfg.run, self.problem)
         except UsageError as exc:
             error = exc
+        except MemoryError as exc:  # beyond the estimate of check_memory
+            error = UsageError(f"problem: the problem's data do not fit in this rank's memory ({exc}); lower problem.n_clients "
+                               "or the dimensions, or run on more nodes")
         agree_on_usage_error(comm, error)
 
     def columns(self) -> dict[str, tuple[str, str]]:

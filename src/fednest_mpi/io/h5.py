@@ -56,12 +56,39 @@ def check_directory(path: str | Path, field: str, min_free: int = MIN_FREE_BYTES
         existing = existing.parent
     if not existing.is_dir():
         raise UsageError(f"{field}: {str(existing)!r} is a file, not a folder; choose another path")
+    kind = _pseudo_file_system(existing)
+    if kind:
+        raise UsageError(f"{field}: {str(existing)!r} is on the kernel's {kind} file system, which holds no files; "
+                         "choose a folder on a disk")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{field}: directory {str(existing)!r} is not writable; choose a path you can write to")
     free = shutil.disk_usage(existing).free
     if free < min_free:
         raise UsageError(f"{field}: the file system of {str(existing)!r} is full ({free} bytes free, at least {min_free} "
                          "needed); free some space or choose another path")
+
+
+_PSEUDO = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "pstore", "bpf",
+                     "configfs", "efivarfs", "fusectl", "mqueue", "binfmt_misc"})
+
+
+def _pseudo_file_system(folder: Path) -> str:
+    """The type of the kernel pseudo file system (proc, sysfs, ...) ``folder`` is on, or ''."""
+    real = os.path.realpath(folder)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                parts = line.split()
+                if len(parts) >= 3:
+                    point = parts[1].replace("\\040", " ")
+                    inside = real == point or real.startswith(point.rstrip("/") + "/")
+                    if inside and len(point) >= len(best):
+                        best, kind = point, parts[2]
+    except OSError:
+        first = Path(real).parts[1:2]
+        return {("proc",): "proc", ("sys",): "sysfs"}.get(tuple(first), "")
+    return kind if kind in _PSEUDO else ""
 
 
 def check_output_path(path: str | Path, overwrite: bool) -> None:

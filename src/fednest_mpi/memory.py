@@ -1,0 +1,70 @@
+"""Memory check before a problem allocates its clients' data: a usage error naming the bytes needed.
+
+A problem stores a few arrays per hosted client (``problems/``); for sizes far beyond the machine
+(10^11 clients, a dimension of 10^6) numpy would fail deep inside with ``MemoryError`` or the
+kernel would kill the job. :func:`check_memory` compares a lower bound of what a node's ranks will
+hold -- the numbers stored per client (:func:`numbers_per_client`, counted from the problem's
+arrays) for every hosted client plus the problem's shared base arrays, as numpy arrays and their
+torch copies, 8 bytes each -- with the memory the node has available (``MemAvailable`` of
+``/proc/meminfo``). Problems whose data are a fixed data set (MNIST, Adult) or generated on demand
+(synthetic) store nothing that grows with the config beyond the data set, and are not checked.
+No MPI here: the runner agrees on the verdict (:func:`fednest_mpi.runner.agree_on_usage_error`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from fednest_mpi.errors import ConfigError
+
+
+def numbers_per_client(problem) -> int:
+    """Numbers stored per client by the problem of config section ``problem`` (0: not checked)."""
+    name = problem.name
+    if name == "quadratic":  # G, P (dim_y^2 each), B (dim_y x dim_x), c, a (dim_y), e (dim_x)
+        return 2 * problem.dim_y**2 + problem.dim_y * problem.dim_x + 2 * problem.dim_y + problem.dim_x
+    if name == "compositional":  # R (dim_y x dim_x), c, a, p (dim_y)
+        return problem.dim_y * problem.dim_x + 3 * problem.dim_y
+    if name == "minimax":  # t_i and b_i (dim)
+        return 1 + problem.dim
+    return 0
+
+
+def available_bytes() -> int | None:
+    """Memory available to new allocations on this node, or None when it cannot be told."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} EiB"
+
+
+def check_memory(cfg, hosted: int, ranks_on_node: int, available: int | None = None) -> None:
+    """ConfigError when the ``ranks_on_node`` ranks of this node, each hosting up to ``hosted``
+    clients, need more memory for the problem's data than the node has available."""
+    per_client = numbers_per_client(cfg.problem)
+    if not per_client:
+        return
+    per_rank = 8 * 2 * (hosted + 1) * per_client  # numpy arrays and their torch copies; +1: the shared base arrays
+    need = per_rank * ranks_on_node
+    available = available_bytes() if available is None else available
+    if available is not None and need > available:
+        p = cfg.problem
+        raise ConfigError(
+            f"problem: the {p.name} problem's client data need at least {format_bytes(need)} on this node "
+            f"({ranks_on_node} rank(s) x {hosted} clients x {per_client} numbers; problem.n_clients = {p.n_clients}), "
+            f"only {format_bytes(available)} is available; lower problem.n_clients or the dimensions, or run on more nodes")
