@@ -120,7 +120,7 @@ def network_of(attrs: dict, alpha: float | None, beta: float | None) -> tuple[Ne
 
 
 def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str, measure: str = "alg_s") -> tuple[str, list[tuple]]:
-    """The printed report and the (key, measured, predicted) points of the plot."""
+    """The printed report and the (key, measured, predicted, ranks) points of the plot."""
     net = model.network
     lines = [f"Allreduce: alpha = {net.alpha * 1e6:.2f} us, beta = {net.beta * 1e9:.3f} ns/B "
              f"({1 / net.beta / 1e9 if net.beta > 0 else math.nan:.2f} GB/s) ({note})", "",
@@ -135,7 +135,7 @@ def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str, 
         if key not in model.compute:
             continue
         pred = sum(model.predict(key, int(r["ranks"]), int(r["clients_per_round"])))
-        points.append((key, r[measure], pred))
+        points.append((key, r[measure], pred, int(r["ranks"])))
         lines.append(f"{key[0]:>16} {key[1]:>10} {int(r['ranks']):>3} {int(r['clients_per_round']):>7} {r[measure]:>11.4f} "
                      f"{pred:>11.4f} {100 * (pred - r[measure]) / r[measure]:>9.1f}%")
     lines += ["", f"prediction: {ranks} ranks, {clients:,} clients per round ({math.ceil(clients / ranks)} per rank):"]
@@ -158,13 +158,19 @@ def plot(model: Model, points: list[tuple], clients: int, top: int, path: Path) 
 
     fig = Figure(figsize=(10, 4))
     ax1, ax2 = fig.subplots(1, 2)
-    for key in dict.fromkeys(k for k, _, _ in points):
-        m = [(meas, pred) for k, meas, pred in points if k == key]
-        ax1.loglog([a for a, _ in m], [b for _, b in m], "o", label=f"{key[0]} ({key[1]})")
-    lo = min(min(a, b) for _, a, b in points)
-    hi = max(max(a, b) for _, a, b in points)
+    marker = {"project": "o", "plain": "s", "sequential": "^"}
+    for j, key in enumerate(dict.fromkeys(k for k, *_ in points)):
+        color = f"C{j % 10}"
+        for fitted in (True, False):  # filled: 1-rank rows (fitted); hollow: the others (predicted)
+            m = [(meas, pred) for k, meas, pred, p in points if k == key and (p == 1) == fitted]
+            if m:
+                ax1.loglog([a for a, _ in m], [b for _, b in m], marker.get(key[1], "D"), color=color,
+                           mfc=color if fitted else "none", label=f"{key[0]} ({key[1]})" if fitted else None)
+    lo = min(min(a, b) for _, a, b, _ in points)
+    hi = max(max(a, b) for _, a, b, _ in points)
     ax1.plot([lo, hi], [lo, hi], "k:")
-    ax1.set(xlabel="measured s per round", ylabel="predicted s per round", title="model vs this machine")
+    ax1.set(xlabel="measured s per round", ylabel="predicted s per round",
+            title="model vs this machine (hollow: P > 1, not fitted)")
     ax1.legend(fontsize=6)
     ranks = [2 ** k for k in range(int(math.log2(top)) + 1)]
     for key in model.compute:

@@ -21,7 +21,8 @@ with this core's GEMM rate and copy bandwidth measured once at the start (file a
 bandwidth (:mod:`bench.allreduce`; attribute ``allreduce_json``) for the cost model
 (``python -m bench.model FILE.h5``). Top-level keys of the spec can be overridden as ``key=value``
 (TOML values), e.g. ``iterations=2``; ``only=["synth"]`` runs just the named cases,
-``families=["many"]`` just the cases of those ``family`` values.
+``families=["many"]`` just the cases of those ``family`` values. A case may set ``chunk_clients`` and
+``block_memory`` (the ``run`` section's chunked-executor knobs) directly.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def case_config(case: dict, clients: int) -> dict:
     problem["n_clients"] = max(int(problem.get("n_clients", 100)), clients)
     data.setdefault("algorithm", {})["clients_per_round"] = clients
     data.setdefault("run", {})["progress"] = "never"
+    for knob in ("chunk_clients", "block_memory"):  # the chunked executor's knobs (run section), as case options
+        if knob in case:
+            data["run"][knob] = case[knob]
     config.from_dict(data)  # a bad case fails here, before any measurement
     return data
 

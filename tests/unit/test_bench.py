@@ -139,7 +139,7 @@ def test_model_fit_predicts_rows_made_by_a_known_model():
     assert m.compute[("c", "project")].a == pytest.approx(0.05) and m.compute[("c", "project")].b == pytest.approx(2e-3)
     assert m.compute[("c", "plain")] == model.Compute(0.0, 0.003, 1)
     text, points = model.report(m, rows, 4096, 10**6, "test")
-    assert all(pred == pytest.approx(meas) for _, meas, pred in points)
+    assert all(pred == pytest.approx(meas) for _, meas, pred, _ in points)
     assert f"{0.05 + 2e-3 * 245 + net.allreduce(4096, 7, 4e5):9.3f} s per round" in text
 
 
