@@ -108,7 +108,8 @@ def traffic_per_client(s: RoundShape) -> float:
     def oracle(rows, out):
         return P + out + rows * d0
     n_in, n_out = _rows(s, s.n_inner), _rows(s, s.n_outer)
-    inner = s.inner_rounds * ((oracle(s.n_inner, s.dim_y) if s.svrg else 0.0) + s.tau * (step + s.svrg * oracle(s.batch, s.dim_y)))
+    anchor = oracle(s.n_inner, s.dim_y) if s.svrg else 0.0
+    inner = s.inner_rounds * (anchor + s.tau * (step + s.svrg * oracle(s.batch, s.dim_y)))
     ihgp = oracle(n_out, s.dim_y) + s.neumann * oracle(n_in, s.dim_y)
     out = oracle(n_out, s.dim_x) * s.x_in_outer * s.outer_steps + oracle(n_in, s.dim_x) * s.x_in_inner
     return s.element * (inner + ihgp + out)

@@ -78,7 +78,8 @@ def fit_compute(clients, seconds) -> Compute:
 
 
 def group(row: dict) -> tuple[str, str]:
-    return row["case"], "plain" if row["mode"] == "plain" else ("project" if row["mode"] in PROJECT_MODES else row["mode"])
+    kind = "project" if row["mode"] in PROJECT_MODES else row["mode"]
+    return row["case"], kind
 
 
 @dataclass
@@ -119,7 +120,8 @@ def network_of(attrs: dict, alpha: float | None, beta: float | None) -> tuple[Ne
     return Network(fitted.alpha if alpha is None else alpha, fitted.beta if beta is None else beta), source
 
 
-def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str, measure: str = "alg_s") -> tuple[str, list[tuple]]:
+def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str,
+           measure: str = "alg_s") -> tuple[str, list[tuple]]:
     """The printed report and the (key, measured, predicted, ranks) points of the plot."""
     net = model.network
     lines = [f"Allreduce: alpha = {net.alpha * 1e6:.2f} us, beta = {net.beta * 1e9:.3f} ns/B "
@@ -128,7 +130,8 @@ def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str, 
     for (case, kind), c in model.compute.items():
         lines.append(f"  {case:>16} {kind:>10}: a = {c.a:8.4f} s, b = {c.b * 1e3:9.4f} ms per client"
                      + ("" if c.sizes > 1 else "  (one |S|: a = 0 assumed)"))
-    lines += ["", f"{'case':>16} {'kind':>10} {'P':>3} {'|S|':>7} {'measured s':>11} {'predicted s':>11} {'rel. error':>10}"]
+    lines += ["", f"{'case':>16} {'kind':>10} {'P':>3} {'|S|':>7} {'measured s':>11} {'predicted s':>11} "
+                  f"{'rel. error':>10}"]
     points = []
     for r in rows:
         key = group(r)
@@ -136,20 +139,23 @@ def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str, 
             continue
         pred = sum(model.predict(key, int(r["ranks"]), int(r["clients_per_round"])))
         points.append((key, r[measure], pred, int(r["ranks"])))
-        lines.append(f"{key[0]:>16} {key[1]:>10} {int(r['ranks']):>3} {int(r['clients_per_round']):>7} {r[measure]:>11.4f} "
+        lines.append(f"{key[0]:>16} {key[1]:>10} {int(r['ranks']):>3} {int(r['clients_per_round']):>7} "
+                     f"{r[measure]:>11.4f} "
                      f"{pred:>11.4f} {100 * (pred - r[measure]) / r[measure]:>9.1f}%")
     lines += ["", f"prediction: {ranks} ranks, {clients:,} clients per round ({math.ceil(clients / ranks)} per rank):"]
     for key in model.compute:
         if key[1] != "project":
             continue
         comp, comm = model.predict(key, ranks, clients)
+        calls, nbytes = model.comm.get(key[0], (0.0, 0.0))
         lines.append(f"  {key[0]:>16}: {comp + comm:9.3f} s per round = compute {comp:.3f} s + Allreduce {comm:.4f} s "
-                     f"({model.comm.get(key[0], (0, 0))[0]:.0f} calls, {model.comm.get(key[0], (0, 0))[1] / 1e6:.2f} MB per rank)")
+                     f"({calls:.0f} calls, {nbytes / 1e6:.2f} MB per rank)")
     lines += ["assumptions: every rank computes at the speed measured here on one core (1 thread per rank, no",
               "memory-bandwidth sharing between the ranks of a node); perfectly balanced clients (balanced placement);",
-              "the per-client cost does not change with |S| / P; the Allreduces of a round are those measured here (count,",
-              "bytes), each costing ceil(log2 P) alpha + 2 (P-1)/P n beta with alpha, beta as above for every link (the",
-              "2-rank shared-memory ping here: an inter-node network has a larger alpha; pass alpha=, beta=); no OS noise."]
+              "the per-client cost does not change with |S| / P; the Allreduces of a round are those measured",
+              "here (count, bytes), each costing ceil(log2 P) alpha + 2 (P-1)/P n beta with alpha, beta as above for",
+              "every link (the 2-rank shared-memory ping here: an inter-node network has a larger alpha; pass alpha=,",
+              "beta=); no OS noise."]
     return "\n".join(lines), points
 
 
@@ -190,7 +196,8 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     """(results path, options) of ``RESULTS.h5 [key=value ...]``; ValueError on a bad argument."""
     if not argv or argv[0].startswith("-"):
         raise ValueError("usage: python -m bench.model RESULTS.h5 [" + " ".join(f"{k}=..." for k in OPTIONS) + "]")
-    opts = {"nodes": 64, "ranks_per_node": 64, "clients": 1_000_000, "alpha": None, "beta": None, "plot": None, "time": "wall"}
+    opts = {"nodes": 64, "ranks_per_node": 64, "clients": 1_000_000, "alpha": None, "beta": None, "plot": None,
+            "time": "wall"}
     for text in argv[1:]:
         key, sep, value = text.partition("=")
         if not sep or key not in OPTIONS:

@@ -98,7 +98,8 @@ class ClientData:
     def sizes(self) -> tuple[float, float]:
         """Mean (inner, outer) samples per client (synthetic: over the first 10,000 clients)."""
         if self.clients is not None:
-            return (float(np.mean([len(c[1]) for c in self.clients])), float(np.mean([len(c[3]) for c in self.clients])))
+            return (float(np.mean([len(c[1]) for c in self.clients])),
+                    float(np.mean([len(c[3]) for c in self.clients])))
         from fednest_mpi.data.synthetic import sample_counts
 
         n_in, n_out = split_sizes(sample_counts(self.spec, self.seed, np.arange(min(self.pcfg.n_clients, 10000))),
@@ -113,7 +114,8 @@ class PlainLoop:
     def __init__(self, cfg):
         p, a = cfg.problem, cfg.algorithm
         if p.name not in PROBLEMS or a.name not in ALGORITHMS:
-            raise UsageError(f"the plain loop covers problems {', '.join(PROBLEMS)} and algorithms {', '.join(ALGORITHMS)}; "
+            raise UsageError(f"the plain loop covers problems {', '.join(PROBLEMS)} and algorithms "
+                             f"{', '.join(ALGORITHMS)}; "
                              f"not {p.name} with {a.name}")
         self.p, self.a = p, a
         torch.set_num_threads(cfg.run.torch_threads)

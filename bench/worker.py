@@ -110,7 +110,8 @@ def measure_project(spec: dict, comm) -> dict | None:
     alg = np.array(meter.calls)[warmup:, 0]
     out.update({"eval_s": float(np.median(history["evaluation_time"][1 + warmup:])),
                 "comm_s": float(np.median(per_iter[:, 0])), "comm_share": float(np.median(per_iter[:, 0] / alg)),
-                "allreduce_calls": float(np.median(per_iter[:, 1])), "allreduce_bytes": float(np.median(per_iter[:, 2])),
+                "allreduce_calls": float(np.median(per_iter[:, 1])),
+                "allreduce_bytes": float(np.median(per_iter[:, 2])),
                 "final_test_accuracy": float(history["test_accuracy"][-1]) if "test_accuracy" in history else NAN})
     return out
 

@@ -57,6 +57,7 @@ copy_mib = 8
 sequential_max_clients = 3
 [[case]]
 name = "tiny"
+family = "many"
 clients_per_round = [3]
 plain = true
 [case.config.problem]
@@ -131,7 +132,8 @@ def test_model_fit_predicts_rows_made_by_a_known_model():
     rows = []
     for clients, ranks in ((100, 1), (1000, 1), (10000, 1), (1000, 2), (10000, 2)):
         t = 0.05 + 2e-3 * -(-clients // ranks) + net.allreduce(ranks, 7, 4e5)
-        rows.append({"case": "c", "mode": "single" if ranks == 1 else "strong", "ranks": ranks, "clients_per_round": clients,
+        rows.append({"case": "c", "mode": "single" if ranks == 1 else "strong", "ranks": ranks,
+                     "clients_per_round": clients,
                      "alg_s": t, "allreduce_calls": 7.0, "allreduce_bytes": 4e5})
     rows.append({"case": "c", "mode": "plain", "ranks": 1, "clients_per_round": 100, "alg_s": 0.3,
                  "allreduce_calls": float("nan"), "allreduce_bytes": float("nan")})
@@ -151,9 +153,11 @@ def test_model_command_refuses_a_bad_argument(tmp_path, capsys):
 # -- the plain loop does the algorithm's math -------------------------------------------------------
 @pytest.fixture(scope="module")
 def plain_cfg():
-    return config.from_dict({"seed": 3, "problem": {"name": "synthetic", "n_clients": 6, "hidden": 4, "n_inputs": 5, "n_classes": 3,
-                                                    "samples_per_client": 10, "batch_size": 8},
-                             "algorithm": {"name": "fedavg", "clients_per_round": 6, "inner_local_steps": 1, "inner_lr": 0.1},
+    problem = {"name": "synthetic", "n_clients": 6, "hidden": 4, "n_inputs": 5, "n_classes": 3,
+               "samples_per_client": 10, "batch_size": 8}
+    return config.from_dict({"seed": 3, "problem": problem,
+                             "algorithm": {"name": "fedavg", "clients_per_round": 6, "inner_local_steps": 1,
+                                           "inner_lr": 0.1},
                              "run": {"dtype": "float64"}})
 
 
