@@ -151,3 +151,33 @@ def test_zero_width_drops_the_layer(hidden):
     p[torch.arange(len(t)), t] -= 1.0  # d CE / d z = softmax - onehot
     closed = torch.cat([((w[:, None] * p).T @ a).reshape(-1), (w[:, None] * p).sum(0)])
     torch.testing.assert_close(prob.grad_y_inner(np.array([1]), torch.zeros(1, prob.dim_x, dtype=torch.float64), y[None], None)[0], closed)
+
+
+@pytest.mark.parametrize("hidden", [(7, 5), (6, 0), (0, 0)])
+def test_closed_form_oracles_at_the_shared_y_match_unbatched_autograd(hidden):
+    # y and v shared by the block (Tensor.expand: FedInn's anchor, FedIHGP, FedOut) take the closed
+    # form of problems/mlp.py (R-operator second order); x per client
+    cfg = _cfg(hidden1=hidden[0], hidden2=hidden[1], hypergradient_batch_size=6)
+    prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(4)
+    clients = np.array([5, 9, 4, 11])
+    X = 0.3 * torch.randn(4, prob.dim_x, generator=gen, dtype=torch.float64)
+    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    v = torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    Y, V = y.expand(4, -1), v.expand(4, -1)
+    s = Sample(rng.key(7), 2)
+    got = {"gy_in": prob.grad_y_inner(clients, X, Y, s), "gy_out": prob.grad_y_outer(clients, X, Y, s),
+           "hvp": prob.hvp_yy_inner(clients, X, Y, V, s), "jvp": prob.jvp_xy_inner(clients, X, Y, V, s)}
+    for b, c in enumerate(clients):
+        x, yy = X[b].clone().requires_grad_(), y.clone().requires_grad_()
+        (dy,) = torch.autograd.grad(_g(prob, cfg, c, x, yy, s, cfg.problem.batch_size), yy)
+        torch.testing.assert_close(got["gy_in"][b], dy, rtol=1e-10, atol=1e-12)
+        _, hy = torch.autograd.functional.vhp(lambda w: _g(prob, cfg, c, X[b], w, s, 6), y, v)
+        torch.testing.assert_close(got["hvp"][b], hy, rtol=1e-10, atol=1e-12)
+        jx = torch.autograd.functional.jacobian(
+            lambda xx: torch.autograd.grad(_g(prob, cfg, c, xx, yy, s, 6), yy, create_graph=True)[0] @ v, X[b])
+        torch.testing.assert_close(got["jvp"][b], jx, rtol=1e-10, atol=1e-12)
+        a, t, w = _client_batch(prob, prob.outer, c, s, 6)
+        fy = torch.autograd.grad((w * prob.class_weights[t] * torch.nn.functional.cross_entropy(
+            _mlp(yy, a, prob.widths), t, reduction="none")).sum(), yy)[0]
+        torch.testing.assert_close(got["gy_out"][b], fy, rtol=1e-10, atol=1e-12)

@@ -59,7 +59,7 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps):
         return A, residual
 
     out = torch.empty(C, sum(o * i + o for i, o in zip(widths[:-1], widths[1:])), dtype=F64)
-    shared_start_sgd(weights, biases, batch, steps, lr, decay, out)
+    shared_start_sgd(list(zip(weights, biases)), batch, steps, lr, decay, out)
     torch.testing.assert_close(out, _plain_loop(weights, biases, data, steps, lr, decay), rtol=1e-12, atol=1e-12)
 
 
@@ -73,9 +73,26 @@ def test_loss_tuning_local_sgd_equals_its_gradient_oracle_loop(tune_loss, hidden
     x = x + 0.3 * torch.sin(torch.arange(x.numel(), dtype=x.dtype)) if tune_loss else x
     ids = np.array([2, 5, 11, 17])
     steps, lr, key = 3, 0.2, 1234
-    fused = prob.local_sgd(ids, x, y, steps, lr, key)
-    assert prob.oracle_counts["grad_y_inner"] == steps * ids.size
-    X, Y = x.expand(ids.size, -1), y.expand(ids.size, -1)
-    for nu in range(steps):
-        Y = Y - lr * prob.grad_y_inner(ids, X, Y, Sample(key, nu))
-    torch.testing.assert_close(fused, Y, rtol=1e-10, atol=1e-12)
+    X, Y0 = x.expand(ids.size, -1), y.expand(ids.size, -1)
+    q = prob.grad_y_inner(ids, X, Y0, None).mean(0)  # an SVRG anchor
+    for anchor in (None, q):
+        prob.oracle_counts.clear()
+        fused = prob.local_sgd(ids, x, y, steps, lr, key, anchor=anchor)
+        assert prob.oracle_counts["grad_y_inner"] == steps * ids.size * (1 if anchor is None else 2)
+        Y = Y0
+        for nu in range(steps):
+            d = prob.grad_y_inner(ids, X, Y, Sample(key, nu))
+            if anchor is not None:
+                d = d - prob.grad_y_inner(ids, X, Y0, Sample(key, nu)) + anchor
+            Y = Y - lr * d
+        torch.testing.assert_close(fused, Y, rtol=1e-10, atol=1e-12)
+
+
+@requires("mnist")
+def test_long_local_runs_keep_per_client_weights():
+    # 50 steps of batch 4: a history of 200 rows per client costs more than private weights
+    cfg = small_mnist_config("loss_tuning", hidden1=7, hidden2=5, batch_size=4)
+    prob = build_problem(cfg.problem, 0, range(20), dtype=torch.float64)
+    x, y = prob.initial_point()
+    assert prob.local_sgd(np.array([1, 2]), x, y, 50, 0.1, 5) is None
+    assert prob.oracle_counts["grad_y_inner"] == 0

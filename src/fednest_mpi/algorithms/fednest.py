@@ -197,10 +197,9 @@ class FedNestFamily:
         Alg. 4: q_{i,nu} = G_i(y_{i,nu}; zeta_{i,nu}) - G_i(y; zeta_{i,nu}) + q,  q = mean_S G_i(y).
         """
         prob, lr = self.problem, self.cfg.inner_lr
-        if q is None:
-            fused = prob.local_sgd(ids, x, y, self.cfg.inner_local_steps, lr, self.key(P.INNER_SAMPLE, k, t))
-            if fused is not None:
-                return fused
+        fused = prob.local_sgd(ids, x, y, self.cfg.inner_local_steps, lr, self.key(P.INNER_SAMPLE, k, t), anchor=q)
+        if fused is not None:
+            return fused
         n = ids.size
         X, Y0 = self._rows(x, n), self._rows(y, n)
         with prob.outer_fixed(ids, x):

@@ -117,17 +117,20 @@ class BilevelProblem(ABC):
         self.oracle_counts["jvp_xy_inner"] += len(clients)
         return self._jvp_xy_inner(clients, x, y, v, sample)
 
-    def local_sgd(self, clients, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float, key: int) -> torch.Tensor | None:
-        """The clients' y after ``steps`` local SGD steps y <- y - lr nabla_y g_i(x, y; Sample(key, nu))
-        from the **shared** iterates x (d1,) and y (d2,) -- LFedInn (Alg. 6) / FedAvg -- as (B, d2)
-        rows; None when the problem has no fused form (the algorithm then calls
-        :meth:`grad_y_inner` step by step). Counted as ``steps`` inner gradient calls per client."""
-        rows = self._local_sgd(clients, x, y, steps, lr, key)
+    def local_sgd(self, clients, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float, key: int,
+                  anchor: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The clients' y after ``steps`` local steps from the **shared** iterates x (d1,) and y (d2,)
+        with minibatches Sample(key, nu), as (B, d2) rows: SGD y <- y - lr nabla_y g_i(x, y_nu) --
+        LFedInn (Alg. 6) / FedAvg -- or, with the ``anchor`` q (d2,), FedInn's SVRG steps (Alg. 4)
+        y <- y - lr (nabla_y g_i(x, y_nu) - nabla_y g_i(x, y) + q). None when the problem has no
+        fused form (the algorithm then calls :meth:`grad_y_inner` step by step). Counted as the
+        inner gradient calls it replaces (one or two per step and client)."""
+        rows = self._local_sgd(clients, x, y, steps, lr, key, anchor)
         if rows is not None:
-            self.oracle_counts["grad_y_inner"] += len(clients) * steps
+            self.oracle_counts["grad_y_inner"] += len(clients) * steps * (1 if anchor is None else 2)
         return rows
 
-    def _local_sgd(self, clients, x, y, steps, lr, key) -> torch.Tensor | None:
+    def _local_sgd(self, clients, x, y, steps, lr, key, anchor) -> torch.Tensor | None:
         return None
 
     # -- values (optional, not counted) ------------------------------------------------------------

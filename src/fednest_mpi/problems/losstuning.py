@@ -45,9 +45,10 @@ import torch
 from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
+from fednest_mpi.problems import mlp
 from fednest_mpi.problems.base import BilevelProblem, Sample, squared_norms
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
-from fednest_mpi.problems.shared_start import shared_start_sgd
+from fednest_mpi.problems.shared_start import shared_start_sgd, worthwhile
 
 N_PIXELS, N_CLASSES = 784, 10
 _EVAL_CHUNK = 5000
@@ -130,37 +131,116 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         return (w * self.class_weights[t] * _cross_entropy(self._logits(A, y), t)).sum(1)
 
     # -- fused local SGD from the shared y (FedAvg / LFedInn): no per-client weight copies per step --
-    def _local_sgd(self, clients, x, y, steps, lr, key):
-        """Closed-form batched backpropagation of the MLP with the low-rank form of local SGD from
-        shared weights (:func:`~fednest_mpi.problems.shared_start.shared_start_sgd`)."""
+    def _local_sgd(self, clients, x, y, steps, lr, key, anchor):
+        """Closed-form batched backpropagation of the MLP with the low-rank form of local SGD / SVRG
+        from shared weights (:func:`~fednest_mpi.problems.shared_start.shared_start_sgd`)."""
+        if not worthwhile(steps, self.cfg.batch_size, anchor is not None):
+            return None
         clients = np.asarray(clients, dtype=np.int64)
-        out = torch.empty(clients.size, self.dim_y, dtype=self.dtype, device=self.device)
+        out = self._rows_out(clients)
         if clients.size == 0 or steps == 0:
             return out.copy_(y.expand_as(out))
-        layers = self._layers(y[None])
-        scale = 2.0 * torch.sigmoid(x[:N_CLASSES]) if self.cfg.tune_loss else None
+        X = x.expand(clients.size, -1)
+        scale = 2.0 * torch.sigmoid(X[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
+        shift = X[:, None, N_CLASSES:] if self.cfg.tune_loss else None
 
         def batch(nu):
             A, t, w = self._batch(self.inner, clients, Sample(key, nu), self.cfg.batch_size)
+            return A, lambda logits: self._inner_residual(logits, t, w, scale, shift)[0]
 
-            def residual(logits):
-                z = logits if scale is None else logits * scale + x[N_CLASSES:]
-                G = torch.softmax(z, dim=-1)
-                G.scatter_add_(-1, t[..., None], torch.full_like(G[..., :1], -1.0))
-                G.mul_(w[..., None])
-                return G if scale is None else G.mul_(scale)
+        def layers(vector):
+            return [(W[0], b[0]) for W, b in self._layers(vector[None])]
 
-            return A, residual
-
-        shared_start_sgd([W[0] for W, _ in layers], [b[0] for _, b in layers], batch, steps, lr,
-                         self.cfg.inner_regularization, out)
+        shared_start_sgd(layers(y), batch, steps, lr, self.cfg.inner_regularization, out,
+                         None if anchor is None else layers(anchor))
         return out
 
-    # -- oracles: reverse-mode autograd (AutogradOracles), x frozen at 0 when the loss is not tuned --
+    # -- oracles: closed form when y (and v) are the shared global rows (mlp.py), else reverse-mode
+    # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --
+    @staticmethod
+    def _shared(*rows) -> bool:
+        return all(r.shape[0] and r.stride(0) == 0 for r in rows)
+
+    def _shared_pass(self, split, clients, x, y, sample, batch_size):
+        """Forward pass of the shared network y on the clients' (mini)batches: (layers, inputs,
+        pre-activations, targets, weights, VS scale (C, 1, classes) or None, VS shift or None)."""
+        A, t, w = self._batch(split, clients, sample, batch_size)
+        layers = [(W[0], b[0]) for W, b in self._layers(y[:1])]
+        inputs, pre = mlp.forward(layers, A)
+        scale = 2.0 * torch.sigmoid(x[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
+        shift = x[:, None, N_CLASSES:] if self.cfg.tune_loss else None
+        return layers, inputs, pre, t, w, scale, shift
+
+    @staticmethod
+    def _softmax_residual(z, t, w):
+        """w (softmax(z) - e_t): the gradient of sum_j w_j CE(z_j, t_j) in z; and softmax(z)."""
+        p = torch.softmax(z, dim=-1)
+        G = p.clone().scatter_add_(-1, t[..., None], torch.full_like(p[..., :1], -1.0)).mul_(w[..., None])
+        return G, p
+
+    def _inner_residual(self, logits, t, w, scale, shift):
+        """(dg/dlogits of the VS-loss, softmax of the adjusted logits)."""
+        if scale is None:
+            return self._softmax_residual(logits, t, w)
+        G, p = self._softmax_residual(logits * scale + shift, t, w)
+        return G.mul_(scale), p
+
+    def _rows_out(self, clients) -> torch.Tensor:
+        return torch.empty(len(clients), self.dim_y, dtype=self.dtype, device=self.device)
+
+    def _grad_y_inner(self, clients, x, y, sample):
+        if not self._shared(y):
+            return super()._grad_y_inner(clients, x, y, sample)
+        layers, inputs, pre, t, w, scale, shift = self._shared_pass(self.inner, clients, x, y, sample, self.cfg.batch_size)
+        G, _ = self._inner_residual(pre[-1], t, w, scale, shift)
+        out = mlp.client_gradients(inputs, mlp.backward(layers, pre, G), self._rows_out(clients))
+        return out.add_(y[0], alpha=self.cfg.inner_regularization)
+
+    def _grad_y_outer(self, clients, x, y, sample):
+        if not self._shared(y):
+            return super()._grad_y_outer(clients, x, y, sample)
+        layers, inputs, pre, t, w, _, _ = self._shared_pass(self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        G, _ = self._softmax_residual(pre[-1], t, w * self.class_weights[t])
+        return mlp.client_gradients(inputs, mlp.backward(layers, pre, G), self._rows_out(clients))
+
+    def _second_order_pass(self, clients, x, y, v, sample):
+        """The shared forward pass on the second-order minibatch and its R-forward along v:
+        (layers, direction, inputs, pre, R-inputs, R-outputs, targets, weights, scale, shift)."""
+        layers, inputs, pre, t, w, scale, shift = self._shared_pass(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        direction = [(V[0], b[0]) for V, b in self._layers(v[:1])]
+        r_inputs, r_pre = mlp.r_forward(layers, direction, inputs, pre)
+        return layers, direction, inputs, pre, r_inputs, r_pre[-1], t, w, scale, shift
+
+    def _hvp_yy_inner(self, clients, x, y, v, sample):
+        """nabla^2_yy g_i v by the R-operator (mlp.py): R{dg/dlogits} = w s J (s R{logits}), J = diag(p) - p p^T."""
+        if not self._shared(y, v):
+            return super()._hvp_yy_inner(clients, x, y, v, sample)
+        layers, direction, inputs, pre, r_inputs, r_out, t, w, scale, shift = self._second_order_pass(clients, x, y, v, sample)
+        G, p = self._inner_residual(pre[-1], t, w, scale, shift)
+        u = r_out if scale is None else r_out * scale
+        r_G = (p * u - p * (p * u).sum(-1, keepdim=True)).mul_(w[..., None])
+        if scale is not None:
+            r_G.mul_(scale)
+        deltas = mlp.backward(layers, pre, G)
+        r_deltas = mlp.r_backward(layers, direction, pre, deltas, r_G)
+        out = mlp.client_gradients(inputs, deltas, self._rows_out(clients), r_inputs, r_deltas)
+        return out.add_(v[0], alpha=self.cfg.inner_regularization)
+
     def _jvp_xy_inner(self, clients, x, y, v, sample):
+        """nabla_x <nabla_y g_i, v>: with u = s R{logits}, phi = sum_j w_j (p_j - e_j)^T u_j and
+        d phi / d iota = sum_j w_j J_j u_j, d phi / d s = sum_j w_j ((J_j u_j) o_j + (p_j - e_j) R{o_j}),
+        d s / d delta = s (1 - s / 2)."""
         if not self.cfg.tune_loss:
             return torch.zeros(len(clients), self.dim_x, dtype=self.dtype, device=self.device)
-        return super()._jvp_xy_inner(clients, x, y, v, sample)
+        if not self._shared(y, v):
+            return super()._jvp_xy_inner(clients, x, y, v, sample)
+        _, _, _, pre, _, r_out, t, w, scale, shift = self._second_order_pass(clients, x, y, v, sample)
+        G, p = self._softmax_residual(pre[-1] * scale + shift, t, w)  # w (p - e)
+        u = r_out * scale
+        Ju = (p * u - p * (p * u).sum(-1, keepdim=True)).mul_(w[..., None])
+        d_shift = Ju.sum(1)
+        d_scale = (Ju * pre[-1] + G * r_out).sum(1)
+        return torch.cat([d_scale * scale[:, 0] * (1.0 - 0.5 * scale[:, 0]), d_shift], dim=1)
 
     def inner_value(self, clients, x, y):
         """g_i(x, y): VS-loss on the whole inner split + (lambda/2) ||y||^2 (not counted)."""

@@ -20,8 +20,13 @@ the end (one batched GEMM per layer). Per client and step this costs the arithme
 step (a forward and a backward GEMM) plus O(nu b^2 (in + out)), instead of reading and writing a
 private copy of every weight matrix at every step. Biases are per-client vectors, updated as usual.
 
+FedInn's SVRG steps (Alg. 4), y <- y - eta (grad g_i(y_nu; xi) - grad g_i(y; xi) + q) with the
+anchor q = mean_S grad g_i(y), keep the same form: W_nu = a_nu W_0 + c_nu Q + (low rank), with
+a_{nu+1} = rho a_nu + eta lambda, c_{nu+1} = rho c_nu - eta, and two history terms per step, +D^T H at
+y_nu and -D0^T H0 at the shared y (whose forward and backward passes are shared GEMMs).
+
 Exact in exact arithmetic: the same iterates as the plain loop of gradient steps (tested against
-the autograd oracles in ``tests/unit/test_shared_start.py``, to rounding).
+autograd SGD and the problem's own oracle loop in ``tests/unit/test_shared_start.py``, to rounding).
 """
 
 from __future__ import annotations
@@ -30,16 +35,30 @@ from typing import Callable
 
 import torch
 
+from fednest_mpi.problems import mlp
+
 Batch = tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
+# Largest history (steps x batch x (1, or 2 with an anchor)) for which the low-rank form pays: its
+# corrections cost O(steps^2 b^2 (in + out)) per layer and client, the plain step O(in out) memory
+# traffic per step; beyond this, per-client weights are cheaper (McMahan's FedAvg task, 50 steps of
+# 64, measured slower in the low-rank form; docs/performance.md).
+MAX_HISTORY = 128
 
-def shared_start_sgd(weights: list[torch.Tensor], biases: list[torch.Tensor], batch: Callable[[int], Batch], steps: int,
-                     lr: float, decay: float, out: torch.Tensor) -> None:
-    """Run ``steps`` SGD steps of a ReLU MLP for a block of C clients from shared weights.
+
+def worthwhile(steps: int, batch_size: int, anchor: bool) -> bool:
+    """Whether :func:`shared_start_sgd` is the cheaper way to run these local steps."""
+    return steps * batch_size * (2 if anchor else 1) <= MAX_HISTORY
+
+
+def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: int, lr: float, decay: float,
+                     out: torch.Tensor, anchor: mlp.Layers | None = None) -> None:
+    """Run ``steps`` SGD (or, with ``anchor``, SVRG) steps of a ReLU MLP for a block of C clients
+    from shared weights.
 
     Parameters
     ----------
-    weights, biases : the shared starting layers, ``W_l`` of shape (out_l, in_l) and ``b_l`` (out_l,).
+    layers : the shared starting layers [(W_l (out_l, in_l), b_l (out_l,))].
     batch : ``batch(nu) -> (A, residual)``: step nu's inputs A (C, b, in_0) and a function mapping the
         network's output (C, b, out_L) to the gradient of the clients' weighted minibatch losses with
         respect to it (each client's loss is a weighted sum over its b samples).
@@ -47,62 +66,71 @@ def shared_start_sgd(weights: list[torch.Tensor], biases: list[torch.Tensor], ba
         and biases).
     out : (C, d) rows that receive each client's final parameters, in the layout
         [W_1 (row-major), b_1, W_2, b_2, ...] (written in place).
+    anchor : FedInn's q = mean_S grad g_i(y) in the same layout as ``layers`` (SVRG steps), or None.
     """
-    n_layers = len(weights)
-    A0, _ = batch(0)
-    C, b = A0.shape[0], A0.shape[1]
-    like = A0
-    rho = 1.0 - lr * decay
-    inputs = [torch.empty(C, steps * b, W.shape[1], dtype=like.dtype, device=like.device) for W in weights]
-    grads = [torch.empty(C, steps * b, W.shape[0], dtype=like.dtype, device=like.device) for W in weights]
-    bias = [bb.expand(C, -1).clone() for bb in biases]
+    A, residual = batch(0)
+    C, b = A.shape[0], A.shape[1]
+    per_step = b if anchor is None else 2 * b
+    history_in = [A.new_empty(C, steps * per_step, W.shape[1]) for W, _ in layers]
+    history_grad = [A.new_empty(C, steps * per_step, W.shape[0]) for W, _ in layers]
+    coef = A.new_zeros(1, steps * per_step)  # coefficient of each history column in W_nu
+    bias = [b0.expand(C, -1).clone() for _, b0 in layers]
+    rho, a, c, filled = 1.0 - lr * decay, 1.0, 0.0, 0
     for nu in range(steps):
-        A, residual = (A0, _) if nu == 0 else batch(nu)
-        now, past = slice(nu * b, (nu + 1) * b), slice(0, nu * b)
-        coef = _coefficients(nu, b, lr, rho, like) if nu else None
-        scale = rho ** nu
-        H, pre = A, []
-        for layer, W in enumerate(weights):
-            inputs[layer][:, now] = H
-            z = torch.mm(H.reshape(-1, W.shape[1]), W.T).view(C, b, W.shape[0])
-            if scale != 1.0:
-                z.mul_(scale)
-            z.add_(bias[layer][:, None, :])
-            if coef is not None:
-                gram = torch.bmm(H, inputs[layer][:, past].transpose(1, 2)).mul_(coef)
-                z.baddbmm_(gram, grads[layer][:, past])
+        if nu:
+            A, residual = batch(nu)
+        past = slice(0, filled)
+
+        def shared(h, layer, product):  # h W_nu^T (product = mlp.linear) or h W_nu (mlp.back), dense part
+            z = product(h, layers[layer][0])
+            if a != 1.0:
+                z.mul_(a)
+            if anchor is not None and c != 0.0:
+                z.add_(product(h, anchor[layer][0]), alpha=c)
+            return z
+
+        inputs, pre, H = [], [], A
+        for layer in range(len(layers)):
+            inputs.append(H)
+            z = shared(H, layer, mlp.linear).add_(bias[layer][:, None, :])
+            if filled:
+                z.baddbmm_(torch.bmm(H, history_in[layer][:, past].transpose(1, 2)).mul_(coef[:, past]), history_grad[layer][:, past])
             pre.append(z)
-            if layer < n_layers - 1:
+            if layer < len(layers) - 1:
                 H = torch.relu(z)
-        D = residual(pre[-1])
-        for layer in reversed(range(n_layers)):
-            W = weights[layer]
-            grads[layer][:, now] = D
-            if layer > 0:
-                dH = torch.mm(D.reshape(-1, W.shape[0]), W).view(C, b, W.shape[1])
-                if scale != 1.0:
-                    dH.mul_(scale)
-                if coef is not None:
-                    gram = torch.bmm(D, grads[layer][:, past].transpose(1, 2)).mul_(coef)
-                    dH.baddbmm_(gram, inputs[layer][:, past])
-                next_D = dH.mul_(pre[layer - 1] > 0)
-            bias[layer].mul_(rho).add_(D.sum(1), alpha=-lr)
-            if layer > 0:
-                D = next_D
-    final = _coefficients(steps, b, lr, rho, like)[0]  # -eta rho^(tau-1-mu) per column of the history
+        deltas = [residual(pre[-1])]
+        for layer in range(len(layers) - 1, 0, -1):
+            D = deltas[0]
+            dH = shared(D, layer, mlp.back)
+            if filled:
+                dH.baddbmm_(torch.bmm(D, history_grad[layer][:, past].transpose(1, 2)).mul_(coef[:, past]), history_in[layer][:, past])
+            deltas.insert(0, dH.mul_(pre[layer - 1] > 0))
+        coef[:, past] *= rho
+        new = slice(filled, filled + b)
+        for layer in range(len(layers)):
+            history_in[layer][:, new] = inputs[layer]
+            history_grad[layer][:, new] = deltas[layer]
+            bias[layer].mul_(rho).sub_(deltas[layer].sum(1), alpha=lr)
+        coef[:, new] = -lr
+        if anchor is not None:  # the same minibatch at the shared y: -grad g_i(y; xi) + q
+            inputs0, pre0 = mlp.forward(layers, A)
+            deltas0 = mlp.backward(layers, pre0, residual(pre0[-1]))
+            new = slice(filled + b, filled + 2 * b)
+            for layer, (_, b0) in enumerate(layers):
+                history_in[layer][:, new] = inputs0[layer]
+                history_grad[layer][:, new] = deltas0[layer]
+                bias[layer].add_(deltas0[layer].sum(1), alpha=lr).add_(b0, alpha=lr * decay).sub_(anchor[layer][1], alpha=lr)
+            coef[:, new] = lr
+            c = rho * c - lr
+        a = rho * a + (lr * decay if anchor is not None else 0.0)
+        filled += per_step
     at = 0
-    for layer, W in enumerate(weights):
+    for layer, (W, _) in enumerate(layers):
         n_out, n_in = W.shape
         rows = out[:, at: at + n_out * n_in].view(C, n_out, n_in)
-        rows.copy_((W * rho ** steps).expand(C, -1, -1))
-        rows.baddbmm_(grads[layer].mul_(final[:, None]).transpose(1, 2), inputs[layer])
+        dense = W * a if anchor is None else W * a + anchor[layer][0] * c
+        rows.copy_(dense.expand(C, -1, -1))
+        rows.baddbmm_(history_grad[layer].mul_(coef.T).transpose(1, 2), history_in[layer])
         at += n_out * n_in
         out[:, at: at + n_out] = bias[layer]
         at += n_out
-
-
-def _coefficients(nu: int, b: int, lr: float, rho: float, like: torch.Tensor) -> torch.Tensor:
-    """(1, nu b) factors -eta rho^(nu-1-mu) of the history columns (b per past step mu < nu)."""
-    powers = torch.arange(nu - 1, -1, -1, dtype=torch.float64)
-    coef = (-lr * rho ** powers).repeat_interleave(b)
-    return coef.to(dtype=like.dtype, device=like.device)[None, :]

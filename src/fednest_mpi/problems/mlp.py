@@ -1,0 +1,103 @@
+"""Closed-form oracles of a ReLU MLP whose weights are **shared** by a block of C clients (no MPI, no
+autograd): the common case of FedNest's aggregation rounds, where every client evaluates the global
+y (FedInn's SVRG anchor and its gradients at y, FedIHGP's products, FedOut's Jacobian products).
+
+Layers l = 1..L: z_l = h_{l-1} W_l^T + b_l, h_l = relu(z_l), h_0 = the client's samples (C, b, in);
+the loss of client i is a weighted sum over its b samples of a function of the outputs z_L whose
+gradient G (C, b, out) the caller supplies. With shared weights every product with W_l is one GEMM
+over the C b rows of the block; only the per-client weight gradients sum_j delta_j^T h_j are batched
+products (:func:`client_gradients`), written into the output rows.
+
+Second order by Pearlmutter's R-operator along a shared direction V (same layout as the weights):
+
+    R{z_l} = h_{l-1} V_l^T + R{h_{l-1}} W_l^T + v_l,       R{h_l} = 1[z_l > 0] R{z_l}
+    R{delta_{l-1}} = 1[z_{l-1} > 0] (R{delta_l} W_l + delta_l V_l)          (relu'' = 0 a.e.)
+    R{grad W_l} = sum_j R{delta_l}_j^T h_{l-1,j} + delta_{l,j}^T R{h_{l-1}}_j,  R{grad b_l} = sum_j R{delta_l}_j
+
+so H v (eq. (10b)'s products) costs about two forward and two backward passes of the block
+(checked against double-backward autograd in ``tests/unit/test_losstuning.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]  # [(W_l (out, in), b_l (out,))]
+
+
+def linear(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """h W^T for (C, b, in) rows and shared (out, in) weights: one GEMM of C b rows."""
+    return torch.mm(h.reshape(-1, h.shape[-1]), W.T).view(*h.shape[:-1], W.shape[0])
+
+
+def back(delta: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """delta W for (C, b, out) rows and shared (out, in) weights."""
+    return torch.mm(delta.reshape(-1, delta.shape[-1]), W).view(*delta.shape[:-1], W.shape[1])
+
+
+def forward(layers: Layers, A: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(inputs h_{l-1} of every layer, pre-activations z_l of every layer) for samples A (C, b, in)."""
+    inputs, pre = [], []
+    h = A
+    for j, (W, b) in enumerate(layers):
+        inputs.append(h)
+        z = linear(h, W).add_(b)
+        pre.append(z)
+        if j < len(layers) - 1:
+            h = torch.relu(z)
+    return inputs, pre
+
+
+def backward(layers: Layers, pre: list[torch.Tensor], G: torch.Tensor) -> list[torch.Tensor]:
+    """delta_l = dLoss/dz_l of every layer from G = dLoss/dz_L."""
+    deltas = [G]
+    for j in range(len(layers) - 1, 0, -1):
+        deltas.insert(0, back(deltas[0], layers[j][0]).mul_(pre[j - 1] > 0))
+    return deltas
+
+
+def client_gradients(inputs: list[torch.Tensor], deltas: list[torch.Tensor], out: torch.Tensor,
+                     r_inputs: list[torch.Tensor] | None = None, r_deltas: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Per-client parameter gradients into ``out`` (C, d), layout [W_1, b_1, W_2, b_2, ...]:
+    sum_j delta_j^T h_j and sum_j delta_j; with ``r_inputs``/``r_deltas`` their R-derivatives
+    sum_j R{delta}_j^T h_j + delta_j^T R{h}_j and sum_j R{delta}_j instead."""
+    at = 0
+    C = out.shape[0]
+    for j, (h, delta) in enumerate(zip(inputs, deltas)):
+        n_out, n_in = delta.shape[-1], h.shape[-1]
+        rows = out[:, at: at + n_out * n_in].view(C, n_out, n_in)
+        bias = out[:, at + n_out * n_in: at + n_out * n_in + n_out]
+        if r_deltas is None:
+            rows.baddbmm_(delta.transpose(1, 2), h, beta=0.0)
+            bias.copy_(delta.sum(1))
+        else:
+            assert r_inputs is not None
+            left = torch.cat([r_deltas[j], delta], dim=1).transpose(1, 2)  # (C, out, 2b)
+            rows.baddbmm_(left, torch.cat([h, r_inputs[j]], dim=1), beta=0.0)  # right: (C, 2b, in)
+            bias.copy_(r_deltas[j].sum(1))
+        at += n_out * n_in + n_out
+    return out
+
+
+def r_forward(layers: Layers, direction: Layers, inputs: list[torch.Tensor], pre: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(R{h_{l-1}} of every layer, R{z_l} of every layer) along the shared ``direction``."""
+    r_inputs, r_pre = [], []
+    r_h = torch.zeros_like(inputs[0])
+    for j, ((W, _), (V, v)) in enumerate(zip(layers, direction)):
+        r_inputs.append(r_h)
+        r_z = linear(inputs[j], V).add_(v)
+        if j:
+            r_z.add_(linear(r_h, W))
+        r_pre.append(r_z)
+        if j < len(layers) - 1:
+            r_h = r_z * (pre[j] > 0)
+    return r_inputs, r_pre
+
+
+def r_backward(layers: Layers, direction: Layers, pre: list[torch.Tensor], deltas: list[torch.Tensor], r_G: torch.Tensor) -> list[torch.Tensor]:
+    """R{delta_l} of every layer from R{G} (the R-derivative of dLoss/dz_L)."""
+    r_deltas = [r_G]
+    for j in range(len(layers) - 1, 0, -1):
+        r = back(r_deltas[0], layers[j][0]).add_(back(deltas[j], direction[j][0]))
+        r_deltas.insert(0, r.mul_(pre[j - 1] > 0))
+    return r_deltas
