@@ -246,7 +246,7 @@ class FedNestFamily:
                 ids, m = piece.local_ids, piece.local_ids.size
                 R = self._rows(r, m)
                 Hr = prob.hvp_yy_inner(ids, self._rows(x, m), self._rows(y, m), R, Sample(self.key(P.HVP_SAMPLE, k), n))
-                return [R - cfg.neumann_scale * Hr]
+                return [Hr.mul(-cfg.neumann_scale).add_(r)]  # (I - eta H) r: bitwise R - eta Hr, one temporary
 
             (r_next,) = self.fed.mean_over(clients(n), products)
             return r_next

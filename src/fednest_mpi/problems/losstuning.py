@@ -102,6 +102,8 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
 
     # -- batched losses --------------------------------------------------------------------------
     def _logits(self, A, y):
+        if self._shared(y):  # the global y: GEMMs over all the block's samples, no per-client weights
+            return mlp.forward([(W[0], b[0]) for W, b in self._layers(y[:1])], A)[1][-1]
         h = A
         layers = self._layers(y)
         for j, (W, b) in enumerate(layers):
