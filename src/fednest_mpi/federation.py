@@ -94,6 +94,20 @@ class Participants:
         return [Participants(ids=self.ids, local_slots=slots[lo:lo + size]) for lo in range(0, slots.size, size)]
 
 
+def dense(rows) -> torch.Tensor:
+    """The (B, d) tensor of a block of rows: ``rows`` itself, or a factored form's ``dense()`` (e.g.
+    :class:`~fednest_mpi.problems.shared_start.LowRankRows`)."""
+    return rows if isinstance(rows, torch.Tensor) else rows.dense()
+
+
+def _weighted_sum(rows: list, w: torch.Tensor) -> torch.Tensor:
+    """sum_b w_b rows[b] of each block, concatenated. Plain tensors go through one product of their
+    concatenation; a factored form computes its own ``weighted_sum(w)`` without forming its rows."""
+    if all(isinstance(r, torch.Tensor) for r in rows):
+        return w @ (torch.cat(rows, dim=1) if len(rows) > 1 else rows[0])
+    return torch.cat([w @ r if isinstance(r, torch.Tensor) else r.weighted_sum(w) for r in rows])
+
+
 @dataclass
 class CommStats:
     """Cumulative communication of the algorithm (one round = one aggregation)."""
@@ -208,17 +222,16 @@ class Federation:
         buf, w_t, dims = None, None, []
         for piece, rows in pieces:
             rows = list(rows)
-            local = torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
             if w_t is None:
                 dims = [int(r.shape[1]) for r in rows]
-                w_t = torch.as_tensor(w, dtype=local.dtype, device=local.device)
+                w_t = torch.as_tensor(w, dtype=rows[0].dtype, device=rows[0].device)
                 if self.reduction == "ordered":
-                    buf = torch.zeros((m, sum(dims)), dtype=local.dtype, device=local.device)
-            slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=local.device)
+                    buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
+            slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
             if self.reduction == "ordered":
-                buf[slots] = local
-            elif local.shape[0]:
-                weighted = w_t[slots] @ local
+                buf[slots] = torch.cat([dense(r) for r in rows], dim=1) if len(rows) > 1 else dense(rows[0])
+            elif slots.numel():
+                weighted = _weighted_sum(rows, w_t[slots])
                 buf = weighted if buf is None else buf.add_(weighted)
         assert w_t is not None, "no piece of rows to reduce"
         if buf is None:  # a rank without members contributes zeros

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.federation import Federation, Participants
+from fednest_mpi.federation import Federation, Participants, dense
 from fednest_mpi.problems.base import BilevelProblem, Sample
 from fednest_mpi.recorder import IHGP, INNER, OFF, OUTER, row_norms
 
@@ -379,7 +379,7 @@ class FedNestFamily:
         q = self._inner_anchor(S, x, y)
 
         def local_steps(piece):
-            Yi = self._inner_local(piece.local_ids, k, t, x, y, q)
+            Yi = dense(self._inner_local(piece.local_ids, k, t, x, y, q))
             return [self._outer_local(piece.local_ids, k, x, Yi), Yi]
 
         x_new, y_new = self.fed.mean_over(S, local_steps)

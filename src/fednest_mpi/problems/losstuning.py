@@ -139,9 +139,8 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         if not worthwhile(steps, self.cfg.batch_size, anchor is not None):
             return None
         clients = np.asarray(clients, dtype=np.int64)
-        out = self._rows_out(clients)
         if clients.size == 0 or steps == 0:
-            return out.copy_(y.expand_as(out))
+            return y.expand(clients.size, -1).clone()
         X = x.expand(clients.size, -1)
         scale = 2.0 * torch.sigmoid(X[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
         shift = X[:, None, N_CLASSES:] if self.cfg.tune_loss else None
@@ -153,9 +152,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         def layers(vector):
             return [(W[0], b[0]) for W, b in self._layers(vector[None])]
 
-        shared_start_sgd(layers(y), batch, steps, lr, self.cfg.inner_regularization, out,
-                         None if anchor is None else layers(anchor))
-        return out
+        return shared_start_sgd(layers(y), batch, steps, lr, self.cfg.inner_regularization, None if anchor is None else layers(anchor))
 
     # -- oracles: closed form when y (and v) are the shared global rows (mlp.py), else reverse-mode
     # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --

@@ -31,6 +31,7 @@ autograd SGD and the problem's own oracle loop in ``tests/unit/test_shared_start
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -51,8 +52,54 @@ def worthwhile(steps: int, batch_size: int, anchor: bool) -> bool:
     return steps * batch_size * (2 if anchor else 1) <= MAX_HISTORY
 
 
+@dataclass
+class LowRankRows:
+    """The clients' parameters after the local steps, (C, d) rows in the layout [W_1 (row-major),
+    b_1, W_2, b_2, ...], held factored: W_l of client i = shared_l + sum_e grads_l[i, e]^T inputs_l[i, e]
+    (the history's coefficients folded into ``grads``), b_l of client i = biases_l[i]. The round's
+    weighted mean needs no per-client weight matrix (:meth:`weighted_sum`: one GEMM per layer)."""
+
+    shared: list[torch.Tensor]  # (out, in) per layer
+    inputs: list[torch.Tensor]  # (C, N, in)
+    grads: list[torch.Tensor]  # (C, N, out)
+    biases: list[torch.Tensor]  # (C, out)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.biases[0].shape[0], sum(W.numel() + W.shape[0] for W in self.shared)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.biases[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.biases[0].device
+
+    def weighted_sum(self, w: torch.Tensor) -> torch.Tensor:
+        """sum_i w_i row_i, (d,): per layer w.sum() shared + (w-scaled grads)^T inputs over all C N rows."""
+        parts = []
+        for W, H, D, b in zip(self.shared, self.inputs, self.grads, self.biases):
+            scaled = (D * w[:, None, None]).flatten(0, 1)
+            parts += [torch.addmm(W, scaled.T, H.flatten(0, 1), beta=float(w.sum())).reshape(-1), w @ b]
+        return torch.cat(parts)
+
+    def dense(self) -> torch.Tensor:
+        """The (C, d) rows."""
+        C = self.biases[0].shape[0]
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        at = 0
+        for W, H, D, b in zip(self.shared, self.inputs, self.grads, self.biases):
+            rows = out[:, at: at + W.numel()].view(C, *W.shape)
+            rows.copy_(W.expand(C, -1, -1)).baddbmm_(D.transpose(1, 2), H)
+            at += W.numel()
+            out[:, at: at + W.shape[0]] = b
+            at += W.shape[0]
+        return out
+
+
 def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: int, lr: float, decay: float,
-                     out: torch.Tensor, anchor: mlp.Layers | None = None) -> None:
+                     anchor: mlp.Layers | None = None) -> LowRankRows:
     """Run ``steps`` SGD (or, with ``anchor``, SVRG) steps of a ReLU MLP for a block of C clients
     from shared weights.
 
@@ -64,9 +111,9 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
         respect to it (each client's loss is a weighted sum over its b samples).
     steps, lr, decay : tau, eta and the weight decay lambda of g_i's (lambda/2)||y||^2 (all weights
         and biases).
-    out : (C, d) rows that receive each client's final parameters, in the layout
-        [W_1 (row-major), b_1, W_2, b_2, ...] (written in place).
     anchor : FedInn's q = mean_S grad g_i(y) in the same layout as ``layers`` (SVRG steps), or None.
+
+    Returns the clients' final parameters, factored (:class:`LowRankRows`).
     """
     A, residual = batch(0)
     C, b = A.shape[0], A.shape[1]
@@ -124,13 +171,5 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
             c = rho * c - lr
         a = rho * a + (lr * decay if anchor is not None else 0.0)
         filled += per_step
-    at = 0
-    for layer, (W, _) in enumerate(layers):
-        n_out, n_in = W.shape
-        rows = out[:, at: at + n_out * n_in].view(C, n_out, n_in)
-        dense = W * a if anchor is None else W * a + anchor[layer][0] * c
-        rows.copy_(dense.expand(C, -1, -1))
-        rows.baddbmm_(history_grad[layer].mul_(coef.T).transpose(1, 2), history_in[layer])
-        at += n_out * n_in
-        out[:, at: at + n_out] = bias[layer]
-        at += n_out
+    shared = [W * a if anchor is None else W * a + anchor[layer][0] * c for layer, (W, _) in enumerate(layers)]
+    return LowRankRows(shared, history_in, [D.mul_(coef.T) for D in history_grad], bias)
