@@ -20,6 +20,7 @@ import torch
 
 from fednest_mpi import checkpoint as ckpt_io
 from fednest_mpi.algorithms import build_algorithm
+from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, UsageError
 from fednest_mpi.federation import Federation, torch_device
@@ -146,6 +147,7 @@ class Simulation:
     """
 
     def __init__(self, cfg: RunConfig, comm):
+        keep_freed_memory()
         torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
         self.fed = Federation(comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait, cfg.federation.placement)

@@ -27,3 +27,12 @@ def test_a_serial_run_equals_the_comm_self_run(small_config):
     serial, mpi = simulate(cfg, SerialComm()), simulate(cfg, MPI.COMM_SELF)
     assert_histories_match(serial.history, mpi.history)
     assert torch.equal(serial.x, mpi.x) and torch.equal(serial.y, mpi.y)
+
+
+def test_the_allocator_keeps_freed_memory_on_glibc():
+    import platform
+
+    from fednest_mpi.allocator import keep_freed_memory
+
+    if platform.libc_ver()[0] == "glibc":
+        assert keep_freed_memory()  # mallopt accepted every setting
