@@ -55,6 +55,16 @@ def _rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table.index_select(0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
 
 
+def _weight_and_bias_rows(G: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Per-client [sum_j G_j^T inputs_j (row-major), sum_j G_j] rows (B, out in + out), the gradient
+    of a linear layer, written in place into one buffer (no concatenation copy)."""
+    B, n_out, n_in = G.shape[0], G.shape[2], inputs.shape[2]
+    out = G.new_empty(B, n_out * n_in + n_out)
+    torch.bmm(G.transpose(1, 2), inputs, out=out[:, : n_out * n_in].view(B, n_out, n_in))
+    torch.sum(G, 1, out=out[:, n_out * n_in:])
+    return out
+
+
 class FeatureStore:
     """Hidden features relu(A W1^T + b1) of whole client splits for **one** shared x, per client.
 
@@ -278,12 +288,11 @@ class RepresentationProblem(BilevelProblem):
         dz = grad_h * (s["pre"] > 0)
         if s["drop"] is not None:
             dz = dz * s["drop"]
-        gW1 = torch.bmm(dz.transpose(1, 2), s["A"])
-        return torch.cat([gW1.flatten(1), dz.sum(1)], dim=1)
+        return _weight_and_bias_rows(dz, s["A"])
 
     def _head_grad(self, s, G):
         """(W2, b2) gradient for per-sample logit gradients G (B, b, C)."""
-        return torch.cat([torch.bmm(G.transpose(1, 2), s["H"]).flatten(1), G.sum(1)], dim=1)
+        return _weight_and_bias_rows(G, s["H"])
 
     def _residual(self, s):
         return (s["P"] - s["E"]) * s["w"][..., None]
