@@ -27,3 +27,11 @@ def make_config(**sections) -> config.RunConfig:
 @pytest.fixture
 def small_config():
     return make_config
+
+
+def pytest_runtest_setup(item):
+    """``@requires(folder)`` (tests/shared_data.py): skip, or fail under FEDNEST_REQUIRE_DATA=1, without the data."""
+    from shared_data import DATA, need
+
+    for mark in item.iter_markers(name="needs_data"):
+        need(DATA / mark.args[0])

@@ -1,4 +1,9 @@
-"""Where the tests find the real data sets: $FEDNEST_DATA, else ../shared/data beside the checkout."""
+"""Where the tests find the real data sets: $FEDNEST_DATA, else ../shared/data beside the checkout.
+
+A test that needs a data set is marked ``@requires("mnist")`` (or calls :func:`need`). Where the data
+are missing it is skipped, with the reason -- unless ``FEDNEST_REQUIRE_DATA=1`` (CI sets it), where it
+fails with the same message, so that a machine without the data cannot pass the suite silently.
+"""
 
 import os
 from pathlib import Path
@@ -6,11 +11,22 @@ from pathlib import Path
 import pytest
 
 DATA = Path(os.environ.get("FEDNEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+REQUIRE_ENV = "FEDNEST_REQUIRE_DATA"
+
+
+def need(path: Path) -> None:
+    """Skip (fail under ``FEDNEST_REQUIRE_DATA=1``) the calling test when ``path`` does not exist."""
+    if path.exists():
+        return
+    message = f"{path} not found; set FEDNEST_DATA to the data folder"
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{message} ({REQUIRE_ENV}=1: data tests must run)", pytrace=False)
+    pytest.skip(message)
 
 
 def requires(folder: str):
-    """Skip a test module or test when DATA/folder is absent (a machine without the shared data)."""
-    return pytest.mark.skipif(not (DATA / folder).is_dir(), reason=f"{folder} not found under {DATA}; set FEDNEST_DATA")
+    """Mark a test or module as needing DATA/folder (checked by :func:`need` in conftest.py)."""
+    return pytest.mark.needs_data(folder)
 
 
 def small_mnist_config(name: str, **problem):

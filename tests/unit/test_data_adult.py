@@ -14,6 +14,7 @@ from fednest_mpi.data.adult import CATEGORICAL, NUMERIC, RACES
 from fednest_mpi.errors import DataError
 
 from shared_data import DATA as SHARED
+from shared_data import need
 
 TRAIN = """\
 39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K
@@ -30,8 +31,7 @@ TEST = """\
 
 @pytest.fixture(scope="module")
 def adult():
-    if not (SHARED / "adult").is_dir():
-        pytest.skip(f"real Adult not found at {SHARED / 'adult'}; set FEDNEST_DATA to the data folder")
+    need(SHARED / "adult")
     return load_adult(SHARED / "adult")
 
 

@@ -13,13 +13,14 @@ from fednest_mpi.data.files import read_md5sums
 from fednest_mpi.errors import DataError
 
 from shared_data import DATA as SHARED
+from shared_data import need
 
 
 @pytest.fixture
 def mirror(tmp_path):
     """A copy of the shared files laid out as on the download servers (Adult uncompressed)."""
-    if not (SHARED / "mnist").is_dir() or not (SHARED / "adult").is_dir():
-        pytest.skip(f"shared data not found at {SHARED}; set FEDNEST_DATA to the data folder")
+    need(SHARED / "mnist")
+    need(SHARED / "adult")
     site = tmp_path / "site"
     site.mkdir()
     for name in SOURCES["mnist"][1]:

@@ -15,13 +15,13 @@ from fednest_mpi.data.mnist import IMAGES_MAGIC, LABELS_MAGIC
 from fednest_mpi.errors import DataError
 
 from shared_data import DATA as SHARED
+from shared_data import need
 TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 
 
 @pytest.fixture(scope="module")
 def mnist():
-    if not (SHARED / "mnist").is_dir():
-        pytest.skip(f"real MNIST not found at {SHARED / 'mnist'}; set FEDNEST_DATA to the data folder")
+    need(SHARED / "mnist")
     return load_mnist(SHARED / "mnist")
 
 
@@ -144,8 +144,7 @@ def test_damaged_files_raise_data_error_naming_the_file(tmp_path, damage):
 
 def test_read_idx_of_real_labels():
     path = SHARED / "mnist" / "t10k-labels-idx1-ubyte.gz"
-    if not path.is_file():
-        pytest.skip(f"real MNIST not found at {path.parent}")
+    need(path)
     labels = read_idx(path, LABELS_MAGIC)
     assert labels.shape == (10000,) and labels.dtype == np.uint8 and labels.max() == 9
 
@@ -170,7 +169,6 @@ def test_resolve_data_dir(tmp_path, monkeypatch):
 
 
 def test_resolve_data_dir_finds_the_shared_layout(monkeypatch):
-    if not (SHARED / "mnist").is_dir():
-        pytest.skip(f"shared data not found at {SHARED}")
+    need(SHARED / "mnist")
     monkeypatch.setenv(files.ENV_VAR, str(SHARED))
     assert resolve_data_dir(None, "mnist") == SHARED / "mnist"

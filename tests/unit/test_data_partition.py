@@ -11,13 +11,13 @@ from fednest_mpi.data import (dirichlet_partition, iid_partition, long_tail_indi
 from fednest_mpi.data.mnist import LABELS_MAGIC
 
 from shared_data import DATA as SHARED
+from shared_data import need
 
 
 @pytest.fixture(scope="module")
 def mnist_labels():
     path = SHARED / "mnist" / "train-labels-idx1-ubyte.gz"
-    if not path.is_file():
-        pytest.skip(f"real MNIST labels not found at {path}; set FEDNEST_DATA to the data folder")
+    need(path)
     return read_idx(path, LABELS_MAGIC).astype(np.int64)
 
 
