@@ -94,7 +94,7 @@ up() {
     trap 'say "start failed; logs:"; tail -n 5 "$dir"/*.log "$dir"/munge/*.log >&2 2> /dev/null; stop_daemons "$dir"; rm -rf "$dir"' ERR
     chmod 755 "$dir"   # munged runs as the munge user when we are root: it must reach DIR/munge
     host=$(hostname -s)
-    cpus=$(nproc)
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # nproc obeys OMP_NUM_THREADS (1 under make)
     mem=$(awk '/^MemTotal:/ { printf "%d", $2 / 1024 * 0.9 }' /proc/meminfo)   # MiB, a margin below the total
     user=$(id -un)
     read -r ctld_port slurmd_port < <(free_ports)
