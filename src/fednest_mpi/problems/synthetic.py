@@ -91,6 +91,12 @@ class SyntheticProblem(RepresentationProblem):
             self._sets.popitem(last=False)
         return cs, np.searchsorted(ids, clients)
 
+    def client_bytes(self) -> int:
+        """The default estimate plus a client's generated samples and their features, several times
+        over (inputs, features, pre-activations, their minibatch gathers): chunks stay small enough
+        for their sample blocks to be reused by the allocator (fednest_mpi.allocator)."""
+        return super().client_bytes() + 6 * self.cfg.samples_per_client * (self.cfg.n_inputs + self.hidden) * 4
+
     def _locate(self, split, clients):
         cs, rows = self.client_set(clients)
         return (cs.inner if split == self.inner else cs.outer), rows, cs.inputs, cs.targets
