@@ -17,6 +17,8 @@ def make_config(**sections) -> config.RunConfig:
         "run": {"output": "unused.h5"},
     }
     for name, values in sections.items():
+        if name == "algorithm" and "name" in values:  # a layer naming an algorithm keeps only its fields
+            data["algorithm"] = config.algorithm_fields(values["name"], data["algorithm"])
         if isinstance(values, dict):
             data.setdefault(name, {}).update(values)
         else:

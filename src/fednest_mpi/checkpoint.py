@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fednest_mpi import config
 from fednest_mpi.errors import UsageError
 
 FORMAT = "fednest-mpi/checkpoint"
@@ -197,8 +198,13 @@ def _flatten(data: dict, prefix: str = "") -> dict:
 
 def config_differences(saved_json: str, cfg) -> list[str]:
     """The fields (other than :data:`RESUMABLE_CHANGES`) in which ``cfg`` differs from the
-    checkpoint's config, as ``field: checkpoint VALUE, now VALUE``."""
-    saved, now = _flatten(json.loads(saved_json)), _flatten(json.loads(cfg.to_json()))
+    checkpoint's config, as ``field: checkpoint VALUE, now VALUE``. Saved [algorithm] fields that
+    ``cfg``'s algorithm does not have are not compared (checkpoints written before the algorithm
+    section became a union hold every algorithm's fields)."""
+    saved = json.loads(saved_json)
+    if isinstance(saved.get("algorithm"), dict):
+        saved["algorithm"] = config.algorithm_fields(cfg.algorithm.name, saved["algorithm"])
+    saved, now = _flatten(saved), _flatten(json.loads(cfg.to_json()))
     return [f"{key}: checkpoint {saved.get(key)!r}, now {now.get(key)!r}"
             for key in sorted(saved.keys() | now.keys())
             if key not in RESUMABLE_CHANGES and saved.get(key) != now.get(key)]

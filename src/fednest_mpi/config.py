@@ -1,8 +1,10 @@
 """Run configuration: typed, documented, validated before any collective.
 
-A config is a TOML file (or a dict) with the sections of :class:`RunConfig`. The ``[problem]``
-section is a union over problem kinds, chosen by its ``name`` (see :data:`PROBLEM_CONFIGS`).
-Command-line overrides ``--set section.field=value`` are applied before validation.
+A config is a TOML file (or a dict) with the sections of :class:`RunConfig`. The ``[problem]`` and
+``[algorithm]`` sections are unions chosen by their ``name``: one registry per kind (:data:`PROBLEMS`,
+:data:`ALGORITHMS`) maps a name to its frozen parameter class, its implementation and its traits
+(stateful, can pool an outer objective, which problems it accepts, ...); validation reads the traits,
+never lists of names. Command-line overrides ``--set section.field=value`` are applied before validation.
 
 Every field carries its meaning, default and allowed values in its metadata, so the reference
 table in ``docs/config.md`` is generated from this module (``fednest-mpi config-doc``) and
@@ -18,6 +20,7 @@ import json
 import math
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,61 +177,222 @@ class FairnessConfig:
                                          "the outer loss always uses the client's whole (small) validation split", low=0)
     inner_regularization: float = spec(0.01, "mu of the (mu/2)||y||^2 term in g_i (strong convexity)", low=0.0)
 
-
-PROBLEM_CONFIGS: dict[str, type] = {"quadratic": QuadraticConfig, "hyper_representation": HyperRepresentationConfig, "loss_tuning": LossTuningConfig,
-                                    "minimax": MinimaxConfig, "compositional": CompositionalConfig, "synthetic": SyntheticConfig, "fairness": FairnessConfig}
-
-# ----------------------------------------------------------------------------------------------
-# Algorithm
-
-ALGORITHM_NAMES = ("fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt", "fedavg_s", "fedbio", "fedbioacc", "fedavg", "fedsvrg")
-# algorithms with per-client state that lives across rounds (on the rank hosting the client)
-STATEFUL_ALGORITHMS = ("fedbio", "fedbioacc")
-# algorithms whose outer step is FedOut's global hypergradient, the one place a pooled outer objective
-# (BilevelProblem.outer_statistics) can be pooled: one extra round per outer iteration
-POOLING_ALGORITHMS = ("fednest", "fednest_sgd")
+    @property
+    def pooled_outer_objective(self) -> bool:
+        """Whether f is a function of the pooled validation set (needs an algorithm that can pool it)."""
+        return self.outer_objective == "worst_group"
 
 
 @dataclass(frozen=True)
-class AlgorithmConfig:
-    """FedNest family (paper Table 2) and its step sizes; defaults are the paper's appendix H."""
+class ProblemSpec:
+    """One entry of :data:`PROBLEMS`: a problem kind, its parameter class, its implementation and its traits."""
 
-    name: str = spec("fednest", "variant of Table 2 (lfednest_nonalt: appendix H.1; fedavg_s: the simultaneous saddle-point "
-                     "baseline of section 4.3, inner_local_steps steps with inner_lr on y and outer_lr on x, one round; fedbio, fedbioacc: "
-                     "Li, Huang & Huang, local lower level, sync_period local steps per round; fedavg, fedsvrg: single-level "
-                     "FL on g(x0, .) with x fixed, inner_rounds rounds of LFedInn (Alg. 6) or FedInn (Alg. 4))", choices=ALGORITHM_NAMES)
-    outer_iterations: int = spec(100, "outer iterations K of Algorithm 1", low=1)
-    inner_rounds: int = spec(1, "FedInn rounds T per outer iteration", low=1)
-    clients_per_round: int = spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
-    inner_lr: float = spec(0.01, "local inner step size beta_i of FedInn (Alg. 4/6)", low=0.0, low_open=True)
-    outer_lr: float = spec(0.01, "local outer step size alpha_i of FedOut (Alg. 2/5)", low=0.0, low_open=True)
-    inner_local_steps: int = spec(40, "local steps tau_i of FedInn per round", low=1)
+    name: str
+    params: type  #: frozen parameter class of the [problem] section
+    implementation: str  #: "module:Class", imported only when a run builds it
+    saddle_point: bool = False  #: g_i = -f_i, so the direct hypergradient (eq. (9)) is exact
+
+
+PROBLEMS: dict[str, ProblemSpec] = {s.name: s for s in (
+    ProblemSpec("quadratic", QuadraticConfig, "fednest_mpi.problems.quadratic:QuadraticProblem"),
+    ProblemSpec("hyper_representation", HyperRepresentationConfig, "fednest_mpi.problems.hyperrep:HyperRepresentationProblem"),
+    ProblemSpec("loss_tuning", LossTuningConfig, "fednest_mpi.problems.losstuning:LossTuningProblem"),
+    ProblemSpec("minimax", MinimaxConfig, "fednest_mpi.problems.minimax:MinimaxProblem", saddle_point=True),
+    ProblemSpec("compositional", CompositionalConfig, "fednest_mpi.problems.compositional:CompositionalProblem"),
+    ProblemSpec("synthetic", SyntheticConfig, "fednest_mpi.problems.synthetic:SyntheticProblem"),
+    ProblemSpec("fairness", FairnessConfig, "fednest_mpi.problems.fairness:FairnessProblem"),
+)}
+
+# ----------------------------------------------------------------------------------------------
+# Algorithms: one frozen parameter class per algorithm class (the [algorithm] section is a union
+# on ``name``, like [problem]); the fields shared by several classes are made by one function each.
+
+
+def _outer_iterations():
+    return spec(100, "outer iterations K of Algorithm 1 (one communication round for fedbio, fedbioacc, fedavg_s)", low=1)
+
+
+def _clients_per_round():
+    return spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
+
+
+def _inner_rounds():
+    return spec(1, "FedInn rounds T per outer iteration", low=1)
+
+
+def _inner_lr():
+    return spec(0.01, "local inner step size beta_i of FedInn (Alg. 4/6); fedbio, fedbioacc: beta (y steps); "
+                "fedavg_s: the y step", low=0.0, low_open=True)
+
+
+def _outer_lr():
+    return spec(0.01, "local outer step size alpha_i of FedOut (Alg. 2/5); fedbio, fedbioacc: alpha (x steps); "
+                "fedavg_s: the x step", low=0.0, low_open=True)
+
+
+def _inner_local_steps():
+    return spec(40, "local steps tau_i of FedInn per round (fedavg_s: its simultaneous local steps)", low=1)
+
+
+def _neumann_steps():
+    return spec(5, "N: Hessian-vector rounds of FedIHGP (Alg. 3), terms of the local Neumann series (Alg. 5; "
+                "fedbio, fedbioacc: Q)", low=0)
+
+
+def _neumann_scale():
+    return spec(0.01, "eta = 1/l_{g,1}: scale of the Neumann series (I - eta H)^k", low=0.0, low_open=True)
+
+
+def _ihgp_mode():
+    return spec("truncated", "truncated: eta * sum_{k=0..N} (I - eta H)^k v (N rounds, deterministic); "
+                "randomized: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (10b), N' rounds)",
+                choices=("truncated", "randomized"))
+
+
+def _hypergradient():
+    return spec("implicit", "implicit: direct minus indirect gradient through FedIHGP / local Neumann series (eq. (8), "
+                "(10)); direct: the minimax specialisation of eq. (9), nabla_x f_i only, no FedIHGP (saddle-point "
+                "problems only)", choices=("implicit", "direct"))
+
+
+@dataclass(frozen=True)
+class FedNestConfig:
+    """FedNest family (paper Table 2, appendix H.1) and its step sizes; defaults are the paper's appendix H."""
+
+    name: str = spec("fednest", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    inner_rounds: int = _inner_rounds()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    outer_lr: float = _outer_lr()
+    inner_local_steps: int = _inner_local_steps()
     outer_local_steps: int = spec(1, "local steps tau_i of FedOut per round", low=1)
-    neumann_steps: int = spec(5, "N: Hessian-vector rounds of FedIHGP (Alg. 3), terms of the local Neumann series (Alg. 5)", low=0)
-    neumann_scale: float = spec(0.01, "eta = 1/l_{g,1}: scale of the Neumann series (I - eta H)^k", low=0.0, low_open=True)
-    ihgp_mode: str = spec(
-        "truncated",
-        "truncated: eta * sum_{k=0..N} (I - eta H)^k v (N rounds, deterministic); "
-        "randomized: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (10b), N' rounds)",
-        choices=("truncated", "randomized"),
-    )
-    ihgp_resample_clients: bool = spec(True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of reusing FedOut's set")
-    hypergradient: str = spec(
-        "implicit",
-        "implicit: direct minus indirect gradient through FedIHGP / local Neumann series (eq. (8), (10)); "
-        "direct: the minimax specialisation of eq. (9), nabla_x f_i only, no FedIHGP (problem minimax only)",
-        choices=("implicit", "direct"),
-    )
-    sync_period: int = spec(5, "fedbio/fedbioacc: I, local iterations (a y step and an x step each) per round; the round "
-                            "averages x (fedbio) or x, x_prev and the momentum nu (fedbioacc)", low=1)
-    local_update_order: str = spec("simultaneous", "fedbio: simultaneous (y and x steps both from (x_t, y_t)) or inner_first "
-                                   "(the x step uses the new y_{t+1})", choices=("simultaneous", "inner_first"))
-    step_schedule: str = spec("constant", "fedbio/fedbioacc step sizes at local iteration t: constant (outer_lr, inner_lr) or "
-                              "storm: scaled by ((u + 1) / (u + t))^(1/3) (MRBO/STORM), u = schedule_offset", choices=("constant", "storm"))
+    neumann_steps: int = _neumann_steps()
+    neumann_scale: float = _neumann_scale()
+    ihgp_mode: str = _ihgp_mode()
+    ihgp_resample_clients: bool = spec(True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of "
+                                       "reusing FedOut's set")
+    hypergradient: str = _hypergradient()
+
+
+@dataclass(frozen=True)
+class FedBiOConfig:
+    """FedBiO and FedBiOAcc (Li, Huang & Huang): local lower level, sync_period local iterations per round."""
+
+    name: str = spec("fedbio", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    outer_lr: float = _outer_lr()
+    neumann_steps: int = _neumann_steps()
+    neumann_scale: float = _neumann_scale()
+    ihgp_mode: str = _ihgp_mode()
+    hypergradient: str = _hypergradient()
+    sync_period: int = spec(5, "I, local iterations (a y step and an x step each) per round; the round averages x "
+                            "(fedbio) or x, x_prev and the momentum nu (fedbioacc)", low=1)
+    local_update_order: str = spec("simultaneous", "fedbio: simultaneous (y and x steps both from (x_t, y_t)) or "
+                                   "inner_first (the x step uses the new y_{t+1})", choices=("simultaneous", "inner_first"))
+    step_schedule: str = spec("constant", "step sizes at local iteration t: constant (outer_lr, inner_lr) or storm: "
+                              "scaled by ((u + 1) / (u + t))^(1/3) (MRBO/STORM), u = schedule_offset",
+                              choices=("constant", "storm"))
     schedule_offset: float = spec(10.0, "u of step_schedule = storm", low=0.0)
     momentum_outer: float = spec(0.5, "fedbioacc: STORM weight a_1 of the fresh hypergradient in nu at t = 1; "
                                  "a_t = min(1, a_1 (alpha_t / alpha_1)^2)", low=0.0, low_open=True, high=1.0)
-    momentum_inner: float = spec(0.5, "fedbioacc: STORM weight b_1 of the fresh inner gradient in omega; b_t likewise", low=0.0, low_open=True, high=1.0)
+    momentum_inner: float = spec(0.5, "fedbioacc: STORM weight b_1 of the fresh inner gradient in omega; b_t likewise",
+                                 low=0.0, low_open=True, high=1.0)
+
+
+@dataclass(frozen=True)
+class FedAvgSConfig:
+    """FedAvg-S, the simultaneous saddle-point baseline of section 4.3: inner_local_steps steps with inner_lr on y
+    and outer_lr on x, one round."""
+
+    name: str = spec("fedavg_s", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    outer_lr: float = _outer_lr()
+    inner_local_steps: int = _inner_local_steps()
+
+
+@dataclass(frozen=True)
+class SingleLevelConfig:
+    """Single-level FL on g(x0, .) with x fixed: inner_rounds rounds of LFedInn (Alg. 6, fedavg) or FedInn
+    (Alg. 4, fedsvrg) per outer iteration."""
+
+    name: str = spec("fedavg", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    inner_rounds: int = _inner_rounds()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    inner_local_steps: int = _inner_local_steps()
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One entry of :data:`ALGORITHMS`: a name, its parameter class, its implementation and its traits.
+
+    Validation, ``fednest-mpi config-doc`` and :func:`fednest_mpi.algorithms.build_algorithm` read these
+    entries and nothing else, so an algorithm is added by its module, its parameter class and one entry here.
+    """
+
+    name: str
+    params: type  #: frozen parameter class of the [algorithm] section
+    implementation: str  #: "module:Class", imported only when a run builds it (config stays free of torch)
+    summary: str  #: one line for config-doc
+    kind: str  #: what it is, in error messages: "a FedNest variant", "a saddle-point method", ...
+    options: Mapping[str, Any] = field(default_factory=dict)  #: keyword arguments of the class (a variant's switches)
+    stateful: bool = False  #: per-client state lives across rounds on the rank hosting the client (placement = block)
+    pools_outer_objective: bool = False  #: can pool an outer objective f = phi(mean_S u_i) (one extra round)
+    problems: tuple[str, ...] | None = None  #: problem kinds it accepts (None: every kind)
+
+    def accepts(self, problem: str) -> bool:
+        return self.problems is None or problem in self.problems
+
+
+_FEDNEST = "fednest_mpi.algorithms.fednest:FedNest"
+ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in (
+    AlgorithmSpec("fednest", FedNestConfig, _FEDNEST, "FedOut (Alg. 2+3) with FedInn SVRG (Alg. 4): 2T + N + 3 rounds",
+                  "a FedNest variant", {"inner_variance_reduction": True, "global_outer": True}, pools_outer_objective=True),
+    AlgorithmSpec("fednest_sgd", FedNestConfig, _FEDNEST, "FedOut (Alg. 2+3) with LFedInn SGD (Alg. 6): T + N + 3 rounds",
+                  "a FedNest variant", {"inner_variance_reduction": False, "global_outer": True}, pools_outer_objective=True),
+    AlgorithmSpec("lfednest", FedNestConfig, _FEDNEST, "LFedOut (Alg. 5) with LFedInn SGD (Alg. 6): T + 1 rounds",
+                  "a FedNest variant", {"inner_variance_reduction": False, "global_outer": False}),
+    AlgorithmSpec("lfednest_svrg", FedNestConfig, _FEDNEST, "LFedOut (Alg. 5) with FedInn SVRG (Alg. 4): 2T + 1 rounds",
+                  "a FedNest variant", {"inner_variance_reduction": True, "global_outer": False}),
+    AlgorithmSpec("lfednest_nonalt", FedNestConfig, _FEDNEST, "appendix H.1: LFedOut on each client's local y, y and x "
+                  "averaged in one round: T rounds", "a FedNest variant",
+                  {"inner_variance_reduction": False, "global_outer": False, "alternating": False}),
+    AlgorithmSpec("fedavg_s", FedAvgSConfig, "fednest_mpi.algorithms.minimax:FedAvgS", "simultaneous local descent-ascent "
+                  "on x and y, one round (section 4.3)", "a saddle-point method", problems=("minimax",)),
+    AlgorithmSpec("fedbio", FedBiOConfig, "fednest_mpi.algorithms.fedbio:FedBiO", "FedBiO (Li, Huang & Huang, Alg. 2): "
+                  "every client keeps its own y, one round", "a local-lower-level method", {"accelerated": False},
+                  stateful=True),
+    AlgorithmSpec("fedbioacc", FedBiOConfig, "fednest_mpi.algorithms.fedbio:FedBiO", "FedBiOAcc (Alg. 3): FedBiO with "
+                  "STORM momentum on x and y, one round", "a local-lower-level method", {"accelerated": True}, stateful=True),
+    AlgorithmSpec("fedavg", SingleLevelConfig, "fednest_mpi.algorithms.singlelevel:SingleLevel", "FedAvg = LFedInn "
+                  "(Alg. 6) on g(x0, .), x fixed: T rounds", "a single-level method", {"inner_variance_reduction": False}),
+    AlgorithmSpec("fedsvrg", SingleLevelConfig, "fednest_mpi.algorithms.singlelevel:SingleLevel", "FedSVRG = FedInn "
+                  "(Alg. 4) on g(x0, .), x fixed: 2T rounds", "a single-level method", {"inner_variance_reduction": True}),
+)}
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of an [algorithm] table that algorithm ``name`` has; entries that are fields of no
+    algorithm stay (validation names them), as does everything when ``name`` is unknown.
+
+    A config layer that names an algorithm (a file over its ``base``, ``--set algorithm.name=...`` over
+    the file, a sweep's values) keeps only these from the layers below it: another algorithm's fields
+    are left behind with that algorithm."""
+    if name not in ALGORITHMS:
+        return dict(table)
+    own = _fields(ALGORITHMS[name].params)
+    every = set().union(*(_fields(s.params) for s in ALGORITHMS.values()))
+    return {k: v for k, v in table.items() if k in own or k not in every}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,7 +459,7 @@ class RunConfig:
 
     seed: int = spec(0, "seed of every random stream (sampling, minibatches, data, init)", low=0)
     problem: Any = field(default_factory=QuadraticConfig, metadata={"help": "problem section; see the problem kinds"})
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"help": "algorithm section"})
+    algorithm: Any = field(default_factory=FedNestConfig, metadata={"help": "algorithm section; see the algorithms"})
     federation: FederationConfig = field(default_factory=FederationConfig, metadata={"help": "federation section"})
     run: RunSection = field(default_factory=RunSection, metadata={"help": "run section"})
 
@@ -306,7 +470,7 @@ class RunConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-SECTIONS = {"algorithm": AlgorithmConfig, "federation": FederationConfig, "run": RunSection}
+SECTIONS = {"federation": FederationConfig, "run": RunSection}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,9 +547,35 @@ def _build_problem(data: Any):
     if not isinstance(data, dict):
         raise ConfigError(f"problem: expected a table of fields, got {data!r}")
     name = data.get("name", "quadratic")
-    if name not in PROBLEM_CONFIGS:
-        raise ConfigError(f"problem.name: unknown problem {name!r}" + _did_you_mean(str(name), PROBLEM_CONFIGS) + f"; choose from {', '.join(PROBLEM_CONFIGS)}")
-    return _build(PROBLEM_CONFIGS[name], data, "problem")
+    if name not in PROBLEMS:
+        raise ConfigError(f"problem.name: unknown problem {name!r}" + _did_you_mean(str(name), PROBLEMS)
+                          + f"; choose from {', '.join(PROBLEMS)}")
+    return _build(PROBLEMS[name].params, data, "problem")
+
+
+def _build_algorithm(data: Any):
+    """The parameter object of the algorithm named in ``data``. A field of another algorithm is an
+    error naming both, unless it states that field's default (it then changes nothing: a sweep may zip
+    a field over algorithms that lack it)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"algorithm: expected a table of fields, got {data!r}")
+    name = data.get("name", "fednest")
+    if name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS))}"
+                          + _did_you_mean(str(name), ALGORITHMS))
+    spec_ = ALGORITHMS[name]
+    own, kept = _fields(spec_.params), {}
+    for key, value in data.items():
+        owners = [s for s in ALGORITHMS.values() if key not in own and key in _fields(s.params)]
+        if not owners:
+            kept[key] = value
+            continue
+        f = _fields(owners[0].params)[key]
+        where = f"algorithm.{key}"
+        if _coerce(where, value, typing.get_type_hints(owners[0].params)[key]) != f.default:
+            raise ConfigError(f"{where}: does not apply to algorithm {name!r} ({spec_.kind}); it is a field of "
+                              f"{', '.join(s.name for s in owners)}; remove it")
+    return _build(spec_.params, kept, "algorithm")
 
 
 def from_dict(data: dict) -> RunConfig:
@@ -402,6 +592,8 @@ def from_dict(data: dict) -> RunConfig:
         _check_range("seed", kwargs["seed"], {"low": 0, "high": SEED_MAX})
     if "problem" in data:
         kwargs["problem"] = _build_problem(data["problem"])
+    if "algorithm" in data:
+        kwargs["algorithm"] = _build_algorithm(data["algorithm"])
     for name, cls in SECTIONS.items():
         if name in data:
             kwargs[name] = _build(cls, data[name], name)
@@ -413,6 +605,7 @@ def from_dict(data: dict) -> RunConfig:
 def validate_relations(cfg: RunConfig) -> None:
     """Checks that involve several fields."""
     p, a = cfg.problem, cfg.algorithm
+    alg, prob = ALGORITHMS[a.name], PROBLEMS[p.name]
     if a.clients_per_round > p.n_clients:
         raise ConfigError(
             f"algorithm.clients_per_round: {a.clients_per_round} is more than problem.n_clients = {p.n_clients}; "
@@ -428,23 +621,26 @@ def validate_relations(cfg: RunConfig) -> None:
             f"problem.smoothness: {p.smoothness} is below problem.strong_convexity = {p.strong_convexity}; "
             "the Hessian spectrum needs mu <= L"
         )
-    if not isinstance(p, MinimaxConfig) and a.hypergradient == "direct":
+    if not prob.saddle_point and getattr(a, "hypergradient", None) == "direct":
         raise ConfigError(
             f"algorithm.hypergradient: 'direct' drops the indirect gradient, which is zero only for minimax problems (g = -f); "
             f"use 'implicit' for problem {p.name!r}"
         )
-    if not isinstance(p, MinimaxConfig) and a.name == "fedavg_s":
-        raise ConfigError(f"algorithm.name: 'fedavg_s' is a saddle-point method for problem 'minimax'; choose a FedNest variant for problem {p.name!r}")
+    if not alg.accepts(p.name):
+        fits = [s.name for s in ALGORITHMS.values() if s.accepts(p.name)]
+        raise ConfigError(f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems))}; "
+                          f"choose one of {', '.join(fits)} for problem {p.name!r}")
     if isinstance(p, CompositionalConfig) and p.dim_y < p.dim_x:
         raise ConfigError(f"problem.dim_y: {p.dim_y} is below problem.dim_x = {p.dim_x}; the compositional x* is unique only for dim_y >= dim_x")
-    if a.name in STATEFUL_ALGORITHMS and cfg.federation.placement != "block":
+    if alg.stateful and cfg.federation.placement != "block":
         raise ConfigError(f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
                           "use placement = 'block'")
-    if isinstance(p, FairnessConfig) and p.outer_objective == "worst_group" and a.name not in POOLING_ALGORITHMS:
-        raise ConfigError(f"problem.outer_objective: 'worst_group' is a loss of the pooled validation set, which only FedOut's "
-                          f"global hypergradient can pool (one extra round); use algorithm.name = 'fednest' or 'fednest_sgd', "
+    if getattr(p, "pooled_outer_objective", False) and not alg.pools_outer_objective:
+        pooling = " or ".join(repr(s.name) for s in ALGORITHMS.values() if s.pools_outer_objective)
+        raise ConfigError(f"problem.outer_objective: {p.outer_objective!r} is a loss of the pooled validation set, which only "
+                          f"FedOut's global hypergradient can pool (one extra round); use algorithm.name = {pooling}, "
                           f"or outer_objective = 'balanced' with {a.name!r}")
-    if a.ihgp_mode == "randomized" and a.neumann_steps < 1:
+    if getattr(a, "ihgp_mode", None) == "randomized" and a.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
 
 
@@ -473,8 +669,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Return a copy of ``data`` with every ``--set`` override applied."""
+    """Return a copy of ``data`` with every ``--set`` override applied. Overrides that name an algorithm
+    leave the fields of ``data``'s algorithm that the named one lacks behind (:func:`algorithm_fields`)."""
     data = json.loads(json.dumps(data))
+    named = {}
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys == ["algorithm", "name"]:
+            named = {"name": value}
+    data = _named_algorithm(data, named)
     for text in overrides:
         keys, value = parse_override(text)
         node = data
@@ -486,9 +689,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def _named_algorithm(lower: dict, upper_algorithm: Any) -> dict:
+    """``lower`` with its [algorithm] table cut to the fields of the algorithm that an upper layer names
+    in ``upper_algorithm`` (its [algorithm] table), if it names one (:func:`algorithm_fields`)."""
+    table = lower.get("algorithm")
+    if not isinstance(upper_algorithm, dict) or "name" not in upper_algorithm or not isinstance(table, dict):
+        return lower
+    return lower | {"algorithm": algorithm_fields(upper_algorithm["name"], table)}
+
+
 def _merge(base: dict, top: dict) -> dict:
-    """``top`` over ``base``, table by table."""
-    out = dict(base)
+    """``top`` over ``base``, table by table (``base``'s other algorithm's fields left behind)."""
+    out = _named_algorithm(dict(base), top.get("algorithm"))
     for name, value in top.items():
         out[name] = _merge(out[name], value) if isinstance(value, dict) and isinstance(out.get(name), dict) else value
     return out
@@ -537,15 +749,28 @@ def load(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
     return from_dict(apply_overrides(data, list(overrides)))
 
 
-def reference_markdown() -> str:
-    """The config reference as Markdown, generated from the field metadata."""
-    lines = ["# Configuration reference", "", "Generated by `fednest-mpi config-doc` from `src/fednest_mpi/config.py`; do not edit by hand.", ""]
+def _traits(spec_: AlgorithmSpec) -> str:
+    out = ["per-client state (placement = block)"] if spec_.stateful else []
+    out += ["can pool an outer objective"] if spec_.pools_outer_objective else []
+    out += [f"problems: {', '.join(spec_.problems)}"] if spec_.problems is not None else []
+    return "; ".join(out)
 
-    def table(cls, title):
-        lines.extend([f"## `{title}`", "", (cls.__doc__ or "").strip(), "", "| field | default | allowed | meaning |", "|---|---|---|---|"])
+
+def reference_markdown() -> str:
+    """The config reference as Markdown, generated from the field metadata and the registries."""
+    lines = ["# Configuration reference", "", "Generated by `fednest-mpi config-doc` from `src/fednest_mpi/config.py`; "
+             "do not edit by hand.", ""]
+
+    def table(cls, title, names=()):
+        lines.extend([f"## `{title}`", "", (cls.__doc__ or "").strip(), ""])
+        if names:
+            lines.extend(["| name | algorithm | traits |", "|---|---|---|"])
+            lines.extend(f"| `{n}` | {ALGORITHMS[n].summary} | {_traits(ALGORITHMS[n])} |" for n in names)
+            lines.append("")
+        lines.extend(["| field | default | allowed | meaning |", "|---|---|---|---|"])
         for f in dataclasses.fields(cls):
             m = f.metadata
-            allowed = ", ".join(map(repr, m["choices"])) if m.get("choices") else ""
+            allowed = ", ".join(map(repr, m["choices"] or names)) if m.get("choices") or f.name == "name" else ""
             if m.get("low") is not None:
                 allowed = f"{'>' if m.get('low_open') else '>='} {m['low']}"
             if m.get("high") is not None:
@@ -555,9 +780,17 @@ def reference_markdown() -> str:
             lines.append(f"| `{f.name}` | `{json.dumps(default)}` | {allowed} | {meaning} |")
         lines.append("")
 
-    lines.append("## top level\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n| `seed` | `0` | >= 0 | seed of every random stream |\n")
-    for name, cls in PROBLEM_CONFIGS.items():
-        table(cls, f"[problem] name = \"{name}\"")
+    lines.append("## top level\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n"
+                 "| `seed` | `0` | >= 0 | seed of every random stream |\n")
+    for name, spec_ in PROBLEMS.items():
+        table(spec_.params, f"[problem] name = \"{name}\"")
+    lines.extend(["The `[algorithm]` section is one of the tables below, chosen by `name`. A field of another algorithm "
+                  "is an error naming the field and the algorithm, unless it states that field's default; a config "
+                  "layer that names an algorithm (a file over its `base`, `--set algorithm.name=...`, a sweep) leaves "
+                  "the fields of the layers below that the named algorithm lacks behind.", ""])
+    for cls in dict.fromkeys(s.params for s in ALGORITHMS.values()):
+        names = tuple(n for n, s in ALGORITHMS.items() if s.params is cls)
+        table(cls, "[algorithm] name = " + " | ".join(f'"{n}"' for n in names), names)
     for name, cls in SECTIONS.items():
         table(cls, f"[{name}]")
     return "\n".join(lines)

@@ -23,9 +23,10 @@ def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = 
     }
     return config.from_dict({
         "seed": 11, "problem": problems[problem],
-        "algorithm": {"name": name, "outer_iterations": 3, "clients_per_round": 23, "inner_rounds": 2,
-                      "inner_local_steps": 3, "inner_lr": 0.05, "outer_lr": 0.05, "outer_local_steps": 2,
-                      "neumann_steps": 3, "neumann_scale": 0.25, "ihgp_mode": "randomized"},
+        "algorithm": config.algorithm_fields(name, {  # the fields of a union of algorithms that `name` has
+            "name": name, "outer_iterations": 3, "clients_per_round": 23, "inner_rounds": 2, "inner_local_steps": 3,
+            "inner_lr": 0.05, "outer_lr": 0.05, "outer_local_steps": 2, "neumann_steps": 3, "neumann_scale": 0.25,
+            "ihgp_mode": "randomized"}),
         "federation": {"reduction": reduction},
         "run": {"chunk_clients": chunk},
     })

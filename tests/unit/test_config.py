@@ -86,7 +86,8 @@ def test_more_ranks_than_clients_is_refused():
 
 def test_reference_lists_every_field():
     text = config.reference_markdown()
-    for cls in [config.QuadraticConfig, config.AlgorithmConfig, config.FederationConfig, config.RunSection]:
+    for cls in [config.QuadraticConfig, *(s.params for s in config.ALGORITHMS.values()), config.FederationConfig,
+                config.RunSection]:
         for f in __import__("dataclasses").fields(cls):
             assert f"`{f.name}`" in text
 

@@ -17,7 +17,7 @@ NAMES = ["fedbio", "fedbioacc"]
 
 
 def _config(small_config, problem=None, **algorithm):
-    base = {"clients_per_round": 12, "inner_lr": 0.2, "outer_lr": 0.1, "neumann_steps": 40, "neumann_scale": 0.25,
+    base = {"name": "fedbio", "clients_per_round": 12, "inner_lr": 0.2, "outer_lr": 0.1, "neumann_steps": 40, "neumann_scale": 0.25,
             "sync_period": 1, "outer_iterations": 100}
     return small_config(algorithm=base | algorithm, problem={"lower_level": "local"} | (problem or {}))
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
+from fednest_mpi import config
 from fednest_mpi.problems.base import ORACLES, BilevelProblem
 from fednest_mpi.problems.compositional import CompositionalProblem
 from fednest_mpi.problems.fairness import FairnessProblem
@@ -13,12 +16,12 @@ from fednest_mpi.problems.minimax import MinimaxProblem
 from fednest_mpi.problems.quadratic import QuadraticProblem
 from fednest_mpi.problems.synthetic import SyntheticProblem
 
-PROBLEMS = {"quadratic": QuadraticProblem, "hyper_representation": HyperRepresentationProblem, "loss_tuning": LossTuningProblem,
-            "minimax": MinimaxProblem, "compositional": CompositionalProblem, "synthetic": SyntheticProblem, "fairness": FairnessProblem}
-
-__all__ = ["ORACLES", "PROBLEMS", "BilevelProblem", "CompositionalProblem", "FairnessProblem", "MinimaxProblem", "HyperRepresentationProblem", "LossTuningProblem", "QuadraticProblem", "SyntheticProblem", "build_problem"]
+__all__ = ["ORACLES", "BilevelProblem", "CompositionalProblem", "FairnessProblem", "MinimaxProblem", "HyperRepresentationProblem",
+           "LossTuningProblem", "QuadraticProblem", "SyntheticProblem", "build_problem"]
 
 
 def build_problem(cfg, seed: int, clients: range, device: str = "cpu", dtype=torch.float64) -> BilevelProblem:
-    """The problem named by ``cfg.name``, hosting the client ids in ``clients``."""
-    return PROBLEMS[cfg.name](cfg, seed, clients, device=device, dtype=dtype)
+    """The problem named by ``cfg.name`` (its entry in :data:`fednest_mpi.config.PROBLEMS`), hosting the
+    client ids in ``clients``."""
+    module, cls = config.PROBLEMS[cfg.name].implementation.split(":")
+    return getattr(importlib.import_module(module), cls)(cfg, seed, clients, device=device, dtype=dtype)
