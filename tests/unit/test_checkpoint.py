@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from fednest_mpi import checkpoint, config
-from fednest_mpi.algorithms import FedNestFamily
+from fednest_mpi.algorithms import ClientStore, FedNest, State
 from fednest_mpi.cli import main
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.h5 import RunWriter, read_run
@@ -30,33 +31,40 @@ ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
-class CountingFedNest(FedNestFamily):
+@dataclass
+class CountingState(State):
+    clients: ClientStore  # row "s" of every hosted client
+    steps: torch.Tensor  # replicated
+
+
+class CountingFedNest(FedNest):
     """FedNest with a per-client state s_i that grows by k (i + 1) in iteration k on the rank
     hosting client i, so after K iterations s_i = (i + 1) K (K + 1) / 2 exactly, wherever and
     however often the run was interrupted, if and only if restarts route every row to its id."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, cfg, problem, fed, seed):
+        super().__init__(cfg, problem, fed, seed, **config.ALGORITHMS[cfg.name].options)
         self.ids = np.arange(self.fed.block.start, self.fed.block.stop)
-        self.s = torch.zeros(len(self.ids), 1, dtype=torch.float64)
-        self.steps = torch.zeros(1, dtype=torch.float64)
+        store = ClientStore(self.fed.block, {"s": torch.zeros(1, dtype=torch.float64)})
+        store.put(self.ids, s=torch.zeros(len(self.ids), 1, dtype=torch.float64))
+        self.state = CountingState(store, torch.zeros(1, dtype=torch.float64))
+
+    @property
+    def s(self):
+        return self.state.clients.get("s", self.ids)
+
+    @property
+    def steps(self):
+        return self.state.steps
 
     def step(self, k, x, y):
-        self.s += k * torch.from_numpy(self.ids + 1.0)[:, None]
-        self.steps += 1
+        self.state.clients.put(self.ids, s=self.s + k * torch.from_numpy(self.ids + 1.0)[:, None])
+        self.state.steps = self.state.steps + 1
         return super().step(k, x, y)
 
-    def checkpoint_state(self):
-        return {"steps": self.steps.clone()}
-
-    def client_states(self):
-        return {"s": (self.ids, self.s.clone())}
-
     def restore(self, global_state, client_states):
-        self.steps = global_state["steps"].clone()
-        ids, rows = client_states["s"]
-        assert np.array_equal(ids, self.ids)
-        self.s = rows.clone()
+        assert np.array_equal(client_states["s"][0], self.ids)
+        super().restore(global_state, client_states)
 
 
 class StopAt:

@@ -1,16 +1,29 @@
-"""Federated bilevel algorithms, written against :mod:`fednest_mpi.federation` and the problem oracles."""
+"""Federated bilevel algorithms, written against :mod:`fednest_mpi.federation` and the problem oracles.
 
-from fednest_mpi.algorithms.fednest import VARIANTS, FedNestFamily, Variant, neumann_series, rounds_per_iteration
+Which names exist, their parameter classes and their traits are the entries of
+:data:`fednest_mpi.config.ALGORITHMS`; :func:`build_algorithm` instantiates the entry's implementation.
+"""
+
+import importlib
+
+from fednest_mpi import config
+from fednest_mpi.algorithms.base import Algorithm, ClientStore, State
 from fednest_mpi.algorithms.fedbio import FedBiO
+from fednest_mpi.algorithms.fednest import (FedNest, InnerLevel, LocalHypergradient, Variant, neumann_series,
+                                           rounds_per_iteration)
 from fednest_mpi.algorithms.minimax import FedAvgS
-from fednest_mpi.algorithms.singlelevel import SINGLE_LEVEL, SingleLevel
+from fednest_mpi.algorithms.singlelevel import SingleLevel
 
-ALGORITHMS = ({name: FedNestFamily for name in VARIANTS} | {"fedavg_s": FedAvgS, "fedbio": FedBiO, "fedbioacc": FedBiO}
-              | {name: SingleLevel for name in SINGLE_LEVEL})
-
-__all__ = ["ALGORITHMS", "VARIANTS", "FedAvgS", "FedBiO", "SingleLevel", "FedNestFamily", "Variant", "neumann_series", "rounds_per_iteration"]
+__all__ = ["Algorithm", "ClientStore", "FedAvgS", "FedBiO", "FedNest", "InnerLevel", "LocalHypergradient", "SingleLevel",
+           "State", "Variant", "build_algorithm", "implementation", "neumann_series", "rounds_per_iteration"]
 
 
-def build_algorithm(cfg, problem, fed, seed: int):
-    """The algorithm named by ``cfg.name``."""
-    return ALGORITHMS[cfg.name](cfg, problem, fed, seed)
+def implementation(name: str) -> type[Algorithm]:
+    """The class of the algorithm named ``name`` (its registry entry's ``implementation``)."""
+    module, cls = config.ALGORITHMS[name].implementation.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_algorithm(cfg, problem, fed, seed: int) -> Algorithm:
+    """The algorithm named by ``cfg.name``, with its registry entry's options."""
+    return implementation(cfg.name)(cfg, problem, fed, seed, **config.ALGORITHMS[cfg.name].options)

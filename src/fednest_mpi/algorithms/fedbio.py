@@ -10,7 +10,7 @@ such communication round: I local iterations, then one fused aggregation.
 
 Local iteration t (global counter t = (k - 1) I + j + 1) of client m, with the local hypergradient
 estimate Phi^(m) of eq. (5) (Q = ``neumann_steps`` Hessian products with independent minibatches,
-scale eta = ``neumann_scale``; :meth:`FedNestFamily.local_hypergradient`):
+scale eta = ``neumann_scale``; :meth:`~fednest_mpi.algorithms.fednest.LocalHypergradient.local_hypergradient`):
 
 FedBiO (Algorithm 2), ``local_update_order``:
     simultaneous:  y <- y - beta_t grad_y g^(m)(x, y);  x <- x - alpha_t Phi^(m)(x, y)  (both at (x_t, y_t))
@@ -44,65 +44,48 @@ an uncounted bookkeeping reduction, summed in client order when ``reduction = "o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from fednest_mpi.algorithms.fednest import FedNestFamily, P
+from fednest_mpi.algorithms.base import Algorithm, ClientStore, State
+from fednest_mpi.algorithms.fednest import LocalHypergradient, P
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems.base import BilevelProblem, Sample
 from fednest_mpi.recorder import INNER, OUTER
 
 
-class ClientStore:
-    """Per-client rows that persist across rounds, for the clients a rank hosts (``block``).
+@dataclass
+class FedBiOState(State):
+    """FedBiO's state: every hosted client's y^(m) (FedBiOAcc: also y_{t-1}^(m) and omega^(m)), and
+    FedBiOAcc's averaged x_{t-1} and nu (None before round 1)."""
 
-    Rows start at ``initial[name]``; :meth:`seen` tells which clients have been written.
-    """
-
-    def __init__(self, block: range, initial: dict[str, torch.Tensor]):
-        self.block = block
-        self.rows = {name: row.expand(len(block), row.shape[0]).clone() for name, row in initial.items()}
-        self.written = np.zeros(len(block), dtype=bool)
-
-    def _index(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < self.block.start or ids.max() >= self.block.stop):
-            raise IndexError(f"clients {ids} are not all hosted here ({self.block})")
-        return ids - self.block.start
-
-    def get(self, name: str, ids: np.ndarray) -> torch.Tensor:
-        return self.rows[name][torch.as_tensor(self._index(ids), device=self.rows[name].device)]
-
-    def seen(self, ids: np.ndarray) -> np.ndarray:
-        return self.written[self._index(ids)]
-
-    def put(self, ids: np.ndarray, **rows: torch.Tensor) -> None:
-        idx = self._index(ids)
-        for name, value in rows.items():
-            self.rows[name][torch.as_tensor(idx, device=value.device)] = value
-        self.written[idx] = True
-
-    def export(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
-        """name -> (client ids written so far, their rows)."""
-        ids = np.arange(self.block.start, self.block.stop)[self.written]
-        return {name: (ids, self.get(name, ids).clone()) for name in self.rows}
-
-    def load(self, states: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
-        for name, (ids, rows) in states.items():
-            self.put(ids, **{name: rows.to(self.rows[name])})
+    clients: ClientStore
+    x_prev: torch.Tensor | None = None
+    nu: torch.Tensor | None = None
 
 
-class FedBiO(FedNestFamily):
-    """FedBiO (``name = "fedbio"``) and FedBiOAcc (``"fedbioacc"``); see the module docstring."""
+class FedBiO(LocalHypergradient, Algorithm):
+    """FedBiO (``accelerated = False``, name ``"fedbio"``) and FedBiOAcc (``True``, ``"fedbioacc"``) with
+    the parameters of :class:`~fednest_mpi.config.FedBiOConfig`; see the module docstring."""
 
-    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
-        self.cfg, self.problem, self.fed, self.seed = cfg, problem, fed, seed
-        self.accelerated = cfg.name == "fedbioacc"
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, *, accelerated: bool):
+        super().__init__(cfg, problem, fed, seed)
+        self.accelerated = accelerated
         x0, y0 = problem.initial_point()
         names = {"y": y0, "y_prev": y0, "omega": torch.zeros_like(y0)} if self.accelerated else {"y": y0}
-        self.store = ClientStore(fed.block, names)
-        self.x_prev: torch.Tensor | None = None  # FedBiOAcc: averaged x_{t-1} and nu (None before round 1)
-        self.nu: torch.Tensor | None = None
+        self.state = FedBiOState(ClientStore(fed.block, names))
+
+    @classmethod
+    def rounds_per_iteration(cls, cfg, **options) -> int:
+        """One fused aggregation per round."""
+        return 1
+
+    @property
+    def store(self) -> ClientStore:
+        """The hosted clients' rows (part of :attr:`state`)."""
+        return self.state.clients
 
     # -- step sizes and momentum weights ---------------------------------------------------------
     def step_factor(self, t: int) -> float:
@@ -111,23 +94,6 @@ class FedBiO(FedNestFamily):
             return 1.0
         u = self.cfg.schedule_offset
         return ((u + 1.0) / (u + t)) ** (1.0 / 3.0)
-
-    # -- checkpoint interface ------------------------------------------------------------------------
-    def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        """Replicated state beyond (x, y): FedBiOAcc's averaged x_{t-1} and nu once they exist."""
-        if self.nu is None:
-            return {}
-        return {"x_prev": self.x_prev.clone(), "nu": self.nu.clone()}
-
-    def client_states(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
-        """This rank's hosted clients that have taken part so far: name -> (ids, rows)."""
-        return self.store.export()
-
-    def restore(self, global_state: dict[str, torch.Tensor], client_states: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
-        """Inverse of :meth:`checkpoint_state` / :meth:`client_states` (only this rank's ids)."""
-        self.x_prev = global_state.get("x_prev")
-        self.nu = global_state.get("nu")
-        self.store.load(client_states)
 
     # -- one communication round -----------------------------------------------------------------
     def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -159,7 +125,7 @@ class FedBiO(FedNestFamily):
 
     def _fedbioacc_round(self, S, k: int, x) -> torch.Tensor:
         x_new, x_prev, nu = self.fed.mean_over(S, lambda piece: self._fedbioacc_local(piece.local_ids, k, x))
-        self.x_prev, self.nu = x_prev, nu
+        self.state.x_prev, self.state.nu = x_prev, nu
         return x_new
 
     def _fedbioacc_local(self, ids: np.ndarray, k: int, x) -> list[torch.Tensor]:
@@ -169,13 +135,14 @@ class FedBiO(FedNestFamily):
         cfg, prob = self.cfg, self.problem
         n = ids.size
         X, Y = self._rows(x, n), self.store.get("y", ids)
-        X_prev, Y_prev, Om = self._rows(x if self.x_prev is None else self.x_prev, n), self.store.get("y_prev", ids), self.store.get("omega", ids)
-        Nu = self._rows(torch.zeros_like(x) if self.nu is None else self.nu, n)
+        st = self.state
+        X_prev, Y_prev, Om = self._rows(x if st.x_prev is None else st.x_prev, n), self.store.get("y_prev", ids), self.store.get("omega", ids)
+        Nu = self._rows(torch.zeros_like(x) if st.nu is None else st.nu, n)
         fresh = ~self.store.seen(ids)  # first participation: omega starts as the fresh gradient
         for j in range(cfg.sync_period):
             f = self.step_factor((k - 1) * cfg.sync_period + j + 1)
             a, b = min(1.0, cfg.momentum_outer * f * f), min(1.0, cfg.momentum_inner * f * f)
-            first = self.nu is None and j == 0
+            first = st.nu is None and j == 0
             s_in = Sample(self.key(P.INNER_SAMPLE, k), j)
             phi = self.local_hypergradient(k, j, ids, X, Y)
             Nu = phi if first else phi + (1.0 - a) * (Nu - self.local_hypergradient(k, j, ids, X_prev, Y_prev))

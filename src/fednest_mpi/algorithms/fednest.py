@@ -2,7 +2,8 @@
 
 Primitives: a problem's batched client oracles (:mod:`fednest_mpi.problems`) and the counted
 aggregation of :class:`~fednest_mpi.federation.Federation`. The paper's variants (Table 2,
-appendix H.1) are configurations of :class:`Variant`, not copies of code:
+appendix H.1) are configurations of one class, :class:`FedNest`, by the switches of :class:`Variant`
+(the ``options`` of their entries in :data:`fednest_mpi.config.ALGORITHMS`), not copies of code:
 
 ==================  ===================  ===================  ====================
 name                outer optimiser      inner optimiser      rounds per outer step
@@ -20,6 +21,11 @@ the hypergradient is the direct gradient: 2 rounds instead of N + 3.)
 
 Every random choice comes from a counter-based key ``(seed, purpose, k, ...)``: client sets,
 minibatches and the truncation N' are the same on any number of ranks.
+
+The two levels are also building blocks of other algorithms: :class:`InnerLevel` (FedInn / LFedInn,
+used by :class:`~fednest_mpi.algorithms.singlelevel.SingleLevel`) and :class:`LocalHypergradient`
+(each client's own hypergradient estimate, used by LFedOut and by
+:class:`~fednest_mpi.algorithms.fedbio.FedBiO`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fednest_mpi import rng
+from fednest_mpi import config, rng
+from fednest_mpi.algorithms.base import Algorithm
 from fednest_mpi.federation import Federation, Participants, dense
 from fednest_mpi.problems.base import BilevelProblem, Sample
 from fednest_mpi.recorder import IHGP, INNER, OFF, OUTER, row_norms
@@ -46,25 +53,12 @@ class Variant:
     alternating: bool = True  # False: LFedNest-NonAlt, y and x trained by the same clients in one round
 
 
-VARIANTS = {
-    "fednest": Variant(inner_variance_reduction=True, global_outer=True),
-    "fednest_sgd": Variant(inner_variance_reduction=False, global_outer=True),
-    "lfednest": Variant(inner_variance_reduction=False, global_outer=False),
-    "lfednest_svrg": Variant(inner_variance_reduction=True, global_outer=False),
-    "lfednest_nonalt": Variant(inner_variance_reduction=False, global_outer=False, alternating=False),
-}
-
-
 def rounds_per_iteration(name: str, inner_rounds: int, neumann_steps: int, hypergradient: str = "implicit") -> int:
-    """Communication rounds of one outer iteration in truncated FedIHGP mode (paper Table 2);
-    ``hypergradient = "direct"`` (minimax, eq. (9)) has no FedIHGP: FedOut takes 2 rounds."""
-    v = VARIANTS[name]
-    if not v.alternating:
-        return inner_rounds
-    inner = (2 if v.inner_variance_reduction else 1) * inner_rounds
-    if not v.global_outer:
-        return inner + 1
-    return inner + (neumann_steps + 3 if hypergradient == "implicit" else 2)
+    """Communication rounds of one outer iteration of the FedNest variant ``name`` in truncated
+    FedIHGP mode (paper Table 2); see :meth:`FedNest.rounds_per_iteration`."""
+    params = config.FedNestConfig(name=name, inner_rounds=inner_rounds, neumann_steps=neumann_steps,
+                                  hypergradient=hypergradient)
+    return FedNest.rounds_per_iteration(params, **config.ALGORITHMS[name].options)
 
 
 def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str, n_prime=None) -> torch.Tensor:
@@ -100,68 +94,12 @@ def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str,
     return (n_terms * scale) * r
 
 
-class FedNestFamily:
-    """One outer iteration of Algorithm 1 for any :class:`Variant`.
+class InnerLevel:
+    """FedInn (Alg. 4, SVRG) and LFedInn (Alg. 6) rounds on y, for an :class:`Algorithm` whose
+    ``inner_variance_reduction`` says which, and whose parameters have ``inner_lr``,
+    ``inner_local_steps`` and ``clients_per_round``."""
 
-    Parameters
-    ----------
-    cfg : :class:`~fednest_mpi.config.AlgorithmConfig`.
-    problem : the rank's problem (oracles for the clients it hosts).
-    fed : the federation (sampling, aggregation).
-    seed : run seed; with ``k`` and the purpose it keys every random stream.
-
-    ``recorder`` (set by the runner; :data:`~fednest_mpi.recorder.OFF` by default) receives the
-    per-client records: roles, local losses at the received iterate, gradient norms computed anyway.
-    """
-
-    recorder = OFF
-
-    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
-        self.cfg = cfg
-        self.variant = VARIANTS[cfg.name]
-        self.problem = problem
-        self.fed = fed
-        self.seed = seed
-
-    # -- checkpoint state (docs/reliability.md); x, y and the counter k are saved by the runner --
-    def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        """Replicated state beyond x and y that a restart needs (e.g. momentum); none in Table 2's variants."""
-        return {}
-
-    def client_states(self) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
-        """Persistent state of the hosted clients: name -> (client ids, one row per id); none here."""
-        return {}
-
-    def restore(self, global_state: dict[str, torch.Tensor], client_states: dict[str, tuple[np.ndarray, torch.Tensor]]) -> None:
-        """Set what :meth:`checkpoint_state` and :meth:`client_states` saved; every entry of
-        ``client_states`` holds only (and all) the saved ids this rank hosts, in increasing order."""
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def key(self, purpose: rng.Purpose, *counters):
-        return rng.key(self.seed, int(purpose), *counters)
-
-    def sample_clients(self, purpose: rng.Purpose, *counters) -> Participants:
-        return self.fed.sample(self.key(purpose, *counters), self.cfg.clients_per_round)
-
-    @staticmethod
-    def _rows(vector: torch.Tensor, n: int) -> torch.Tensor:
-        return vector.expand(n, vector.shape[0])
-
-    # -- Algorithm 1 -----------------------------------------------------------------------------
-    def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Outer iteration k: T inner rounds then one outer update; returns (x+, y+, diagnostics)."""
-        v, T = self.variant, self.cfg.inner_rounds
-        if not v.alternating:
-            for t in range(T - 1):
-                y = self.fed_inn(k, t, x, y)
-            return self.nonalternating_round(k, T - 1, x, y)
-        for t in range(T):
-            y = self.fed_inn(k, t, x, y)
-        if v.global_outer:
-            x, diag = self.fed_out(k, x, y)
-        else:
-            x, diag = self.lfed_out(k, x, y)
-        return x, y, diag
+    inner_variance_reduction: bool
 
     # -- inner level ----------------------------------------------------------------------------
     def _inner_anchor(self, S: Participants, x, y) -> torch.Tensor | None:
@@ -174,7 +112,7 @@ class FedNestFamily:
             ids = piece.local_ids
             X, Y0 = self._rows(x, ids.size), self._rows(y, ids.size)
             rec.took_part(ids, INNER)
-            if not self.variant.inner_variance_reduction:
+            if not self.inner_variance_reduction:
                 rec.record("inner_loss", ids, lambda: prob.inner_value(ids, X, Y0))
                 return []
             with prob.outer_fixed(ids, x):
@@ -183,7 +121,7 @@ class FedNestFamily:
             rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
             return [anchor]
 
-        if not self.variant.inner_variance_reduction:
+        if not self.inner_variance_reduction:
             for piece in S.chunks(self.fed.chunk_clients):
                 anchors(piece)
             return None
@@ -218,6 +156,77 @@ class FedNestFamily:
         q = self._inner_anchor(S, x, y)
         (y_new,) = self.fed.mean_over(S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)])
         return y_new
+
+class LocalHypergradient:
+    """Each client's hypergradient estimate from its own oracles (LFedOut's and FedBiO's), for an
+    :class:`Algorithm` whose parameters have ``hypergradient``, ``ihgp_mode``, ``neumann_steps`` and
+    ``neumann_scale``."""
+
+    def local_hypergradient(self, k: int, nu: int, ids: np.ndarray, X, Y) -> torch.Tensor:
+        """Each client's hypergradient estimate from its own oracles alone (LFedOut, Alg. 5; the
+        estimator Phi of FedBiO/FedBiOAcc, eq. (5) of Li et al.):
+
+        h_i = nabla_x f_i(X_i, Y_i; xi) - nabla^2_xy g_i(X_i, Y_i) p_i,
+        p_i = local Neumann approximation of [nabla^2_yy g_i]^{-1} nabla_y f_i(X_i, Y_i; xi),
+
+        xi from (OUTER_SAMPLE, k, step nu), an independent minibatch per Hessian product from
+        (HVP_SAMPLE, k, nu). The same (k, nu) gives the same minibatches (STORM differences).
+        With ``hypergradient = "direct"`` (minimax, eq. (9)): the local direct gradient only.
+        """
+        cfg, prob = self.cfg, self.problem
+        s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
+        if cfg.hypergradient == "direct":
+            return prob.grad_x_outer(ids, X, Y, s)
+        v = prob.grad_y_outer(ids, X, Y, s)
+        n_prime = None
+        if cfg.ihgp_mode == "randomized":
+            draws = rng.uniform(self.key(P.IHGP_LENGTH, k, nu, ids.astype(np.int64)), 1)[:, 0]
+            n_prime = torch.as_tensor(np.floor(draws * cfg.neumann_steps).astype(np.int64), device=X.device)[:, None]
+
+        def step(j, r, rows=None):
+            sub = slice(None) if rows is None else rows.numpy(force=True)
+            return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], X[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j))
+
+        p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
+        return prob.grad_x_outer(ids, X, Y, s) - prob.jvp_xy_inner(ids, X, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1))
+
+
+class FedNest(InnerLevel, LocalHypergradient, Algorithm):
+    """One outer iteration of Algorithm 1 for any :class:`Variant` (the keyword arguments), with the
+    parameters of :class:`~fednest_mpi.config.FedNestConfig`. Carries no state across iterations."""
+
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, **variant: bool):
+        super().__init__(cfg, problem, fed, seed)
+        self.variant = Variant(**variant)
+        self.inner_variance_reduction = self.variant.inner_variance_reduction
+
+    @classmethod
+    def rounds_per_iteration(cls, cfg, **variant: bool) -> int:
+        """Communication rounds of one outer iteration in truncated FedIHGP mode (paper Table 2);
+        ``hypergradient = "direct"`` (minimax, eq. (9)) has no FedIHGP: FedOut takes 2 rounds."""
+        v = Variant(**variant)
+        if not v.alternating:
+            return cfg.inner_rounds
+        inner = (2 if v.inner_variance_reduction else 1) * cfg.inner_rounds
+        if not v.global_outer:
+            return inner + 1
+        return inner + (cfg.neumann_steps + 3 if cfg.hypergradient == "implicit" else 2)
+
+    # -- Algorithm 1 -----------------------------------------------------------------------------
+    def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Outer iteration k: T inner rounds then one outer update; returns (x+, y+, diagnostics)."""
+        v, T = self.variant, self.cfg.inner_rounds
+        if not v.alternating:
+            for t in range(T - 1):
+                y = self.fed_inn(k, t, x, y)
+            return self.nonalternating_round(k, T - 1, x, y)
+        for t in range(T):
+            y = self.fed_inn(k, t, x, y)
+        if v.global_outer:
+            x, diag = self.fed_out(k, x, y)
+        else:
+            x, diag = self.lfed_out(k, x, y)
+        return x, y, diag
 
     # -- outer level, global (FedOut + FedIHGP) -------------------------------------------------
     def fed_ihgp(self, k: int, x, y, S_out: Participants) -> torch.Tensor:
@@ -323,34 +332,6 @@ class FedNestFamily:
         return x_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(h))}
 
     # -- outer level, local (LFedOut) -----------------------------------------------------------
-    def local_hypergradient(self, k: int, nu: int, ids: np.ndarray, X, Y) -> torch.Tensor:
-        """Each client's hypergradient estimate from its own oracles alone (LFedOut, Alg. 5; the
-        estimator Phi of FedBiO/FedBiOAcc, eq. (5) of Li et al.):
-
-        h_i = nabla_x f_i(X_i, Y_i; xi) - nabla^2_xy g_i(X_i, Y_i) p_i,
-        p_i = local Neumann approximation of [nabla^2_yy g_i]^{-1} nabla_y f_i(X_i, Y_i; xi),
-
-        xi from (OUTER_SAMPLE, k, step nu), an independent minibatch per Hessian product from
-        (HVP_SAMPLE, k, nu). The same (k, nu) gives the same minibatches (STORM differences).
-        With ``hypergradient = "direct"`` (minimax, eq. (9)): the local direct gradient only.
-        """
-        cfg, prob = self.cfg, self.problem
-        s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
-        if cfg.hypergradient == "direct":
-            return prob.grad_x_outer(ids, X, Y, s)
-        v = prob.grad_y_outer(ids, X, Y, s)
-        n_prime = None
-        if cfg.ihgp_mode == "randomized":
-            draws = rng.uniform(self.key(P.IHGP_LENGTH, k, nu, ids.astype(np.int64)), 1)[:, 0]
-            n_prime = torch.as_tensor(np.floor(draws * cfg.neumann_steps).astype(np.int64), device=X.device)[:, None]
-
-        def step(j, r, rows=None):
-            sub = slice(None) if rows is None else rows.numpy(force=True)
-            return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], X[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j))
-
-        p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
-        return prob.grad_x_outer(ids, X, Y, s) - prob.jvp_xy_inner(ids, X, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1))
-
     def _outer_local(self, ids: np.ndarray, k: int, x, Y) -> torch.Tensor:
         """Local steps of LFedOut (Alg. 5) of the clients ``ids``: every client uses its own Hessian
         and Jacobian (:meth:`local_hypergradient`). ``Y`` holds one y row per client (the global y,

@@ -14,17 +14,20 @@ minimax specialisation (eq. (9)) is not here: it is ``fednest`` with ``hypergrad
 
 from __future__ import annotations
 
-from fednest_mpi.algorithms.fednest import FedNestFamily, P
-from fednest_mpi.federation import Federation
-from fednest_mpi.problems.base import BilevelProblem, Sample
+from fednest_mpi.algorithms.base import Algorithm
+from fednest_mpi.algorithms.fednest import P
+from fednest_mpi.problems.base import Sample
 from fednest_mpi.recorder import INNER, OUTER
 
 
-class FedAvgS(FedNestFamily):
-    """FedAvg-S (see the module docstring); reuses the family's keyed sampling helpers."""
+class FedAvgS(Algorithm):
+    """FedAvg-S (see the module docstring) with the parameters of :class:`~fednest_mpi.config.FedAvgSConfig`;
+    carries no state across iterations."""
 
-    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
-        self.cfg, self.problem, self.fed, self.seed = cfg, problem, fed, seed
+    @classmethod
+    def rounds_per_iteration(cls, cfg, **options) -> int:
+        """One fused aggregation of x and y."""
+        return 1
 
     def step(self, k: int, x, y):
         """Outer iteration k: tau simultaneous local descent-ascent steps, one fused aggregation."""

@@ -16,25 +16,30 @@ One outer iteration of the runner = ``inner_rounds`` rounds, each on a fresh cli
 
 On heterogeneous clients FedAvg's fixed point is biased by client drift; FedSVRG's correction
 removes it (with full participation its fixed point is the exact minimiser). Both reuse the
-FedNest family's FedInn/LFedInn code, so x is never updated and no outer oracle is called.
+FedNest family's FedInn/LFedInn code (:class:`~fednest_mpi.algorithms.fednest.InnerLevel`), so x is
+never updated and no outer oracle is called.
 """
 
 from __future__ import annotations
 
-from fednest_mpi.algorithms.fednest import FedNestFamily, Variant
+from fednest_mpi.algorithms.base import Algorithm
+from fednest_mpi.algorithms.fednest import InnerLevel
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems.base import BilevelProblem
 
-SINGLE_LEVEL = {"fedavg": Variant(inner_variance_reduction=False, global_outer=False),
-                "fedsvrg": Variant(inner_variance_reduction=True, global_outer=False)}
 
+class SingleLevel(InnerLevel, Algorithm):
+    """FedAvg (``inner_variance_reduction = False``) or FedSVRG (``True``) on g(x0, .) with the parameters
+    of :class:`~fednest_mpi.config.SingleLevelConfig` (see the module docstring); no state across iterations."""
 
-class SingleLevel(FedNestFamily):
-    """FedAvg or FedSVRG on g(x0, .) (see the module docstring)."""
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, *, inner_variance_reduction: bool):
+        super().__init__(cfg, problem, fed, seed)
+        self.inner_variance_reduction = inner_variance_reduction
 
-    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
-        self.cfg, self.problem, self.fed, self.seed = cfg, problem, fed, seed
-        self.variant = SINGLE_LEVEL[cfg.name]
+    @classmethod
+    def rounds_per_iteration(cls, cfg, *, inner_variance_reduction: bool) -> int:
+        """T rounds (FedAvg) or 2T (FedSVRG: the anchor, then y)."""
+        return (2 if inner_variance_reduction else 1) * cfg.inner_rounds
 
     def step(self, k: int, x, y):
         """Outer iteration k: ``inner_rounds`` FedAvg / FedSVRG rounds on y; x unchanged."""

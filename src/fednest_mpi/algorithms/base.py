@@ -1,0 +1,159 @@
+"""What every algorithm is to the runner: :class:`Algorithm` (the hooks it calls) and :class:`State`
+(everything an algorithm carries from one outer iteration to the next beyond x, y and k).
+
+The runner builds an algorithm from its parameter object (one of the frozen classes of
+:data:`fednest_mpi.config.ALGORITHMS`), calls :meth:`Algorithm.step` once per outer iteration, and
+for a checkpoint saves :attr:`Algorithm.state` as a whole (:meth:`State.replicated`,
+:meth:`State.per_client`) and gives it back the same way (:meth:`State.restore`); x, y and the
+counter k are saved by the runner, and k is the state of every random stream. No MPI, no HDF5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fednest_mpi import rng
+from fednest_mpi.federation import Federation, Participants
+from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.recorder import OFF
+
+ClientRows = dict[str, tuple[np.ndarray, torch.Tensor]]  # name -> (client ids, one row per id)
+
+
+class ClientStore:
+    """Per-client rows that persist across rounds, for the clients a rank hosts (``block``).
+
+    Rows start at ``initial[name]``; :meth:`seen` tells which clients have been written.
+    """
+
+    def __init__(self, block: range, initial: dict[str, torch.Tensor]):
+        self.block = block
+        self.rows = {name: row.expand(len(block), row.shape[0]).clone() for name, row in initial.items()}
+        self.written = np.zeros(len(block), dtype=bool)
+
+    def _index(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < self.block.start or ids.max() >= self.block.stop):
+            raise IndexError(f"clients {ids} are not all hosted here ({self.block})")
+        return ids - self.block.start
+
+    def get(self, name: str, ids: np.ndarray) -> torch.Tensor:
+        return self.rows[name][torch.as_tensor(self._index(ids), device=self.rows[name].device)]
+
+    def seen(self, ids: np.ndarray) -> np.ndarray:
+        return self.written[self._index(ids)]
+
+    def put(self, ids: np.ndarray, **rows: torch.Tensor) -> None:
+        idx = self._index(ids)
+        for name, value in rows.items():
+            self.rows[name][torch.as_tensor(idx, device=value.device)] = value
+        self.written[idx] = True
+
+    def export(self) -> ClientRows:
+        """name -> (client ids written so far, their rows)."""
+        ids = np.arange(self.block.start, self.block.stop)[self.written]
+        return {name: (ids, self.get(name, ids).clone()) for name in self.rows}
+
+    def load(self, states: ClientRows) -> None:
+        for name, (ids, rows) in states.items():
+            self.put(ids, **{name: rows.to(self.rows[name])})
+
+
+@dataclass
+class State:
+    """An algorithm's state beyond (x, y, k), saved and restored as a whole.
+
+    A subclass declares its parts as dataclass fields: a field holding a :class:`ClientStore` is
+    per-client state (its rows are saved under the store's row names, by client id, in the per-rank
+    files), every other field is a replicated tensor or None (saved on rank 0 under the field's
+    name while it is not None). The base class has no parts: the FedNest family carries nothing
+    across iterations.
+    """
+
+    def _parts(self):
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    def replicated(self) -> dict[str, torch.Tensor]:
+        """The replicated tensors that exist, copied: name -> tensor."""
+        return {name: v.clone() for name, v in self._parts() if isinstance(v, torch.Tensor)}
+
+    def per_client(self) -> ClientRows:
+        """This rank's hosted clients that have state so far: row name -> (ids, rows)."""
+        out: ClientRows = {}
+        for _, v in self._parts():
+            if isinstance(v, ClientStore):
+                out.update(v.export())
+        return out
+
+    def restore(self, replicated: dict[str, torch.Tensor], per_client: ClientRows) -> None:
+        """Set what :meth:`replicated` and :meth:`per_client` saved; every entry of ``per_client``
+        holds only (and all) the saved ids this rank hosts, in increasing order."""
+        for name, v in self._parts():
+            if isinstance(v, ClientStore):
+                v.load({key: rows for key, rows in per_client.items() if key in v.rows})
+            else:
+                setattr(self, name, replicated.get(name))
+
+
+class Algorithm(ABC):
+    """Base of every algorithm: the hooks the runner calls and the keyed sampling every algorithm uses.
+
+    Parameters
+    ----------
+    cfg : the algorithm's parameter object (a frozen class of :data:`fednest_mpi.config.ALGORITHMS`).
+    problem : the rank's problem (oracles for the clients it hosts).
+    fed : the federation (sampling, aggregation).
+    seed : run seed; with ``k`` and the purpose it keys every random stream.
+
+    Subclasses take the registry entry's ``options`` as keyword arguments, call ``super().__init__``
+    and set :attr:`state` when they carry any. ``recorder`` (set by the runner;
+    :data:`~fednest_mpi.recorder.OFF` by default) receives the per-client records.
+    """
+
+    recorder = OFF
+
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
+        self.cfg = cfg
+        self.problem = problem
+        self.fed = fed
+        self.seed = seed
+        self.state = State()
+
+    @abstractmethod
+    def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Outer iteration k (from 1): returns (x+, y+, diagnostics)."""
+
+    @classmethod
+    @abstractmethod
+    def rounds_per_iteration(cls, cfg, **options) -> int:
+        """Communication rounds (counted aggregations) of one outer iteration with parameters ``cfg``
+        and the registry entry's ``options`` (deterministic FedIHGP for the FedNest family)."""
+
+    # -- checkpoint hooks (docs/reliability.md): the state as a whole ------------------------------
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """Replicated state beyond x and y that a restart needs."""
+        return self.state.replicated()
+
+    def client_states(self) -> ClientRows:
+        """Persistent state of the hosted clients: name -> (client ids, one row per id)."""
+        return self.state.per_client()
+
+    def restore(self, global_state: dict[str, torch.Tensor], client_states: ClientRows) -> None:
+        """Set what :meth:`checkpoint_state` and :meth:`client_states` saved (:meth:`State.restore`)."""
+        self.state.restore(global_state, client_states)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def key(self, purpose: rng.Purpose, *counters):
+        return rng.key(self.seed, int(purpose), *counters)
+
+    def sample_clients(self, purpose: rng.Purpose, *counters) -> Participants:
+        return self.fed.sample(self.key(purpose, *counters), self.cfg.clients_per_round)
+
+    @staticmethod
+    def _rows(vector: torch.Tensor, n: int) -> torch.Tensor:
+        return vector.expand(n, vector.shape[0])
