@@ -67,7 +67,7 @@ class SeriesLayout:
         group.create_dataset(S.RANK_SCALE, data=np.arange(self.size, dtype=np.int64)).make_scale(S.RANK_SCALE)
         for name, (description, units) in S.RANK_SERIES.items():
             d = group.create_dataset(name, shape=(self.size, 0), maxshape=(self.size, None), dtype=np.float64,
-                                     chunks=(min(self.size, 1024), _RANK_CHUNK), fillvalue=np.nan)
+                                     chunks=(min(self.size, 1024), _RANK_CHUNK), fillvalue=np.nan, fletcher32=True)
             _describe(d, description, units, group[S.RANK_SCALE], iteration)
             if self.keep_rows is not None:  # NaN where the resumed run had another number of ranks
                 d.resize((self.size, self.keep_rows))
@@ -81,11 +81,13 @@ class SeriesLayout:
             self._create_virtual(f, iteration)
         if self.snapshot_every > 0:
             snap = f.create_group(S.SNAPSHOTS)
-            scale = snap.create_dataset(S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64)
+            scale = snap.create_dataset(S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64,
+                                        fletcher32=True)
             scale.make_scale(S.SNAPSHOT_SCALE)
             scale.attrs.update(description="outer iteration of each snapshot", units="1")
             for name, dim in (("x", self.dim_x), ("y", self.dim_y)):
-                d = snap.create_dataset(name, shape=(0, dim), maxshape=(None, dim), dtype=self.dtype, chunks=(1, min(dim, _SNAPSHOT_CHUNK)))
+                d = snap.create_dataset(name, shape=(0, dim), maxshape=(None, dim), dtype=self.dtype, chunks=(1, min(dim, _SNAPSHOT_CHUNK)),
+                                         fletcher32=True)
                 d.attrs.update(description=S.SNAPSHOT_SERIES[name], units="1")
                 d.dims[0].attach_scale(scale)
             for name in (S.SNAPSHOT_SCALE, "x", "y"):
@@ -172,7 +174,7 @@ def _create_client_file(path: Path, rank: int, hosted: range) -> h5py.File:
     n = len(hosted)
     for name, (dtype, fill, description, units) in S.CLIENT_SERIES.items():
         d = group.create_dataset(name, shape=(n, 0), maxshape=(n, None), dtype=dtype,
-                                 chunks=(min(n, _CLIENT_CHUNK[0]), _CLIENT_CHUNK[1]), fillvalue=fill)
+                                 chunks=(min(n, _CLIENT_CHUNK[0]), _CLIENT_CHUNK[1]), fillvalue=fill, fletcher32=True)
         d.attrs.update(description=description, units=units)
     return f
 

@@ -179,7 +179,7 @@ class RunWriter:
         self.columns = list(columns)
         for name, (description, units) in columns.items():
             dtype = np.int64 if name == SCALE else np.float64
-            d = group.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=dtype)
+            d = group.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=dtype, fletcher32=True)
             d.attrs["description"] = description
             d.attrs["units"] = units
             if name in kept:

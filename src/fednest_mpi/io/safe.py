@@ -25,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
+import signal
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,11 +116,17 @@ def _bounded_swmr_fapl():
 
 
 def open_checked(path: str | Path, what: str = "file", unclosed: str = "refuse", hint: str = "") -> tuple[h5py.File, bool]:
-    """(open h5py file, whether it is still marked open for writing), after :func:`read_header`.
+    """(open h5py file, whether it is still marked open for writing), after :func:`read_header`
+    and :func:`precheck`.
 
     ``unclosed``: what to do with a file a writer has not closed (a live or a killed run):
     ``"refuse"`` (UsageError ending with ``hint``) or ``"read"`` (open it in SWMR mode, bounded).
     """
+    precheck([path], what, unclosed, hint)
+    return _open(path, what, unclosed, hint)
+
+
+def _open(path: str | Path, what: str, unclosed: str, hint: str) -> tuple[h5py.File, bool]:
     p = Path(path)
     header = read_header(p, what)
     try:
@@ -149,3 +158,92 @@ def reading(path: str | Path, what: str = "file"):
         raise
     except READ_ERRORS as exc:
         raise UsageError(f"{what} {str(path)!r} is damaged: {type(exc).__name__} while reading it ({_short(exc)})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# a time bound on HDF5 itself
+
+PRECHECK_SECONDS = 10.0  # a file's metadata that HDF5 cannot read in this time is damaged
+_CHECKED: dict[str, tuple] = {}  # path -> (size, mtime) of files that passed the precheck in this process
+
+
+def _stamp(path) -> tuple:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def precheck(paths, what: str = "file", unclosed: str = "refuse", hint: str = "") -> None:
+    """Read the metadata of every file of ``paths`` (every attribute, the shape of every dataset, its
+    first and last entry, small ones whole) in a forked child process that is killed after
+    :data:`PRECHECK_SECONDS`: some damage (bytes of an attribute heap, which carries no checksum)
+    makes HDF5 loop forever in C, where no signal or thread of this process could stop it. UsageError
+    naming the file when the child finds damage or does not finish. Files that passed unchanged
+    are not read again; without ``os.fork`` (Windows) nothing is checked here."""
+    todo = [Path(p) for p in paths if _CHECKED.get(os.path.abspath(p)) != _stamp(p) or not _stamp(p)]
+    if not todo or not hasattr(os, "fork"):
+        return
+    for p in todo:
+        read_header(p, what)  # cheap checks first, in this process
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no MPI, no flushing of the parent's buffers, _exit only
+        status = 0
+        try:
+            os.close(r)
+            for i, p in enumerate(todo):
+                os.write(w, f"{i}\n".encode())
+                _walk(p, what, unclosed, hint)
+        except UsageError as exc:
+            _write_all(w, ("!" + str(exc)).encode())
+        except BaseException as exc:  # noqa: BLE001
+            _write_all(w, f"!{what} is damaged: {type(exc).__name__} while reading its metadata ({_short(exc)})".encode())
+        finally:
+            os._exit(status)
+    os.close(w)
+    out = b""
+    deadline = time.monotonic() + PRECHECK_SECONDS
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                started = [int(line) for line in out.split(b"!")[0].split()]
+                bad = todo[started[-1]] if started else todo[0]
+                raise UsageError(f"{what} {str(bad)!r} is damaged: HDF5 did not finish reading its metadata within "
+                                 f"{PRECHECK_SECONDS:.0f} s (damaged structures make it loop)")
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    if b"!" in out:
+        raise UsageError(out.split(b"!", 1)[1].decode(errors="replace"))
+    for p in todo:
+        _CHECKED[os.path.abspath(p)] = _stamp(p)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _walk(path: Path, what: str, unclosed: str, hint: str) -> None:
+    f, _ = _open(path, what, unclosed, hint)
+    with f, reading(path, what):
+        def visit(name, obj) -> None:
+            for key in obj.attrs:
+                obj.attrs[key]
+            if isinstance(obj, h5py.Dataset) and not obj.is_virtual and obj.size:
+                if obj.size <= 1 << 20:
+                    obj[()]
+                else:
+                    obj[(0,) * obj.ndim]
+                    obj[tuple(n - 1 for n in obj.shape)]
+
+        visit("/", f)
+        f.visititems(visit)
