@@ -165,6 +165,10 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
             "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "argv": sys.argv, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT")}
+    try:
+        lp.parent.mkdir(parents=True, exist_ok=True)  # a new output folder (run.output = out/x.h5)
+    except OSError:
+        pass  # reported below, with the lock file's name
     for _ in range(3):
         try:
             fd = os.open(lp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
