@@ -204,10 +204,12 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
 
 def _refusal(field: str, path, held: Holder) -> str:
     if not held.info:
-        return (f"{field}: {str(path)!r} is locked by {str(held.path)!r}, which is empty or damaged; if no run is writing "
+        return (f"{field}: {str(path)!r} is locked by {str(held.path)!r}, which is empty or damaged; "
+                f"if no run is writing "
                 f"{str(path)!r}, remove it: rm {_quote(held.path)}")
     if held.state == "stale":
-        return (f"{field}: {str(path)!r} has a stale lock of a run that no longer runs ({held.describe()}); continue that run "
+        return (f"{field}: {str(path)!r} has a stale lock of a run that no longer runs ({held.describe()}); "
+                "continue that run "
                 f"with --resume, or clear the lock: rm {_quote(held.path)}")
     return (f"{field}: {str(path)!r} is being written by another run ({held.describe()}); wait for it to end or choose "
             f"another path; if that run is no longer running (its node failed), clear the lock: rm {_quote(held.path)}")

@@ -71,7 +71,8 @@ def resume_after(damage):
     def case(tmp):
         cfg, out = _finished_run(tmp)
         damage(out)
-        return _one_line_error(run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT))
+        return _one_line_error(run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9",
+                                       timeout=LIMIT))
     return case
 
 
@@ -110,7 +111,8 @@ def recover_killed(tmp):
     res = run_cli("recover", out, timeout=LIMIT)
     with h5py.File(out, "r") as f:  # plain read mode
         kept = json.loads(f.attrs["recovered"])["iterations_kept"]
-        rows = {f["iterations/iteration"].shape[0], f["ranks/wait_seconds"].shape[1], f["clients/participation"].shape[1]}
+        rows = {f["iterations/iteration"].shape[0], f["ranks/wait_seconds"].shape[1],
+                f["clients/participation"].shape[1]}
     return f"exit {res.returncode}, plain HDF5 opens it, {kept} iterations kept, all parts in step: {rows == {kept}}"
 
 
@@ -136,14 +138,16 @@ def second_writer(flags):
             first.communicate(timeout=60)
         finally:
             first.kill()
-        return _one_line_error(res) + (", names host, pid, start" if named else "") + f"; first run exit {first.returncode}"
+        named = ", names host, pid, start" if named else ""
+        return _one_line_error(res) + named + f"; first run exit {first.returncode}"
     return case
 
 
 def stale_lock(tmp):
     cfg, _ = _killed(tmp)
     res = run_cli("run", cfg, "-q", "--overwrite", timeout=LIMIT)
-    return _one_line_error(res) + (", says stale and `rm LOCK`" if "stale lock" in res.stderr and "rm " in res.stderr else "")
+    says = "stale lock" in res.stderr and "rm " in res.stderr
+    return _one_line_error(res) + (", says stale and `rm LOCK`" if says else "")
 
 
 def failure_on(rank, kind="raise", k=5):
@@ -176,7 +180,8 @@ def bad_input(*args, ranks=1, text=None, name="bad.toml"):
 def resume_without_clients(tmp):
     cfg, out = _finished_run(tmp)
     shutil.rmtree(S.client_dir(out))
-    return _one_line_error(run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT))
+    return _one_line_error(run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9",
+                                   timeout=LIMIT))
 
 
 #: (what was tried, the result) -- the table of docs/reliability.md
@@ -185,7 +190,8 @@ CASES = [
     ("`run --resume`, output truncated to 1,000 bytes", resume_after(lambda p: _damage(p, "truncate", 1000)), ONE_LINE),
     ("`run --resume`, 3,000 random bytes written in the middle of the output",
      resume_after(lambda p: _damage(p, "random", p.stat().st_size // 2)), ONE_LINE),
-    ("`run --resume`, one client file (`RUN.clients/rank00000.h5`) truncated to half", resume_after(client_file(half)), ONE_LINE),
+    ("`run --resume`, one client file (`RUN.clients/rank00000.h5`) truncated to half",
+     resume_after(client_file(half)), ONE_LINE),
     ("`run --resume`, the `RUN.clients/` folder deleted", resume_without_clients, ONE_LINE),
     ("`report` on a run file truncated to half", reader_on("report", half), ONE_LINE),
     ("`plot` on a run file truncated to half", reader_on("plot", half), ONE_LINE),
@@ -201,7 +207,8 @@ CASES = [
      ONE_LINE + "; first run exit 0"),
     ("a second `run --resume` on the output of a running run", second_writer(["--resume"]),
      ONE_LINE + ", names host, pid, start; first run exit 0"),
-    ("a new `run --overwrite` where a SIGKILLed run left its lock", stale_lock, ONE_LINE + ", says stale and `rm LOCK`"),
+    ("a new `run --overwrite` where a SIGKILLed run left its lock", stale_lock,
+     ONE_LINE + ", says stale and `rm LOCK`"),
     ("exception on rank 1 of 2 in iteration 5", failure_on(1), "exit 1, files closed, rows/clients/ranks: [5]"),
     ("exception on rank 0 of 2 in iteration 5", failure_on(0), "exit 1, files closed, rows/clients/ranks: [5]"),
     ("exception on rank 1 of 2 in iteration 1", failure_on(1, k=1), "exit 1, files closed, rows/clients/ranks: [1]"),

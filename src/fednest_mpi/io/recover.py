@@ -35,14 +35,17 @@ def _recover(p: Path) -> str:
     attrs, data = read_run(p, unclosed="read")
     rows = len(data[S.SCALE])
     with open_run(p, "read") as f, reading(p, "run file"):
-        columns = {name: (str(f[S.GROUP][name].attrs.get("description", "")), str(f[S.GROUP][name].attrs.get("units", "")))
+        group = f[S.GROUP]
+        columns = {name: (str(group[name].attrs.get("description", "")), str(group[name].attrs.get("units", "")))
                    for name in [S.SCALE] + [c for c in f[S.GROUP] if c != S.SCALE]}
         lengths = {name: f[S.GROUP][name].shape[0] for name in f[S.GROUP]}
         size = f[S.RANKS][S.RANK_SCALE].shape[0] if S.RANKS in f else 0
         if S.RANKS in f:
             rows = min([rows] + [f[S.RANKS][name].shape[1] for name in S.RANK_SERIES if name in f[S.RANKS]])
         snapshots = S.SNAPSHOTS in f
-        dims = (f[S.SNAPSHOTS]["x"].shape[1], f[S.SNAPSHOTS]["y"].shape[1], str(f[S.SNAPSHOTS]["x"].dtype)) if snapshots else (0, 0, "float64")
+        dims = (0, 0, "float64")
+        if snapshots:
+            dims = (f[S.SNAPSHOTS]["x"].shape[1], f[S.SNAPSHOTS]["y"].shape[1], str(f[S.SNAPSHOTS]["x"].dtype))
         n_clients = f[S.CLIENTS][S.CLIENT_SCALE].shape[0] if S.CLIENTS in f else 0
     blocks: list[range] = []
     if n_clients:
@@ -61,7 +64,8 @@ def _recover(p: Path) -> str:
     if not unclosed and not dropped:
         return f"{p}: closed and complete already ({rows} iterations, 0..{rows - 1}); nothing changed"
     cfg = attrs.get("config", {})
-    layout = SeriesLayout(run_path=p, n_clients=n_clients, blocks=tuple(blocks) + (range(0),) * max(0, size - len(blocks)),
+    blocks += [range(0)] * max(0, size - len(blocks))
+    layout = SeriesLayout(run_path=p, n_clients=n_clients, blocks=tuple(blocks),
                           client_series=bool(n_clients), snapshot_every=int(snapshots),
                           dim_x=dims[0], dim_y=dims[1], dtype=dims[2], keep_rows=rows)
     record = {"iterations_kept": rows, "last_iteration": int(data[S.SCALE][rows - 1]),
@@ -75,5 +79,6 @@ def _recover(p: Path) -> str:
     clients = f", per-client series of {n_clients} clients in {len(blocks)} files" if n_clients else ""
     return (f"recovered {p}: kept iterations 0..{rows - 1} ({rows} rows{clients}), dropped "
             f"{record['rows_dropped']} incomplete row(s); the file is closed and marked with the attribute 'recovered'"
-            + (f"; continue the run with --resume (checkpoint folder {folder})" if (folder / "state.pt").is_file() else ""))
+            + (f"; continue the run with --resume (checkpoint folder {folder})"
+               if (folder / "state.pt").is_file() else ""))
 

@@ -63,7 +63,8 @@ def read_header(path: str | Path, what: str = "file") -> Header:
     if size == 0:
         raise UsageError(f"{what} {str(p)!r} is not a readable HDF5 file: it is empty (0 bytes)")
     if not head.startswith(SIGNATURE):
-        raise UsageError(f"{what} {str(p)!r} is not a readable HDF5 file (no HDF5 signature at its start): damaged or another format")
+        raise UsageError(f"{what} {str(p)!r} is not a readable HDF5 file (no HDF5 signature at its start): "
+                         "damaged or another format")
     if len(head) < 12:
         raise UsageError(f"{what} {str(p)!r} is truncated ({size} bytes, shorter than the HDF5 superblock)")
     version, offsets = head[8], head[9]
@@ -74,7 +75,8 @@ def read_header(path: str | Path, what: str = "file") -> Header:
     flags = head[11]
     base, _, eof, _ = struct.unpack("<4Q", head[12:44])
     if base + eof > size:
-        raise UsageError(f"{what} {str(p)!r} is truncated: {size} bytes on disk, its HDF5 superblock says {base + eof}; "
+        raise UsageError(f"{what} {str(p)!r} is truncated: {size} bytes on disk, its HDF5 superblock says "
+                         f"{base + eof}; "
                          "it was cut short (copy interrupted, disk full, damaged file system)")
     return Header(size, version, flags, eof)
 
@@ -115,7 +117,8 @@ def _bounded_swmr_fapl():
     return fapl
 
 
-def open_checked(path: str | Path, what: str = "file", unclosed: str = "refuse", hint: str = "") -> tuple[h5py.File, bool]:
+def open_checked(path: str | Path, what: str = "file", unclosed: str = "refuse",
+                 hint: str = "") -> tuple[h5py.File, bool]:
     """(open h5py file, whether it is still marked open for writing), after :func:`read_header`
     and :func:`precheck`.
 
@@ -157,7 +160,8 @@ def reading(path: str | Path, what: str = "file"):
     except UsageError:
         raise
     except READ_ERRORS as exc:
-        raise UsageError(f"{what} {str(path)!r} is damaged: {type(exc).__name__} while reading it ({_short(exc)})") from None
+        raise UsageError(f"{what} {str(path)!r} is damaged: {type(exc).__name__} while reading it "
+                         f"({_short(exc)})") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +203,8 @@ def precheck(paths, what: str = "file", unclosed: str = "refuse", hint: str = ""
         except UsageError as exc:
             _write_all(w, ("!" + str(exc)).encode())
         except BaseException as exc:  # noqa: BLE001
-            _write_all(w, f"!{what} is damaged: {type(exc).__name__} while reading its metadata ({_short(exc)})".encode())
+            text = f"!{what} is damaged: {type(exc).__name__} while reading its metadata ({_short(exc)})"
+            _write_all(w, text.encode())
         finally:
             os._exit(status)
     os.close(w)
