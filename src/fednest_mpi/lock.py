@@ -185,13 +185,13 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
             raise UsageError(f"{field}: cannot create the lock file {str(lp)!r} ({exc.strerror or exc}); "
                              "choose a folder you can write to") from None
         try:
-            os.write(fd, json.dumps(info).encode())
-            os.fsync(fd)
-            if fcntl is not None:
+            if fcntl is not None:  # before the JSON: a reader who sees the JSON also sees the lockf lock
                 try:
                     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     pass  # the file system has no POSIX locks: the lock file alone says it
+            os.write(fd, json.dumps(info).encode())
+            os.fsync(fd)
         except BaseException:
             os.close(fd)
             lp.unlink(missing_ok=True)
