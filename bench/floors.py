@@ -126,8 +126,8 @@ def shape_of(cfg, n_inner: float, n_outer: float) -> RoundShape:
     p, a = cfg.problem, cfg.algorithm
     element = 4 if cfg.run.dtype == "float32" else 8
     common = dict(algorithm=a.name, clients=a.clients_per_round, n_inner=n_inner, n_outer=n_outer, batch=p.batch_size,
-                  tau=a.inner_local_steps, inner_rounds=a.inner_rounds, neumann=a.neumann_steps,
-                  hyper_batch=p.hypergradient_batch_size, outer_steps=a.outer_local_steps, element=element)
+                  tau=a.inner_local_steps, inner_rounds=getattr(a, "inner_rounds", 1), neumann=getattr(a, "neumann_steps", 0),
+                  hyper_batch=p.hypergradient_batch_size, outer_steps=getattr(a, "outer_local_steps", 1), element=element)
     if p.name == "loss_tuning":
         widths = (784, *(h for h in (p.hidden1, p.hidden2) if h > 0), 10)
         return RoundShape(widths=widths, x_layers=0, dim_x=20, x_in_inner=p.tune_loss, x_in_outer=False, **common)

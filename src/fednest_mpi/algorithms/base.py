@@ -26,15 +26,19 @@ ClientRows = dict[str, tuple[np.ndarray, torch.Tensor]]  # name -> (client ids, 
 
 
 class ClientStore:
-    """Per-client rows that persist across rounds, for the clients a rank hosts (``block``).
-
-    Rows start at ``initial[name]``; :meth:`seen` tells which clients have been written.
+    """Per-client rows that persist across rounds, for the clients a rank hosts (``block``), stored
+    compactly: a row exists only for a client that has been written (taken part), in a table that
+    grows by doubling; every other client reads ``initial[name]``. Memory: (clients written so far)
+    x (row length) numbers per name, not (hosted clients) x (row length) (docs/performance.md).
+    :meth:`seen` tells which clients have been written.
     """
 
     def __init__(self, block: range, initial: dict[str, torch.Tensor]):
         self.block = block
-        self.rows = {name: row.expand(len(block), row.shape[0]).clone() for name, row in initial.items()}
-        self.written = np.zeros(len(block), dtype=bool)
+        self.initial = {name: row.clone() for name, row in initial.items()}
+        self.slot = np.full(len(block), -1, dtype=np.int64)  # row of each hosted client in the tables, -1: unwritten
+        self.count = 0
+        self.tables = {name: row.new_empty(0, row.shape[0]) for name, row in initial.items()}
 
     def _index(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
@@ -43,25 +47,51 @@ class ClientStore:
         return ids - self.block.start
 
     def get(self, name: str, ids: np.ndarray) -> torch.Tensor:
-        return self.rows[name][torch.as_tensor(self._index(ids), device=self.rows[name].device)]
+        slots = self.slot[self._index(ids)]
+        out = self.initial[name].expand(slots.size, -1).clone()
+        written = np.flatnonzero(slots >= 0)
+        if written.size:
+            device = out.device
+            out[torch.as_tensor(written, device=device)] = self.tables[name][torch.as_tensor(slots[written], device=device)]
+        return out
 
     def seen(self, ids: np.ndarray) -> np.ndarray:
-        return self.written[self._index(ids)]
+        return self.slot[self._index(ids)] >= 0
 
     def put(self, ids: np.ndarray, **rows: torch.Tensor) -> None:
         idx = self._index(ids)
+        fresh = np.unique(idx[self.slot[idx] < 0])
+        if fresh.size:
+            self.slot[fresh] = np.arange(self.count, self.count + fresh.size)
+            self.count += fresh.size
+            for name, table in self.tables.items():
+                if table.shape[0] < self.count:  # grow by doubling
+                    grown = table.new_empty(max(self.count, 2 * table.shape[0]), table.shape[1])
+                    grown[: table.shape[0]] = table
+                    self.tables[name] = grown
         for name, value in rows.items():
-            self.rows[name][torch.as_tensor(idx, device=value.device)] = value
-        self.written[idx] = True
+            self.tables[name][torch.as_tensor(self.slot[idx], device=value.device)] = value
+
+    def block_rows(self, name: str) -> torch.Tensor:
+        """(hosted clients, row length): every hosted client's row (the unwritten ones: the initial row)."""
+        return self.get(name, np.arange(self.block.start, self.block.stop))
+
+    def block_sum(self, name: str) -> torch.Tensor:
+        """Sum of every hosted client's row, without forming the unwritten ones: the written rows in
+        client-id order (so a restored store sums exactly as the original) plus the initial row
+        times the number of unwritten clients."""
+        table = self.tables[name]
+        written = table[torch.as_tensor(self.slot[self.slot >= 0], device=table.device)]
+        return written.sum(0) + (len(self.block) - self.count) * self.initial[name]
 
     def export(self) -> ClientRows:
         """name -> (client ids written so far, their rows)."""
-        ids = np.arange(self.block.start, self.block.stop)[self.written]
-        return {name: (ids, self.get(name, ids).clone()) for name in self.rows}
+        ids = np.arange(self.block.start, self.block.stop)[self.slot >= 0]
+        return {name: (ids, self.get(name, ids)) for name in self.tables}
 
     def load(self, states: ClientRows) -> None:
         for name, (ids, rows) in states.items():
-            self.put(ids, **{name: rows.to(self.rows[name])})
+            self.put(ids, **{name: rows.to(self.initial[name])})
 
 
 @dataclass
@@ -95,7 +125,7 @@ class State:
         holds only (and all) the saved ids this rank hosts, in increasing order."""
         for name, v in self._parts():
             if isinstance(v, ClientStore):
-                v.load({key: rows for key, rows in per_client.items() if key in v.rows})
+                v.load({key: rows for key, rows in per_client.items() if key in v.tables})
             else:
                 setattr(self, name, replicated.get(name))
 

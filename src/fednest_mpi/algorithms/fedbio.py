@@ -161,15 +161,14 @@ class FedBiO(LocalHypergradient, Algorithm):
         """Mean over all M clients of a stored row (uncounted bookkeeping reduction, for evaluation):
         with ``reduction = "ordered"`` one slot per client, summed in client-id order (bitwise
         rank-count invariant); else each rank's partial sum."""
-        rows = self.store.rows[name]
-        fed = self.fed
+        fed, like = self.fed, self.store.initial[name]
         if fed.reduction == "ordered":
-            buf = np.zeros((fed.n_clients, rows.shape[1]))
-            buf[fed.block.start:fed.block.stop] = rows.numpy(force=True)
+            buf = np.zeros((fed.n_clients, like.shape[0]))
+            buf[fed.block.start:fed.block.stop] = self.store.block_rows(name).numpy(force=True)
             total = fed.sum_uncounted(buf).reshape(fed.n_clients, -1)
             out = total[0].copy()
             for row in total[1:]:
                 out += row
         else:
-            out = fed.sum_uncounted(rows.sum(0).numpy(force=True))
-        return torch.as_tensor(out / fed.n_clients, dtype=rows.dtype, device=rows.device)
+            out = fed.sum_uncounted(self.store.block_sum(name).numpy(force=True))
+        return torch.as_tensor(out / fed.n_clients, dtype=like.dtype, device=like.device)
