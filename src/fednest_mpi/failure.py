@@ -74,8 +74,13 @@ class Watch:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the thread (the run is over)."""
+        """End the thread and wait for it (the run is over). It must not outlive the run: a daemon
+        thread still running at interpreter exit is terminated where it stands, and if the cyclic
+        garbage collector was freeing an h5py object in it, h5py's global lock stays taken and the
+        exit hangs."""
         self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
