@@ -3,6 +3,7 @@ time); the plain loop's steps are the algorithm's math; the floor formulas and t
 on hand-computed and synthetic numbers; a tiny run of the harness writes and reads its HDF5 table.
 No timing assertions."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -182,7 +183,8 @@ def test_plain_fedavg_round_is_one_averaged_sgd_step(plain_cfg):
 
 
 def test_plain_hessian_product_is_the_hessian(plain_cfg):
-    loop = PlainLoop(plain_cfg)
+    fednest = config.FedNestConfig(clients_per_round=6, inner_local_steps=1, inner_lr=0.1)  # FedIHGP's (I - eta H) r
+    loop = PlainLoop(dataclasses.replace(plain_cfg, algorithm=fednest))
     A, t, _, _ = loop.data(2)
     r = [torch.randn(w.shape, dtype=torch.float64) for w in loop.y]
     out = loop.hvp(loop.x, loop.y, r, A, t)

@@ -21,8 +21,9 @@ def _cfg(problem=None, **algorithm):
     return config.from_dict({
         "seed": 1, "problem": {"name": "fairness", "n_clients": 6, "data_dir": str(DATA), "val_per_cell": 30, "weight_cells": "group_label",
                                "hypergradient_batch_size": 64} | (problem or {}),
-        "algorithm": {"name": "fedbio", "outer_iterations": 2, "clients_per_round": 6, "inner_lr": 0.5, "outer_lr": 1.0,
-                      "neumann_steps": 3, "neumann_scale": 0.5, "sync_period": 2, "inner_local_steps": 3} | algorithm,
+        "algorithm": config.algorithm_fields(algorithm.get("name", "fedbio"), {  # the fields the named algorithm has
+            "name": "fedbio", "outer_iterations": 2, "clients_per_round": 6, "inner_lr": 0.5, "outer_lr": 1.0,
+            "neumann_steps": 3, "neumann_scale": 0.5, "sync_period": 2, "inner_local_steps": 3} | algorithm),
         "run": {"output": "unused.h5"},
     })
 
