@@ -6,15 +6,17 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from fednest_mpi import config
 from fednest_mpi.runner import simulate
 from histories import assert_histories_match
 
 
 def _config(small_config, name, reduction):
     return small_config(
-        algorithm={"name": name, "outer_iterations": 6, "clients_per_round": 5, "sync_period": 3, "inner_lr": 0.2,
-                   "outer_lr": 0.1, "neumann_steps": 4, "neumann_scale": 0.25, "step_schedule": "storm",
-                   "ihgp_mode": "randomized", "inner_rounds": 2},
+        algorithm=config.algorithm_fields(name, {  # the fields of a union of algorithms that `name` has
+            "name": name, "outer_iterations": 6, "clients_per_round": 5, "sync_period": 3, "inner_lr": 0.2,
+            "outer_lr": 0.1, "neumann_steps": 4, "neumann_scale": 0.25, "step_schedule": "storm",
+            "ihgp_mode": "randomized", "inner_rounds": 2}),
         problem={"lower_level": "local", "gradient_noise": 0.1}, federation={"reduction": reduction})
 
 

@@ -19,8 +19,9 @@ MINIMAX = {
 def _minimax(reduction, **algorithm):
     return config.from_dict({
         "seed": 5, "problem": {"name": "minimax", "n_clients": 61, "dim": 4, "heterogeneity": 10.0},
-        "algorithm": {"outer_iterations": 4, "inner_rounds": 2, "clients_per_round": 9, "inner_lr": 0.1, "outer_lr": 0.01,
-                      "inner_local_steps": 5, "outer_local_steps": 3, "neumann_steps": 3, "neumann_scale": 0.5} | algorithm,
+        "algorithm": config.algorithm_fields(algorithm.get("name", "fednest"), {  # the fields the named algorithm has
+            "outer_iterations": 4, "inner_rounds": 2, "clients_per_round": 9, "inner_lr": 0.1, "outer_lr": 0.01,
+            "inner_local_steps": 5, "outer_local_steps": 3, "neumann_steps": 3, "neumann_scale": 0.5} | algorithm),
         "federation": {"reduction": reduction},
     })
 
