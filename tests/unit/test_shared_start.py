@@ -8,7 +8,7 @@ import torch
 from fednest_mpi.federation import dense
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
-from fednest_mpi.problems.shared_start import shared_start_sgd
+from fednest_mpi.problems.shared_start import shared_start_sgd, worthwhile
 
 from shared_data import requires, small_mnist_config
 
@@ -92,10 +92,23 @@ def test_loss_tuning_local_sgd_equals_its_gradient_oracle_loop(tune_loss, hidden
 
 
 @requires("mnist")
-def test_long_local_runs_keep_per_client_weights():
-    # 50 steps of batch 4: a history of 200 rows per client costs more than private weights
+@pytest.mark.parametrize("anchored", [False, True])
+def test_long_local_runs_use_private_weights_equal_to_the_oracle_loop(anchored):
+    # 40 steps of batch 4 (x 2 with the anchor): a history longer than MAX_HISTORY, so the rows come
+    # from private_weights_sgd, which must match the oracle loop like the low-rank form does
     cfg = small_mnist_config("loss_tuning", hidden1=7, hidden2=5, batch_size=4)
     prob = build_problem(cfg.problem, 0, range(20), dtype=torch.float64)
     x, y = prob.initial_point()
-    assert prob.local_sgd(np.array([1, 2]), x, y, 50, 0.1, 5) is None
-    assert prob.oracle_counts["grad_y_inner"] == 0
+    ids, steps, lr, key = np.array([1, 2, 9]), 40, 0.1, 5
+    assert not worthwhile(steps, 4, anchored)
+    X, Y0 = x.expand(ids.size, -1), y.expand(ids.size, -1)
+    anchor = prob.grad_y_inner(ids, X, Y0, None).mean(0) if anchored else None
+    fused = prob.local_sgd(ids, x, y, steps, lr, key, anchor=anchor)
+    assert isinstance(fused, torch.Tensor)
+    Y = Y0
+    for nu in range(steps):
+        d = prob.grad_y_inner(ids, X, Y, Sample(key, nu))
+        if anchor is not None:
+            d = d - prob.grad_y_inner(ids, X, Y0, Sample(key, nu)) + anchor
+        Y = Y - lr * d
+    torch.testing.assert_close(fused, Y, rtol=1e-9, atol=1e-11)

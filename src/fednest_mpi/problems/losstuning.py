@@ -48,7 +48,7 @@ from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems import mlp
 from fednest_mpi.problems.base import BilevelProblem, Sample, squared_norms
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
-from fednest_mpi.problems.shared_start import shared_start_sgd, worthwhile
+from fednest_mpi.problems.shared_start import private_weights_sgd, shared_start_sgd, worthwhile
 
 N_PIXELS, N_CLASSES = 784, 10
 _EVAL_CHUNK = 5000
@@ -134,10 +134,9 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
 
     # -- fused local SGD from the shared y (FedAvg / LFedInn): no per-client weight copies per step --
     def _local_sgd(self, clients, x, y, steps, lr, key, anchor):
-        """Closed-form batched backpropagation of the MLP with the low-rank form of local SGD / SVRG
-        from shared weights (:func:`~fednest_mpi.problems.shared_start.shared_start_sgd`)."""
-        if not worthwhile(steps, self.cfg.batch_size, anchor is not None):
-            return None
+        """Closed-form batched backpropagation of the MLP: the low-rank form of local SGD / SVRG from
+        shared weights (:func:`~fednest_mpi.problems.shared_start.shared_start_sgd`) for short local
+        runs, private per-client weights updated in place (:func:`.private_weights_sgd`) for long ones."""
         clients = np.asarray(clients, dtype=np.int64)
         if clients.size == 0 or steps == 0:
             return y.expand(clients.size, -1).clone()
@@ -152,7 +151,8 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         def layers(vector):
             return [(W[0], b[0]) for W, b in self._layers(vector[None])]
 
-        return shared_start_sgd(layers(y), batch, steps, lr, self.cfg.inner_regularization, None if anchor is None else layers(anchor))
+        run = shared_start_sgd if worthwhile(steps, self.cfg.batch_size, anchor is not None) else private_weights_sgd
+        return run(layers(y), batch, steps, lr, self.cfg.inner_regularization, None if anchor is None else layers(anchor))
 
     # -- oracles: closed form when y (and v) are the shared global rows (mlp.py), else reverse-mode
     # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --

@@ -173,3 +173,40 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
         filled += per_step
     shared = [W * a if anchor is None else W * a + anchor[layer][0] * c for layer, (W, _) in enumerate(layers)]
     return LowRankRows(shared, history_in, [D.mul_(coef.T) for D in history_grad], bias)
+
+
+def private_weights_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: int, lr: float, decay: float,
+                        anchor: mlp.Layers | None = None) -> torch.Tensor:
+    """The same local steps as :func:`shared_start_sgd` (same arguments) with a private copy of the
+    weights per client, updated in place -- the cheaper form for long local runs (many steps of large
+    minibatches, where the low-rank history would outgrow the weights). Closed-form batched
+    backpropagation (bmm over the block), no autograd and no allocation of weight-sized tensors per
+    step. Returns the (C, d) rows in the layout [W_1, b_1, W_2, b_2, ...]."""
+    A, residual = batch(0)
+    C = A.shape[0]
+    rho = 1.0 - lr * decay
+    weights = [W.expand(C, -1, -1).clone() for W, _ in layers]
+    biases = [b.expand(C, -1).clone() for _, b in layers]
+    for nu in range(steps):
+        if nu:
+            A, residual = batch(nu)
+        inputs, pre, H = [], [], A
+        for layer, (W, b) in enumerate(zip(weights, biases)):
+            inputs.append(H)
+            pre.append(torch.baddbmm(b[:, None, :], H, W.transpose(1, 2)))
+            if layer < len(weights) - 1:
+                H = torch.relu(pre[-1])
+        deltas = [residual(pre[-1])]
+        for layer in range(len(weights) - 1, 0, -1):
+            deltas.insert(0, torch.bmm(deltas[0], weights[layer]).mul_(pre[layer - 1] > 0))
+        if anchor is not None:  # the same minibatch at the shared y: -grad g_i(y; xi) + q
+            inputs0, pre0 = mlp.forward(layers, A)
+            deltas0 = mlp.backward(layers, pre0, residual(pre0[-1]))
+        for layer, (W, b) in enumerate(zip(weights, biases)):
+            W.mul_(rho).baddbmm_(deltas[layer].transpose(1, 2), inputs[layer], alpha=-lr)
+            b.mul_(rho).sub_(deltas[layer].sum(1), alpha=lr)
+            if anchor is not None:
+                W0, b0 = layers[layer]
+                W.baddbmm_(deltas0[layer].transpose(1, 2), inputs0[layer], alpha=lr).add_(W0 * (lr * decay) - anchor[layer][0] * lr)
+                b.add_(deltas0[layer].sum(1), alpha=lr).add_(b0 * (lr * decay) - anchor[layer][1] * lr)
+    return torch.cat([part for W, b in zip(weights, biases) for part in (W.flatten(1), b)], dim=1)
