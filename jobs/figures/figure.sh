@@ -35,7 +35,7 @@ command -v fednest-mpi > /dev/null || { echo "$0: fednest-mpi not found: run mak
 
 RUN_DIR=runs/$FIGURE FAILED=0
 if [ "$PLOT_ONLY" -eq 0 ]; then
-    fednest-mpi jobs render "jobs/sweeps/$FIGURE.toml" --site jobs/sites/local.toml --out-dir "runs/jobs/$FIGURE" > /dev/null
+    fednest-mpi jobs render "jobs/sweeps/$FIGURE.toml" --site local --out-dir "runs/jobs/$FIGURE" > /dev/null
     # a run that fails (e.g. diverges: it keeps its iterations up to there) is reported, the others are
     # still drawn (and the calling script's own steps still run), and the script exits 1 at the end
     FEDNEST_RANKS=$RANKS FEDNEST_RUN_ARGS="${ITERATIONS:+--set algorithm.outer_iterations=$ITERATIONS}" \

@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     rec.add_argument("run", help="run file (.h5) of a run that was killed before it closed its files")
     epilog_jobs = ("examples:\n  fednest-mpi jobs list jobs/sweeps/quadratic_variants.toml\n"
-                   "  fednest-mpi jobs render jobs/sweeps/quadratic_variants.toml --site jobs/sites/local.toml\n"
+                   "  fednest-mpi jobs render jobs/sweeps/quadratic_variants.toml --site local\n"
+                   "  fednest-mpi jobs render jobs/sweeps/fig2a.toml --site jobs/sites/YOURS.toml -o runs/jobs/fig2a\n"
                    "  bash runs/jobs/quadratic_variants/quadratic_variants.local.sh -j 2")
     jobs = sub.add_parser("jobs", help="batch scripts for a sweep of runs: SLURM job array, one sbatch per run, workstation script",
                           epilog=epilog_jobs, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     ren = jsub.add_parser("render", help="validate a sweep and write its tasks file and scripts for one site",
                           epilog=epilog_jobs, formatter_class=argparse.RawDescriptionHelpFormatter)
     ren.add_argument("sweep", help="sweep file (jobs/sweeps/*.toml)")
-    ren.add_argument("--site", "-s", default="jobs/sites/local.toml", help="site file (default: %(default)s)")
+    ren.add_argument("--site", "-s", default="local",
+                     help="a built-in site (local, example-cluster) or the path of a site file (default: %(default)s)")
     ren.add_argument("--out-dir", "-o", help="folder for the scripts, tasks file and logs (default: runs/jobs/SWEEP)")
     ren.add_argument("--workdir", help="folder the jobs run in (default: the current directory)")
     ren.add_argument("--launcher", choices=("srun", "mpirun"), help="MPI launcher of the SLURM scripts (default: the site's)")

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SITE = ROOT / "jobs" / "sites" / "ci-slurm.toml"
-LOCAL_SITE = ROOT / "jobs" / "sites" / "local.toml"
+LOCAL_SITE = "local"  # the built-in workstation site
 CONFIG = ROOT / "configs" / "quadratic.toml"
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 VOLATILE_ATTRS = {"created_utc", "hostname", "resumes", "config"}  # when and where; config is config_json parsed
@@ -57,7 +57,7 @@ def run(cmd, timeout=120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, env=job_env(), **kw)
 
 
-def render(folder: Path, sweep_text: str, site: Path = SITE, *args: str) -> Path:
+def render(folder: Path, sweep_text: str, site: Path | str = SITE, *args: str) -> Path:
     """Render the sweep ``folder/s.toml`` to ``folder/jobs`` (jobs run in ``folder``); the jobs folder."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "s.toml").write_text(sweep_text)

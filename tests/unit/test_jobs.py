@@ -28,7 +28,7 @@ from fednest_mpi.io.h5 import read_run
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 MPIEXEC = BIN / "mpiexec"
-SITES = {name: ROOT / "jobs" / "sites" / f"{name}.toml" for name in ("example-cluster", "local")}
+SITES = {name: jobs.SITES_DIR / f"{name}.toml" for name in ("example-cluster", "local")}
 SWEEPS = ROOT / "jobs" / "sweeps"
 TINY = {"algorithm.outer_iterations": 2, "problem.n_clients": 8, "algorithm.clients_per_round": 4}
 VARIANTS = ["fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt"]
@@ -130,8 +130,32 @@ def test_bad_site_key_names_the_field_and_suggests(tmp_path):
     bad.write_text('modules = "gcc"\naccount = "a b"\n')
     with pytest.raises(UsageError, match="account: 'a b' must not contain spaces"):
         jobs.load_site(bad)
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(UsageError, match="neither a built-in site .* nor an existing site file"):
         jobs.load_site(tmp_path / "missing.toml")
+
+
+def test_sites_are_named_by_their_builtin_name_or_given_by_path(tmp_path, monkeypatch):
+    assert jobs.builtin_sites() == ["example-cluster", "local"]
+    for name in jobs.builtin_sites():
+        site = jobs.load_site(name)
+        assert site.name == name and Path(site.path) == SITES[name] and site == jobs.load_site(SITES[name])
+    # a name wins over a file of that name in the current directory; ./NAME reads the file
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local").write_text('name = "mine"\nlauncher = "srun"\n')
+    assert jobs.load_site("local").launcher == "mpirun" and jobs.load_site("./local").name == "mine"
+    with pytest.raises(UsageError) as err:
+        jobs.load_site("lcoal")
+    assert str(err.value) == ("site 'lcoal' is neither a built-in site (example-cluster, local) nor an existing site file "
+                              "(did you mean 'local'?); give one of those names or the path of a TOML site file")
+
+
+def test_render_help_names_every_builtin_site(capsys):
+    from fednest_mpi.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["jobs", "render", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: local)" in text and all(name in text for name in jobs.builtin_sites())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,13 +2,15 @@
 
 Three kinds of files, all TOML except the templates:
 
-* a **site** file (``jobs/sites/*.toml``, :func:`load_site`): everything that belongs to one
-  machine -- account, partition, QOS, modules, virtual environment, MPI launcher and its flags,
-  extra environment. Templates hold no site specifics.
+* a **site** file (:func:`load_site`): everything that belongs to one machine -- account,
+  partition, QOS, modules, virtual environment, MPI launcher and its flags, extra environment.
+  Templates hold no site specifics. The built-in sites (``local``, ``example-cluster``) are package
+  data in ``sites/`` beside this module and are named by their stem; any other site is a path.
 * a **sweep** file (``jobs/sweeps/*.toml``, :func:`load_sweep`): a base config, fixed ``[set]``
   overrides, a ``[grid]`` (cartesian product) and a ``[zip]`` (lock-step lists) of config
   fields, the ``[resources]`` of one run, optionally a ``[scaling]`` study over rank counts.
-* the **templates** (``jobs/templates/``): ``slurm_run.sbatch``, ``slurm_array.sbatch`` and
+* the **templates** (package data in ``templates/`` beside this module, or a folder passed as
+  ``templates=``): ``slurm_run.sbatch``, ``slurm_array.sbatch`` and
   ``mpirun_local.sh``, with ``{{placeholders}}`` (a :class:`string.Template` whose delimiter
   is ``{{``, so that the shell's own ``$VAR`` and ``${VAR}`` need no escaping).
 
@@ -39,11 +41,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from fednest_mpi.errors import UsageError
 
-#: the templates shipped in the repository (``jobs/templates`` beside ``src``)
-DEFAULT_TEMPLATES = Path(__file__).resolve().parents[2] / "jobs" / "templates"
+#: the templates and built-in sites, package data beside this module (declared in setup.cfg)
+DEFAULT_TEMPLATES = Path(__file__).resolve().parent / "templates"
+SITES_DIR = Path(__file__).resolve().parent / "sites"
 TEMPLATE_RUN = "slurm_run.sbatch"
 TEMPLATE_ARRAY = "slurm_array.sbatch"
 TEMPLATE_LOCAL = "mpirun_local.sh"
+TEMPLATES = (TEMPLATE_RUN, TEMPLATE_ARRAY, TEMPLATE_LOCAL)
 LAUNCHERS = ("srun", "mpirun")
 SCALING_KINDS = ("strong", "weak")
 
@@ -65,7 +69,7 @@ def _check_keys(where: str, data: Mapping, known: Sequence[str], what: str = "fi
 def _read_toml(path: str | Path, kind: str) -> dict:
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"{kind} file {str(p)!r} does not exist; see jobs/{kind}s/ for examples")
+        raise UsageError(f"{kind} file {str(p)!r} does not exist; see jobs/{kind}s/ of the repository for examples")
     try:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -274,8 +278,26 @@ def site_from_dict(data: Mapping, where: str = "site") -> Site:
     return Site(**kw)
 
 
-def load_site(path: str | Path) -> Site:
-    """Read and validate a site file (``jobs/sites/*.toml``)."""
+def builtin_sites() -> list[str]:
+    """Names of the built-in sites (``local``, ``example-cluster``), in alphabetical order."""
+    return sorted(p.stem for p in SITES_DIR.glob("*.toml"))
+
+
+def site_path(site: str | Path) -> Path:
+    """The file of ``site``: a built-in site's name (:func:`builtin_sites`) or the path of a site
+    file. A name wins over a file of that name in the current directory (write ``./local`` for it)."""
+    names = builtin_sites()
+    if isinstance(site, str) and site in names:
+        return SITES_DIR / f"{site}.toml"
+    if not Path(site).is_file():
+        raise UsageError(f"site {str(site)!r} is neither a built-in site ({', '.join(names)}) nor an existing site file"
+                         + _did_you_mean(str(site), names) + "; give one of those names or the path of a TOML site file")
+    return Path(site)
+
+
+def load_site(site: str | Path) -> Site:
+    """Read and validate a site: a built-in site's name or the path of a site file (:func:`site_path`)."""
+    path = site_path(site)
     data = _read_toml(path, "site")
     site = site_from_dict(data, str(path))
     return dataclasses.replace(site, name=data.get("name", Path(path).stem), path=str(path))
@@ -621,7 +643,9 @@ def load_template(name: str, templates: str | Path | None = None) -> ScriptTempl
     directory = Path(templates) if templates else DEFAULT_TEMPLATES
     path = directory / name
     if not path.is_file():
-        raise UsageError(f"template {str(path)!r} does not exist; the templates live in jobs/templates of the repository")
+        fix = (f"a templates folder holds {', '.join(TEMPLATES)}" if templates else
+               "the package was installed without its data; reinstall fednest-mpi")
+        raise UsageError(f"template {str(path)!r} does not exist; {fix}")
     return ScriptTemplate(path.read_text())
 
 
@@ -689,10 +713,11 @@ def render_local(site: Site, sweep: Sweep, tasks_file: str | Path, *, workdir: s
     return load_template(TEMPLATE_LOCAL, templates).render(values, TEMPLATE_LOCAL)
 
 
-def render_all(sweep_path: str | Path, site_path: str | Path, out_dir: str | Path | None = None, *,
+def render_all(sweep_path: str | Path, site: str | Path, out_dir: str | Path | None = None, *,
                workdir: str | Path | None = None, launcher: str | None = None, check: bool = True,
                templates: str | Path | None = None) -> list[Path]:
-    """Write everything for one sweep on one site into ``out_dir`` and return the paths:
+    """Write everything for one sweep on one site (a built-in site's name or a site file) into
+    ``out_dir`` and return the paths:
 
     * ``NAME.tasks`` -- one line per run (:func:`write_tasks_file`),
     * ``NAME.array.sbatch`` -- the job array (``sbatch out_dir/NAME.array.sbatch``),
@@ -706,7 +731,7 @@ def render_all(sweep_path: str | Path, site_path: str | Path, out_dir: str | Pat
     directory), where every script changes directory first. With ``check`` every task's config
     is validated first, so a typo in a field name is reported here and nothing is written.
     """
-    sweep, site = load_sweep(sweep_path), load_site(site_path)
+    sweep, site = load_sweep(sweep_path), load_site(site)
     if launcher is not None and launcher not in LAUNCHERS:
         raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + _did_you_mean(launcher, LAUNCHERS))
     workdir = Path(workdir if workdir is not None else os.getcwd())

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fednest-mpi: sweep {{job_name}} on a workstation, {{n_tasks}} runs through mpiexec.
-# Rendered from jobs/templates/mpirun_local.sh by fednest_mpi.jobs: change the sweep or the
+# Rendered from the template mpirun_local.sh of fednest_mpi.jobs: change the sweep or the
 # site file and render again rather than editing this file.
 #
 # usage: bash THIS_FILE [-j PARALLEL] [TASK_ID ...]
