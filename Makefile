@@ -9,7 +9,7 @@ MPI_TIMEOUT ?= timeout -k 10 300
 export MPI4PY_RC_THREAD_LEVEL ?= single
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-serial test-mpi docs bench clean install-openmpi test-openmpi test-cluster
+.PHONY: install test lint test-serial test-mpi docs bench clean install-openmpi test-openmpi test-cluster
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ install:
 	$(BIN)/pip install -q --no-deps -e .
 
 test: test-serial test-mpi
+
+# ruff (lint, import order; line length 120) and mypy on the package (pyproject.toml)
+lint:
+	$(BIN)/ruff check src tests bench jobs
+	$(BIN)/mypy
 
 test-serial:
 	$(TIMEOUT) $(BIN)/python -m pytest -q tests
