@@ -290,8 +290,10 @@ def site_path(site: str | Path) -> Path:
     if isinstance(site, str) and site in names:
         return SITES_DIR / f"{site}.toml"
     if not Path(site).is_file():
-        raise UsageError(f"site {str(site)!r} is neither a built-in site ({', '.join(names)}) nor an existing site file"
-                         + _did_you_mean(str(site), names) + "; give one of those names or the path of a TOML site file")
+        builtin = ", ".join(names) or "none: the package was installed without its data"
+        raise UsageError(f"site {str(site)!r} is neither a built-in site ({builtin}) nor an existing site file"
+                         + _did_you_mean(str(site), names)
+                         + "; give one of those names or the path of a TOML site file")
     return Path(site)
 
 
@@ -299,8 +301,8 @@ def load_site(site: str | Path) -> Site:
     """Read and validate a site: a built-in site's name or the path of a site file (:func:`site_path`)."""
     path = site_path(site)
     data = _read_toml(path, "site")
-    site = site_from_dict(data, str(path))
-    return dataclasses.replace(site, name=data.get("name", Path(path).stem), path=str(path))
+    loaded = site_from_dict(data, str(path))
+    return dataclasses.replace(loaded, name=data.get("name", path.stem), path=str(path))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -731,7 +733,7 @@ def render_all(sweep_path: str | Path, site: str | Path, out_dir: str | Path | N
     directory), where every script changes directory first. With ``check`` every task's config
     is validated first, so a typo in a field name is reported here and nothing is written.
     """
-    sweep, site = load_sweep(sweep_path), load_site(site)
+    sweep, machine = load_sweep(sweep_path), load_site(site)
     if launcher is not None and launcher not in LAUNCHERS:
         raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + _did_you_mean(launcher, LAUNCHERS))
     workdir = Path(workdir if workdir is not None else os.getcwd())
@@ -742,12 +744,12 @@ def render_all(sweep_path: str | Path, site: str | Path, out_dir: str | Path | N
     log_dir, tasks_file = out / "logs", out / f"{sweep.name}.tasks"
     common = dict(workdir=workdir, log_dir=log_dir, templates=templates)
     scripts = {  # rendered first: nothing is written when a template or a value is wrong
-        out / f"{sweep.name}.array.sbatch": render_array(site, sweep, tasks_file, launcher=launcher, **common),
-        out / f"{sweep.name}.local.sh": render_local(site, sweep, tasks_file, **common),
+        out / f"{sweep.name}.array.sbatch": render_array(machine, sweep, tasks_file, launcher=launcher, **common),
+        out / f"{sweep.name}.local.sh": render_local(machine, sweep, tasks_file, **common),
     }
     for t in tasks:
         res = sweep.resources.for_ranks(t.ranks) if sweep.scaling else sweep.resources
-        scripts[out / "run" / f"{t.name}.sbatch"] = render_run(site, t, res, launcher=launcher, **common)
+        scripts[out / "run" / f"{t.name}.sbatch"] = render_run(machine, t, res, launcher=launcher, **common)
     log_dir.mkdir(parents=True, exist_ok=True)
     (out / "run").mkdir(exist_ok=True)
     written = [write_tasks_file(tasks, tasks_file)]
