@@ -110,7 +110,7 @@ def test_divergence_stops_with_the_iteration(tmp_path):
 def test_jobs_render_and_list(tmp_path):
     res = run_cli("jobs", "list", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml")
     assert res.returncode == 0 and "fednest_seed0" in res.stdout
-    res = run_cli("jobs", "render", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml", "--site",
-                  ROOT / "jobs" / "sites" / "local.toml", "--out-dir", tmp_path, "--workdir", ROOT)
+    res = run_cli("jobs", "render", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml", "--site", "local",
+                  "--out-dir", tmp_path, "--workdir", ROOT)
     assert res.returncode == 0 and "submit: sbatch" in res.stdout
     assert run_cli("jobs", "list", tmp_path / "missing.toml").returncode == 2
