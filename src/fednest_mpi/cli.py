@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from fednest_mpi.federation import MPI  # imports mpi4py after the thread-level setting
+    from fednest_mpi.comm import world  # starts MPI (after the thread-level setting)
 
     from fednest_mpi import checkpoint, failure, lock
     from fednest_mpi import config as configuration
@@ -120,7 +120,7 @@ def _run(args) -> int:
     from fednest_mpi.logs import setup_logging
     from fednest_mpi.runner import broadcast_usage_error
 
-    comm = MPI.COMM_WORLD
+    comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank, size, logging.WARNING if args.quiet else logging.INFO)
 
