@@ -162,7 +162,7 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
     """Lock ``path`` (an output file or checkpoint folder) for this process; UsageError naming the holder."""
     lp = lock_path(path)
     info = {"host": socket.gethostname(), "pid": os.getpid(),
-            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "argv": sys.argv, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT")}
     try:

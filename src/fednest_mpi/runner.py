@@ -165,8 +165,8 @@ class Simulation:
         except UsageError as exc:
             error = exc
         except MemoryError as exc:  # beyond the estimate of check_memory
-            error = UsageError(f"problem: the problem's data do not fit in this rank's memory ({exc}); lower problem.n_clients "
-                               "or the dimensions, or run on more nodes")
+            error = UsageError(f"problem: the problem's data do not fit in this rank's memory ({exc}); "
+                               "lower problem.n_clients or the dimensions, or run on more nodes")
         agree_on_usage_error(comm, error)
 
     def columns(self) -> dict[str, tuple[str, str]]:

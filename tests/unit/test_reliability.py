@@ -24,10 +24,10 @@ from pathlib import Path
 
 import h5py
 import pytest
+from test_checkpoint import _cli_config, run_cli
 
 from fednest_mpi.io import schema as S
 from fednest_mpi.io.h5 import read_run
-from test_checkpoint import _cli_config, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reliability.md"

@@ -86,8 +86,8 @@ class SeriesLayout:
             scale.make_scale(S.SNAPSHOT_SCALE)
             scale.attrs.update(description="outer iteration of each snapshot", units="1")
             for name, dim in (("x", self.dim_x), ("y", self.dim_y)):
-                d = snap.create_dataset(name, shape=(0, dim), maxshape=(None, dim), dtype=self.dtype, chunks=(1, min(dim, _SNAPSHOT_CHUNK)),
-                                         fletcher32=True)
+                d = snap.create_dataset(name, shape=(0, dim), maxshape=(None, dim), dtype=self.dtype,
+                                        chunks=(1, min(dim, _SNAPSHOT_CHUNK)), fletcher32=True)
                 d.attrs.update(description=S.SNAPSHOT_SERIES[name], units="1")
                 d.dims[0].attach_scale(scale)
             for name in (S.SNAPSHOT_SCALE, "x", "y"):
@@ -267,7 +267,8 @@ def check_client_files(run_path: str | Path, rows: int, unclosed: str = "live", 
                 for _, h in found:
                     h.close()
                 held = "no such series" if shape is None else f"shape {shape}"
-                raise UsageError(f"{what}client file {g.filename!r} is damaged or too short: /{S.CLIENTS}/{name} has {held}, "
+                raise UsageError(f"{what}client file {g.filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
+                                 f"has {held}, "
                                  f"expected {len(ids)} clients x at least {rows} iterations; {fix}")
         if ids.stop > n_clients:
             for _, h in found:
@@ -280,7 +281,8 @@ def check_client_files(run_path: str | Path, rows: int, unclosed: str = "live", 
             h.close()
         missing = int(np.flatnonzero(~covered)[0])
         state = "is missing" if not folder.is_dir() else f"holds no file with client {missing}"
-        raise UsageError(f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; {fix}")
+        raise UsageError(f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; "
+                         f"{fix}")
     return found
 
 

@@ -31,7 +31,15 @@ import numpy as np
 from fednest_mpi import __version__, failure, lock
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.safe import open_checked, reading
-from fednest_mpi.io.schema import FORMAT, GROUP, RANKS, SCALE, SCHEMA_VERSION, SNAPSHOT_SCALE, SNAPSHOTS  # names: one module
+from fednest_mpi.io.schema import (  # names live in one module
+    FORMAT,
+    GROUP,
+    RANKS,
+    SCALE,
+    SCHEMA_VERSION,
+    SNAPSHOT_SCALE,
+    SNAPSHOTS,
+)
 
 _CHUNK = 256
 
@@ -68,8 +76,8 @@ def check_directory(path: str | Path, field: str, min_free: int = MIN_FREE_BYTES
                          "needed); free some space or choose another path")
 
 
-_PSEUDO = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "pstore", "bpf",
-                     "configfs", "efivarfs", "fusectl", "mqueue", "binfmt_misc"})
+_PSEUDO = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "pstore",
+                     "bpf", "configfs", "efivarfs", "fusectl", "mqueue", "binfmt_misc"})
 
 
 def _pseudo_file_system(folder: Path) -> str:
@@ -146,7 +154,9 @@ class RunWriter:
         tmp = path.with_name(path.name + ".partial")
         self.path = path
         # one writer per file: the command line took the lock already; a writer made directly takes its own
-        self._lock = None if lock.held_here(path) else lock.acquire(path, "run.output", take_stale=keep_rows is not None)
+        self._lock = None
+        if not lock.held_here(path):
+            self._lock = lock.acquire(path, "run.output", take_stale=keep_rows is not None)
         try:
             kept_attrs, kept = _read_head(path, keep_rows, columns) if keep_rows is not None else ({}, {})
         except BaseException:
