@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import config
-from fednest_mpi.analysis import load_run
+from fednest_mpi.post import load_run
 from fednest_mpi.problems import build_problem
 
 METRICS = ("test_accuracy", "worst_group_accuracy", "group_accuracy_gap", "worst_cell_accuracy", "eo_gap", "dp_gap", "worst_group_test_loss")

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 from fednest_mpi import config
-from fednest_mpi.analysis import load_run
+from fednest_mpi.post import load_run
 
 METRICS = ("worst_group_accuracy", "group_accuracy_gap", "worst_cell_accuracy", "test_accuracy", "eo_gap", "dp_gap", "worst_group_test_loss")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from fednest_mpi import config
-from fednest_mpi.analysis import load_run
+from fednest_mpi.post import load_run
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.minimax import fednest_sampling_floor
 

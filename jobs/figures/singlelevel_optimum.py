@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import config
-from fednest_mpi.analysis import load_run
+from fednest_mpi.post import load_run
 from fednest_mpi.problems import build_problem
 
 

@@ -186,16 +186,6 @@ def load_client_states(folder: str | Path, ckpt: Checkpoint, clients) -> ClientS
 # resume checks
 
 
-def _flatten(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_differences(saved_json: str, cfg) -> list[str]:
     """The fields (other than :data:`RESUMABLE_CHANGES`) in which ``cfg`` differs from the
     checkpoint's config, as ``field: checkpoint VALUE, now VALUE``. Saved [algorithm] fields that
@@ -204,10 +194,9 @@ def config_differences(saved_json: str, cfg) -> list[str]:
     saved = json.loads(saved_json)
     if isinstance(saved.get("algorithm"), dict):
         saved["algorithm"] = config.algorithm_fields(cfg.algorithm.name, saved["algorithm"])
-    saved, now = _flatten(saved), _flatten(json.loads(cfg.to_json()))
-    return [f"{key}: checkpoint {saved.get(key)!r}, now {now.get(key)!r}"
-            for key in sorted(saved.keys() | now.keys())
-            if key not in RESUMABLE_CHANGES and saved.get(key) != now.get(key)]
+    flat = [config.flatten_config(c, hashable=False) for c in (saved, json.loads(cfg.to_json()))]
+    return [f"{key}: checkpoint {then!r}, now {now!r}"
+            for key, (then, now) in config.differing_fields(flat, ignore=RESUMABLE_CHANGES).items()]
 
 
 def check_resumable(ckpt: Checkpoint, cfg) -> None:

@@ -265,7 +265,7 @@ def _grouping_arguments(parser) -> None:
 
 
 def _analyse(args) -> int:
-    from fednest_mpi import analysis
+    from fednest_mpi import post
 
     try:
         if args.smooth < 1:
@@ -273,12 +273,13 @@ def _analyse(args) -> int:
         if args.command == "report" and args.at:
             if not args.metrics:
                 raise UsageError("--at needs the metric to tabulate, e.g. --metric test_accuracy")
-            print(analysis.checkpoint_table(args.runs, args.metrics[0], args.at, group_by=args.group_by, smooth=args.smooth))
+            print(post.checkpoint_table(args.runs, args.metrics[0], args.at, group_by=args.group_by,
+                                        smooth=args.smooth))
         elif args.command == "report":
-            print(analysis.report(args.runs, args.metrics, width=args.width), end="")
+            print(post.report(args.runs, args.metrics, width=args.width), end="")
         else:
-            path = analysis.plot(args.runs, args.output, metric=args.metrics or "x_error", x_axis=args.x_axis,
-                                 group_by=args.group_by, logy=args.logy, smooth=args.smooth)
+            path = post.plot(args.runs, args.output, metric=args.metrics or "x_error", x_axis=args.x_axis,
+                             group_by=args.group_by, logy=args.logy, smooth=args.smooth)
             print(f"output: {path}")
     except UsageError as exc:
         print(f"fednest-mpi: error: {exc}", file=sys.stderr)

@@ -15,17 +15,17 @@ verdict and raises the same :class:`~fednest_mpi.errors.ConfigError` before any 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.text import did_you_mean
 
 
 def spec(default, help: str, *, choices=None, low=None, high=None, low_open=False):
@@ -481,11 +481,6 @@ INT_LIMIT = 2**63  # integer fields are int64 in numpy and torch
 SEED_MAX = 2**64 - 1  # the seed is a uint64 key (rng.py)
 
 
-def _did_you_mean(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _coerce(path: str, value: Any, typ: Any) -> Any:
     """Check ``value`` against the annotated type; ints are accepted where floats are expected."""
     if typ is bool:
@@ -514,7 +509,7 @@ def _coerce(path: str, value: Any, typ: Any) -> Any:
 def _check_range(path: str, value: Any, meta: dict) -> None:
     choices = meta.get("choices")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}" + _did_you_mean(str(value), choices))
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}" + did_you_mean(str(value), choices))
     low, high = meta.get("low"), meta.get("high")
     if low is not None:
         if meta.get("low_open") and not value > low:
@@ -532,7 +527,7 @@ def _build(cls: type, data: Any, path: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in data:
         if name not in fields:
-            raise ConfigError(f"{path}.{name}: unknown field" + _did_you_mean(name, fields) + f"; known fields: {', '.join(fields)}")
+            raise ConfigError(f"{path}.{name}: unknown field" + did_you_mean(name, fields) + f"; known fields: {', '.join(fields)}")
     values = {}
     for name, f in fields.items():
         if name not in data:
@@ -548,7 +543,7 @@ def _build_problem(data: Any):
         raise ConfigError(f"problem: expected a table of fields, got {data!r}")
     name = data.get("name", "quadratic")
     if name not in PROBLEMS:
-        raise ConfigError(f"problem.name: unknown problem {name!r}" + _did_you_mean(str(name), PROBLEMS)
+        raise ConfigError(f"problem.name: unknown problem {name!r}" + did_you_mean(str(name), PROBLEMS)
                           + f"; choose from {', '.join(PROBLEMS)}")
     return _build(PROBLEMS[name].params, data, "problem")
 
@@ -562,7 +557,7 @@ def _build_algorithm(data: Any):
     name = data.get("name", "fednest")
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS))}"
-                          + _did_you_mean(str(name), ALGORITHMS))
+                          + did_you_mean(str(name), ALGORITHMS))
     spec_ = ALGORITHMS[name]
     own, kept = _fields(spec_.params), {}
     for key, value in data.items():
@@ -585,7 +580,7 @@ def from_dict(data: dict) -> RunConfig:
     known = {f.name for f in dataclasses.fields(RunConfig)}
     for name in data:
         if name not in known:
-            raise ConfigError(f"{name}: unknown section or field" + _did_you_mean(name, known) + f"; known: {', '.join(sorted(known))}")
+            raise ConfigError(f"{name}: unknown section or field" + did_you_mean(name, known) + f"; known: {', '.join(sorted(known))}")
     kwargs = {}
     if "seed" in data:
         kwargs["seed"] = _coerce("seed", data["seed"], int)
@@ -747,6 +742,40 @@ def load(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
     """Read a TOML (or JSON) config (and its ``base`` chain), apply overrides, validate."""
     data = read_file(path) if path is not None else {}
     return from_dict(apply_overrides(data, list(overrides)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Flat views: dotted field names
+
+
+def flatten_config(data: Mapping[str, Any], prefix: str = "", hashable: bool = True) -> dict[str, Any]:
+    """Nested config dict -> ``{"algorithm.outer_lr": 0.2, ..., "seed": 0}`` (dotted names, as in ``--set``).
+
+    ``hashable``: lists become tuples, so that values can be grouped and compared as keys.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name + ".", hashable))
+        elif hashable and isinstance(value, list):
+            flat[name] = tuple(value)
+        else:
+            flat[name] = value
+    return flat
+
+
+def differing_fields(flat_configs: Sequence[Mapping[str, Any]], ignore: Iterable[str] = ()) -> dict[str, list]:
+    """``{dotted field: [value in each config]}`` for the fields of flattened configs whose values are
+    not all the same (compared as JSON, sorted by name); a field missing from a config is None there."""
+    ignore = frozenset(ignore)
+    keys = set().union(*(set(c) for c in flat_configs)) - ignore
+    diffs = {}
+    for key in sorted(keys):
+        values = [c.get(key) for c in flat_configs]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1:
+            diffs[key] = values
+    return diffs
 
 
 def _traits(spec_: AlgorithmSpec) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.text import format_bytes
 
 
 def numbers_per_client(problem) -> int:
@@ -45,14 +46,6 @@ def available_bytes() -> int | None:
         return None
 
 
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} EiB"
-
-
 def check_memory(cfg, hosted: int, ranks_on_node: int, available: int | None = None) -> None:
     """ConfigError when the ``ranks_on_node`` ranks of this node, each hosting up to ``hosted``
     clients, need more memory for the problem's data than the node has available."""
@@ -63,9 +56,9 @@ def check_memory(cfg, hosted: int, ranks_on_node: int, available: int | None = N
     need = per_rank * ranks_on_node
     available = available_bytes() if available is None else available
     if available is not None and need > available:
-        p = cfg.problem
+        p, need_text = cfg.problem, format_bytes(need, binary=True)
         raise ConfigError(
-            f"problem: the {p.name} problem's client data need at least {format_bytes(need)} on this node "
+            f"problem: the {p.name} problem's client data need at least {need_text} on this node "
             f"({ranks_on_node} rank(s) x {hosted} clients x {per_client} numbers; problem.n_clients = {p.n_clients}), "
-            f"only {format_bytes(available)} is available; lower problem.n_clients or the dimensions, "
+            f"only {format_bytes(available, binary=True)} is available; lower problem.n_clients or the dimensions, "
             "or run on more nodes")

@@ -1,4 +1,4 @@
-"""Analysis layer: DataFrames, sweeps, text report and plots from real (small) run files."""
+"""Post-processing (fednest_mpi.post): DataFrames, sweeps, text report and plots from real (small) run files."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 from mpi4py import MPI
 
-from fednest_mpi import analysis, config
+from fednest_mpi import config, post
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.h5 import RunWriter, read_run
+from fednest_mpi.post.plotting import _auto_log
 from fednest_mpi.runner import Simulation
 
 ITERATIONS = 15
@@ -74,7 +75,7 @@ def other_problem_run(tmp_path_factory):
 
 
 def test_load_run_round_trips_read_run(runs):
-    df = analysis.load_run(runs[0])
+    df = post.load_run(runs[0])
     attrs, data = read_run(runs[0])
     assert list(df.columns)[0] == "iteration"
     assert set(df.columns) == set(data)
@@ -87,17 +88,17 @@ def test_load_run_round_trips_read_run(runs):
 
 
 def test_flatten_config_dotted_names():
-    flat = analysis.flatten_config({"seed": 1, "algorithm": {"outer_lr": 0.2, "name": "fednest"}, "x": {"y": {"z": [1, 2]}}})
+    flat = post.flatten_config({"seed": 1, "algorithm": {"outer_lr": 0.2, "name": "fednest"}, "x": {"y": {"z": [1, 2]}}})
     assert flat == {"seed": 1, "algorithm.outer_lr": 0.2, "algorithm.name": "fednest", "x.y.z": (1, 2)}
 
 
 def test_config_differences_lists_only_differing_fields(runs):
-    diffs = analysis.config_differences(runs)
+    diffs = post.config_differences(runs)
     assert diffs == {"algorithm.name": ["fednest", "fednest", "lfednest", "lfednest"], "seed": [0, 1, 0, 1]}
 
 
 def test_load_sweep_has_run_and_differing_config_columns(runs):
-    df = analysis.load_sweep(runs)
+    df = post.load_sweep(runs)
     assert len(df) == len(runs) * (ITERATIONS + 1)
     assert list(df.columns[:3]) == ["run", "algorithm.name", "seed"]
     for common in ("algorithm.outer_lr", "problem.n_clients", "run.output", "problem.name"):
@@ -112,12 +113,12 @@ def test_load_sweep_has_run_and_differing_config_columns(runs):
 
 
 def test_single_path_and_directory_are_accepted(runs):
-    assert len(analysis.load_sweep(str(runs[0]))) == ITERATIONS + 1
-    assert set(analysis.load_sweep(runs[0].parent)["run"]) == {str(p) for p in runs}
+    assert len(post.load_sweep(str(runs[0]))) == ITERATIONS + 1
+    assert set(post.load_sweep(runs[0].parent)["run"]) == {str(p) for p in runs}
 
 
 def test_run_names_disambiguate_equal_stems(tmp_path):
-    assert analysis.run_names(["a/b/run.h5", "a/c/run.h5", "x.h5"]) == ["b/run", "c/run", "x"]
+    assert post.run_names(["a/b/run.h5", "a/c/run.h5", "x.h5"]) == ["b/run", "c/run", "x"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -133,16 +134,16 @@ def _row(text: str, name: str) -> list[str]:
 
 
 def test_report_lists_each_run_with_final_and_best_values(runs):
-    text = analysis.report(runs)
+    text = post.report(runs)
     assert max(len(line) for line in text.splitlines()) <= 100
     header = next(line for line in text.splitlines() if "x_error" in line)
     assert "outer_objective" in header and "hypergradient_norm" in header
     for path in runs:
         _, data = read_run(path)
         cells = _row(text, path.stem)
-        assert analysis.format_number(data["x_error"][-1]) in cells
-        assert analysis.format_number(data["x_error"].min()) in cells
-        assert analysis.format_number(data["outer_objective"][-1]) in cells
+        assert post.format_number(data["x_error"][-1]) in cells
+        assert post.format_number(data["x_error"].min()) in cells
+        assert post.format_number(data["outer_objective"][-1]) in cells
         assert str(ITERATIONS) in cells
         algorithm = read_run(path)[0]["algorithm"]
         assert algorithm in cells
@@ -150,13 +151,13 @@ def test_report_lists_each_run_with_final_and_best_values(runs):
     _, data = read_run(runs[0])
     lines = [line for line in text.splitlines() if line.startswith(runs[0].stem)]
     assert len(lines) == 2  # split into two blocks at 100 characters
-    assert analysis.format_bytes(data["comm_bytes"][-1]) in lines[1]
+    assert post.format_bytes(data["comm_bytes"][-1]) in lines[1]
     assert re.search(rf"\b{int(data['comm_rounds'][-1])}\b", lines[1])
     assert re.search(r"\d (ms|us|s)\b", lines[1])
 
 
 def test_report_explicit_metrics_and_accuracy_best_is_max(other_problem_run):
-    text = analysis.report([other_problem_run], metrics=["test_accuracy", "test_loss"])
+    text = post.report([other_problem_run], metrics=["test_accuracy", "test_loss"])
     cells = _row(text, "classifier")
     # final 0.75, best accuracy 0.8 (max), best loss 1.2 (min)
     assert cells[cells.index("0.75"):cells.index("0.75") + 4] == ["0.75", "0.8", "1.25", "1.2"]
@@ -164,20 +165,20 @@ def test_report_explicit_metrics_and_accuracy_best_is_max(other_problem_run):
 
 
 def test_report_default_metrics_of_mixed_problems_shows_dash(runs, other_problem_run):
-    text = analysis.report([runs[0], other_problem_run])
+    text = post.report([runs[0], other_problem_run])
     assert "x_error" in text and "test_accuracy" in text
     assert "-" in _row(text, "classifier")
 
 
 def test_formatting_helpers():
-    assert analysis.format_bytes(0) == "0 B"
-    assert analysis.format_bytes(1234567) == "1.23 MB"
-    assert analysis.format_bytes(44800) == "44.8 kB"
-    assert analysis.format_seconds(0.0123) == "12.3 ms"
-    assert analysis.format_seconds(2.5e-5) == "25 us"
-    assert analysis.format_seconds(0.9996) == "1 s" and analysis.format_seconds(119.97) == "2 min"
-    assert analysis.format_number(float("nan")) == "-"
-    assert analysis.format_number(0.123456) == "0.1235"
+    assert post.format_bytes(0) == "0 B"
+    assert post.format_bytes(1234567) == "1.23 MB"
+    assert post.format_bytes(44800) == "44.8 kB"
+    assert post.format_seconds(0.0123) == "12.3 ms"
+    assert post.format_seconds(2.5e-5) == "25 us"
+    assert post.format_seconds(0.9996) == "1 s" and post.format_seconds(119.97) == "2 min"
+    assert post.format_number(float("nan")) == "-"
+    assert post.format_number(0.123456) == "0.1235"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,15 +186,15 @@ def test_formatting_helpers():
 
 
 def test_group_mean_sd_equals_mean_by_hand(runs):
-    frames = [analysis.load_run(p) for p in runs[:2]]  # fednest, seeds 0 and 1
-    stats = analysis.group_mean_sd(frames, "x_error", "iteration")
+    frames = [post.load_run(p) for p in runs[:2]]  # fednest, seeds 0 and 1
+    stats = post.group_mean_sd(frames, "x_error", "iteration")
     a, b = (f["x_error"].to_numpy() for f in frames)
     np.testing.assert_array_equal(stats.x, np.arange(ITERATIONS + 1))
     np.testing.assert_allclose(stats.mean, (a + b) / 2, rtol=0, atol=1e-15)
     np.testing.assert_allclose(stats.sd, np.abs(a - b) / np.sqrt(2), rtol=1e-12)
     assert (stats.n == 2).all()
     # comm_rounds of fednest is a deterministic schedule: same grid, no interpolation
-    stats = analysis.group_mean_sd(frames, "x_error", "comm_rounds")
+    stats = post.group_mean_sd(frames, "x_error", "comm_rounds")
     np.testing.assert_array_equal(stats.x, frames[0]["comm_rounds"].to_numpy())
     np.testing.assert_allclose(stats.mean, (a + b) / 2, rtol=0, atol=1e-15)
 
@@ -201,7 +202,7 @@ def test_group_mean_sd_equals_mean_by_hand(runs):
 def test_group_mean_sd_interpolates_different_grids_and_skips_nan():
     f1 = pd.DataFrame({"t": [0.0, 1.0, 2.0, 3.0], "m": [np.nan, 2.0, 4.0, 6.0]})
     f2 = pd.DataFrame({"t": [0.5, 1.5, 2.5], "m": [1.0, 3.0, 5.0]})
-    stats = analysis.group_mean_sd([f1, f2], "m", "t")
+    stats = post.group_mean_sd([f1, f2], "m", "t")
     np.testing.assert_array_equal(stats.x, [0.5, 1.0, 1.5, 2.0, 2.5])
     # f1 has no value before t=1 (NaN), f2 is linear 2t
     np.testing.assert_allclose(stats.mean, [1.0, 2.0, 3.0, 4.0, 5.0])
@@ -218,20 +219,20 @@ def _is_png(path) -> bool:
 
 
 def test_plot_grouped_ungrouped_and_comm_rounds(runs, tmp_path):
-    out = analysis.plot(runs, tmp_path / "grouped.png", group_by="algorithm.name")
+    out = post.plot(runs, tmp_path / "grouped.png", group_by="algorithm.name")
     assert out == tmp_path / "grouped.png" and _is_png(out)
-    assert _is_png(analysis.plot(runs, tmp_path / "sub" / "runs.png"))
-    assert _is_png(analysis.plot(runs, tmp_path / "rounds.png", x_axis="comm_rounds", group_by="algorithm.name", logy=True))
-    assert _is_png(analysis.plot(runs, tmp_path / "wall.png", x_axis="wall_time", group_by="algorithm.name"))
-    multi = analysis.plot(runs, tmp_path / "multi.pdf", metric=["x_error", "outer_objective", "hypergradient_norm"])
+    assert _is_png(post.plot(runs, tmp_path / "sub" / "runs.png"))
+    assert _is_png(post.plot(runs, tmp_path / "rounds.png", x_axis="comm_rounds", group_by="algorithm.name", logy=True))
+    assert _is_png(post.plot(runs, tmp_path / "wall.png", x_axis="wall_time", group_by="algorithm.name"))
+    multi = post.plot(runs, tmp_path / "multi.pdf", metric=["x_error", "outer_objective", "hypergradient_norm"])
     assert multi.read_bytes()[:5] == b"%PDF-"
 
 
 def test_auto_log_scale_only_for_errors_spanning_decades():
-    assert analysis._auto_log("x_error", [np.array([1.0, 1e-3])])
-    assert not analysis._auto_log("x_error", [np.array([1.0, 0.5])])
-    assert not analysis._auto_log("outer_objective", [np.array([1.0, 1e-3])])
-    assert not analysis._auto_log("hypergradient_norm", [np.array([1.0, 0.0])])
+    assert _auto_log("x_error", [np.array([1.0, 1e-3])])
+    assert not _auto_log("x_error", [np.array([1.0, 0.5])])
+    assert not _auto_log("outer_objective", [np.array([1.0, 1e-3])])
+    assert not _auto_log("hypergradient_norm", [np.array([1.0, 0.0])])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -240,77 +241,84 @@ def test_auto_log_scale_only_for_errors_spanning_decades():
 
 def test_unknown_metric_lists_available_and_suggests(runs, tmp_path):
     with pytest.raises(UsageError, match=r"'x_eror' is not recorded.*did you mean 'x_error'.*available: .*outer_objective"):
-        analysis.plot(runs, tmp_path / "x.png", metric="x_eror")
+        post.plot(runs, tmp_path / "x.png", metric="x_eror")
     with pytest.raises(UsageError, match="did you mean 'hypergradient_norm'"):
-        analysis.report(runs, metrics=["hypergradient_nrm"])
+        post.report(runs, metrics=["hypergradient_nrm"])
     with pytest.raises(UsageError, match="x_axis 'comm_round' .*did you mean 'comm_rounds'"):
-        analysis.plot(runs, tmp_path / "x.png", x_axis="comm_round")
+        post.plot(runs, tmp_path / "x.png", x_axis="comm_round")
 
 
 def test_unknown_group_by_field(runs, tmp_path):
     with pytest.raises(UsageError, match=r"group_by 'algorithm.nme' .*did you mean 'algorithm.name'.*differ.*algorithm.name, seed"):
-        analysis.plot(runs, tmp_path / "x.png", group_by="algorithm.nme")
+        post.plot(runs, tmp_path / "x.png", group_by="algorithm.nme")
     assert not (tmp_path / "x.png").exists()
 
 
 def test_empty_paths_and_missing_file(tmp_path):
-    for call in (analysis.load_sweep, analysis.config_differences, analysis.report):
+    for call in (post.load_sweep, post.config_differences, post.report):
         with pytest.raises(UsageError, match="no run files given"):
             call([])
     with pytest.raises(UsageError, match="no run files given"):
-        analysis.plot([], tmp_path / "x.png")
+        post.plot([], tmp_path / "x.png")
     with pytest.raises(UsageError, match="does not exist"):
-        analysis.load_run(tmp_path / "missing.h5")
+        post.load_run(tmp_path / "missing.h5")
 
 
 def test_mixed_problems_with_metric_only_one_has(runs, other_problem_run, tmp_path):
     with pytest.raises(UsageError, match=r"'x_error' is recorded by fednest_s0 \[quadratic\] but not by classifier \[classifier\].*mix problems"):
-        analysis.plot([runs[0], other_problem_run], tmp_path / "x.png", metric="x_error")
+        post.plot([runs[0], other_problem_run], tmp_path / "x.png", metric="x_error")
     with pytest.raises(UsageError, match="not by classifier"):
-        analysis.report([runs[0], other_problem_run], metrics=["x_error"])
+        post.report([runs[0], other_problem_run], metrics=["x_error"])
 
 
 def test_bad_plot_suffix_and_all_nan_metric(runs, tmp_path):
     with pytest.raises(UsageError, match=r"ending in \.png, \.pdf, \.svg"):
-        analysis.plot(runs, tmp_path / "x.jpg2")
+        post.plot(runs, tmp_path / "x.jpg2")
     lfednest = [p for p in runs if p.stem.startswith("lfednest")]
     with pytest.raises(UsageError, match="no finite value"):
-        analysis.plot(lfednest, tmp_path / "x.png", metric="hypergradient_estimate_norm")
+        post.plot(lfednest, tmp_path / "x.png", metric="hypergradient_estimate_norm")
 
 
-def test_import_is_cheap():
+def test_import_is_cheap_and_apart_from_the_run_path():
+    """Importing post loads none of pandas, matplotlib, torch, MPI or the simulation; the run path
+    (runner, and with it federation, algorithms, problems, checkpoint, io) does not load post."""
     import subprocess
     import sys
 
-    code = "import sys, fednest_mpi.analysis; print('pandas' in sys.modules, 'matplotlib' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "False"]
+    heavy = ("pandas", "matplotlib", "torch", "mpi4py.MPI", "fednest_mpi.runner", "fednest_mpi.federation",
+             "fednest_mpi.algorithms", "fednest_mpi.problems")
+    code = f"import sys, fednest_mpi.post; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+    code = "import sys, fednest_mpi.runner, fednest_mpi.cli; print([m for m in sys.modules if 'fednest_mpi.post' in m])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
 
 
 def test_running_mean_is_a_trailing_window_that_skips_nan():
     a = np.array([1.0, 3.0, np.nan, 5.0, 7.0])
-    np.testing.assert_allclose(analysis.running_mean(a, 2), [1.0, 2.0, 3.0, 5.0, 6.0])
-    np.testing.assert_allclose(analysis.running_mean(a, 3), [1.0, 2.0, 2.0, 4.0, 6.0])
-    np.testing.assert_array_equal(analysis.running_mean(a, 1), a)
+    np.testing.assert_allclose(post.running_mean(a, 2), [1.0, 2.0, 3.0, 5.0, 6.0])
+    np.testing.assert_allclose(post.running_mean(a, 3), [1.0, 2.0, 2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(post.running_mean(a, 1), a)
 
 
 def test_checkpoint_table_is_mean_and_sd_over_seeds_by_hand(runs):
-    table = analysis.checkpoint_table(runs, "x_error", at=[5, 10], group_by=["algorithm.name"], smooth=3)
+    table = post.checkpoint_table(runs, "x_error", at=[5, 10], group_by=["algorithm.name"], smooth=3)
     lines = table.splitlines()
     assert len(lines) == 2 + len(ALGORITHMS)
     for algorithm in ALGORITHMS:
         members = [p for p in runs if p.stem.startswith(algorithm + "_")]
-        at10 = [analysis.running_mean(read_run(p)[1]["x_error"], 3)[10] for p in members]
+        at10 = [post.running_mean(read_run(p)[1]["x_error"], 3)[10] for p in members]
         row = next(line for line in lines if f" {algorithm} " in line)
         cells = [c.strip() for c in row.split("|")]
         assert cells[2] == str(len(members))
-        assert cells[4] == f"{analysis.format_number(np.mean(at10))} ± {analysis.format_number(np.std(at10, ddof=1))}"
+        assert cells[4] == f"{post.format_number(np.mean(at10))} ± {post.format_number(np.std(at10, ddof=1))}"
 
 
 def test_plot_and_table_group_by_two_fields(runs, tmp_path):
-    out = analysis.plot(runs, tmp_path / "two.png", metric="x_error", group_by=["algorithm.name", "seed"], smooth=5)
+    out = post.plot(runs, tmp_path / "two.png", metric="x_error", group_by=["algorithm.name", "seed"], smooth=5)
     assert out.read_bytes().startswith(PNG_MAGIC)
-    table = analysis.checkpoint_table(runs, "x_error", at=[3], group_by=["algorithm.name", "seed"])
+    table = post.checkpoint_table(runs, "x_error", at=[3], group_by=["algorithm.name", "seed"])
     assert len(table.splitlines()) == 2 + len(ALGORITHMS) * len(SEEDS)
     assert all(row.split("|")[2].strip() == "1" for row in table.splitlines()[2:])
 
@@ -318,7 +326,7 @@ def test_plot_and_table_group_by_two_fields(runs, tmp_path):
 def test_group_mean_sd_keeps_runs_until_they_stop():
     long = {"iteration": np.arange(5), "m": np.array([1.0, 2.0, 3.0, 4.0, 5.0])}
     short = {"iteration": np.arange(3), "m": np.array([3.0, 4.0, 5.0])}  # e.g. diverged after iteration 2
-    stats = analysis.group_mean_sd([long, short], "m")
+    stats = post.group_mean_sd([long, short], "m")
     np.testing.assert_array_equal(stats.x, np.arange(5))
     np.testing.assert_allclose(stats.mean, [2.0, 3.0, 4.0, 4.0, 5.0])
     np.testing.assert_array_equal(stats.n, [2, 2, 2, 1, 1])
@@ -337,6 +345,6 @@ def test_plot_joins_a_sparsely_recorded_metric_into_one_line(tmp_path, group_by)
     for k in range(10):
         writer.append({"iteration": k, "comm_rounds": k, "wall_time": 0.1 * k, "inner_loss": 2.0 / (k + 1) if k % 3 == 0 else np.nan})
     writer.close()
-    svg = analysis.plot([path], tmp_path / "sparse.svg", metric="inner_loss", group_by=group_by, smooth=1).read_text()
+    svg = post.plot([path], tmp_path / "sparse.svg", metric="inner_loss", group_by=group_by, smooth=1).read_text()
     data_line = re.findall(r'<path d="([^"]+)"[^>]*style="fill: none; stroke: #1f77b4', svg, flags=re.S)[0]  # then the legend's
     assert data_line.count("M") == 1 and data_line.count("L") == 3  # 4 recorded values (k = 0, 3, 6, 9), joined

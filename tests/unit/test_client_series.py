@@ -272,7 +272,7 @@ def test_a_four_rank_run_resumed_on_two_ranks_has_the_series_of_an_uninterrupted
 
 
 def test_analysis_frames_of_the_series(small_config, tmp_path):
-    from fednest_mpi.analysis import load_clients, load_ranks
+    from fednest_mpi.post import load_clients, load_ranks
 
     _simulate_to_file(small_config, tmp_path / "r.h5")
     arrays = read_clients(tmp_path / "r.h5")

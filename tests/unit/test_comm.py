@@ -14,7 +14,7 @@ from histories import assert_histories_match
 def test_importing_the_library_does_not_start_mpi():
     code = ("import sys\n"
             "import fednest_mpi.algorithms, fednest_mpi.problems, fednest_mpi.runner, fednest_mpi.series\n"
-            "import fednest_mpi.analysis, fednest_mpi.checkpoint, fednest_mpi.federation, fednest_mpi.io.h5\n"
+            "import fednest_mpi.post, fednest_mpi.checkpoint, fednest_mpi.federation, fednest_mpi.io.h5\n"
             "print('mpi4py.MPI' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
