@@ -27,7 +27,6 @@ loaders, which read their file); nothing prints. Mistakes in a site or sweep fil
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import math
 import os
@@ -39,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from fednest_mpi.config import flatten_config
 from fednest_mpi.errors import UsageError
+from fednest_mpi.text import did_you_mean
 
 #: the templates and built-in sites, package data beside this module (declared in setup.cfg)
 DEFAULT_TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -55,15 +56,10 @@ SCALING_KINDS = ("strong", "weak")
 # Small helpers
 
 
-def _did_you_mean(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _check_keys(where: str, data: Mapping, known: Sequence[str], what: str = "field") -> None:
     for key in data:
         if key not in known:
-            raise UsageError(f"{where}{key}: unknown {what}" + _did_you_mean(key, known) + f"; known: {', '.join(known)}")
+            raise UsageError(f"{where}{key}: unknown {what}" + did_you_mean(key, known) + f"; known: {', '.join(known)}")
 
 
 def _read_toml(path: str | Path, kind: str) -> dict:
@@ -112,14 +108,7 @@ def _flatten(where: str, table: Any) -> dict[str, Any]:
     """``{"algorithm": {"name": [...]}}`` -> ``{"algorithm.name": [...]}`` (TOML dotted keys)."""
     if not isinstance(table, dict):
         raise UsageError(f"{where}: expected a table, got {table!r}")
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            for sub, v in _flatten(f"{where}.{key}", value).items():
-                flat[f"{key}.{sub}"] = v
-        else:
-            flat[key] = value
-    return flat
+    return flatten_config(table, hashable=False)  # lists stay lists: they are the swept values
 
 
 def shell_expandable(text: str) -> str:
@@ -225,7 +214,7 @@ class Site:
             return " ".join(["srun", '-n "$RANKS"', *map(shlex.quote, self.srun_flags)])
         if launcher == "mpirun":
             return " ".join([shlex.quote(self.mpirun_command), '-n "$RANKS"', *map(shlex.quote, self.mpirun_flags)])
-        raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + _did_you_mean(launcher, LAUNCHERS))
+        raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS))
 
 
 _SITE_FIELDS = tuple(f.name for f in dataclasses.fields(Site) if f.name != "path")
@@ -261,7 +250,7 @@ def site_from_dict(data: Mapping, where: str = "site") -> Site:
     if "launcher" in data:
         launcher = data["launcher"]
         if launcher not in LAUNCHERS:
-            raise UsageError(f"{pre}launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + _did_you_mean(str(launcher), LAUNCHERS))
+            raise UsageError(f"{pre}launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(str(launcher), LAUNCHERS))
         kw["launcher"] = launcher
     if "env" in data:
         env = data["env"]
@@ -292,7 +281,7 @@ def site_path(site: str | Path) -> Path:
     if not Path(site).is_file():
         builtin = ", ".join(names) or "none: the package was installed without its data"
         raise UsageError(f"site {str(site)!r} is neither a built-in site ({builtin}) nor an existing site file"
-                         + _did_you_mean(str(site), names)
+                         + did_you_mean(str(site), names)
                          + "; give one of those names or the path of a TOML site file")
     return Path(site)
 
@@ -450,7 +439,7 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
         kind = sc.get("kind")
         if kind not in SCALING_KINDS:
             raise UsageError(f"{pre}scaling.kind: {kind!r} is not one of {', '.join(SCALING_KINDS)}"
-                             + _did_you_mean(str(kind), SCALING_KINDS))
+                             + did_you_mean(str(kind), SCALING_KINDS))
         ranks = sc.get("ranks")
         if not isinstance(ranks, list) or not ranks:
             raise UsageError(f"{pre}scaling.ranks: expected a non-empty list of rank counts, e.g. [1, 2, 4, 8]")
@@ -527,7 +516,7 @@ def _format_name(pattern: str, values: Mapping[str, Any], where: str) -> str:
     def sub(m):
         key = m.group(1)
         if key not in values:
-            raise UsageError(f"{where}name_pattern: {{{key}}} is not a value of the sweep" + _did_you_mean(key, values)
+            raise UsageError(f"{where}name_pattern: {{{key}}} is not a value of the sweep" + did_you_mean(key, values)
                              + f"; known: {', '.join(values)}")
         return _label(values[key])
     return _label(re.sub(r"\{([^{}]*)\}", sub, pattern))
@@ -735,7 +724,7 @@ def render_all(sweep_path: str | Path, site: str | Path, out_dir: str | Path | N
     """
     sweep, machine = load_sweep(sweep_path), load_site(site)
     if launcher is not None and launcher not in LAUNCHERS:
-        raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + _did_you_mean(launcher, LAUNCHERS))
+        raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS))
     workdir = Path(workdir if workdir is not None else os.getcwd())
     tasks = expand(sweep)
     if check:
