@@ -56,11 +56,29 @@ class QuadraticConfig:
 
 
 @dataclass(frozen=True)
+class DataSetSpec:
+    """A real data set: its folder under a data root and its name in messages."""
+
+    folder: str
+    title: str
+    images: bool  # IDX images, for the MNIST problems' problem.dataset
+
+
+#: The real data sets by name, for ``problem.dataset``, ``fednest-mpi download`` and the data layer's folders.
+DATASETS = {
+    "mnist": DataSetSpec("mnist", "MNIST", images=True),
+    "fashion": DataSetSpec("fashion-mnist", "Fashion-MNIST", images=True),
+    "adult": DataSetSpec("adult", "Adult", images=False),
+}
+IMAGE_DATASETS = tuple(name for name, d in DATASETS.items() if d.images)
+
+
+@dataclass(frozen=True)
 class ImageClientsConfig:
     """Fields shared by the MNIST problems: data, clients and their local splits, minibatches."""
 
     name: str = spec("", "problem kind")
-    dataset: str = spec("mnist", "image data set (same IDX format)", choices=("mnist", "fashion"))
+    dataset: str = spec("mnist", "image data set (same IDX format)", choices=IMAGE_DATASETS)
     data_dir: str = spec("", "data directory; empty: the FEDNEST_DATA environment variable")
     n_clients: int = spec(100, "number of clients M", low=1)
     partition: str = spec("shards", "iid; shards: McMahan non-iid (label-sorted shards); dirichlet: label skew",

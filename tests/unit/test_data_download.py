@@ -77,3 +77,9 @@ def test_download_command_needs_a_destination(monkeypatch, capsys):
     monkeypatch.delenv("FEDNEST_DATA", raising=False)
     assert main(["download", "adult"]) == 2
     assert "--dest" in capsys.readouterr().err
+
+
+def test_every_data_set_has_a_source_and_every_source_is_a_data_set():
+    from fednest_mpi.config import DATASETS
+
+    assert set(SOURCES) == set(DATASETS)

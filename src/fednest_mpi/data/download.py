@@ -19,7 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from fednest_mpi.data.files import SUBDIRS, check_dataset, md5, read_bytes, write_md5sums
+from fednest_mpi.config import DATASETS
+from fednest_mpi.data.files import check_dataset, md5, read_bytes, write_md5sums
 from fednest_mpi.errors import DataError
 
 SOURCES = {  # data set -> (base URL, {file name: md5 of the uncompressed content})
@@ -81,7 +82,7 @@ def download(dataset: str, dest_dir: str | os.PathLike, base_url: str | None = N
     """
     default_url, sums = SOURCES[check_dataset(dataset)]
     base = (base_url or default_url).rstrip("/") + "/"
-    target = Path(dest_dir).expanduser() / SUBDIRS[dataset]
+    target = Path(dest_dir).expanduser() / DATASETS[dataset].folder
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -20,18 +20,17 @@ import os
 import zlib
 from pathlib import Path
 
+from fednest_mpi.config import DATASETS
 from fednest_mpi.errors import DataError
 
 ENV_VAR = "FEDNEST_DATA"
-SUBDIRS = {"mnist": "mnist", "fashion": "fashion-mnist", "adult": "adult"}  # data set -> folder name
-TITLES = {"mnist": "MNIST", "fashion": "Fashion-MNIST", "adult": "Adult"}  # data set -> name in messages
 MD5SUMS = "MD5SUMS"
 
 
 def check_dataset(dataset: str) -> str:
     """Return ``dataset`` if it is a known data set name, else raise :class:`DataError`."""
-    if dataset not in SUBDIRS:
-        raise DataError(f"unknown data set {dataset!r}; choose one of {', '.join(SUBDIRS)}")
+    if dataset not in DATASETS:
+        raise DataError(f"unknown data set {dataset!r}; choose one of {', '.join(DATASETS)}")
     return dataset
 
 
@@ -47,13 +46,13 @@ def resolve_data_dir(explicit: str | os.PathLike | None, dataset: str) -> Path:
     if not base:
         raise DataError(
             f"no data directory for {dataset}: set data.dir or the environment variable {ENV_VAR} "
-            f"(a folder with {', '.join(s + '/' for s in SUBDIRS.values())} subfolders), "
+            f"(a folder with {', '.join(d.folder + '/' for d in DATASETS.values())} subfolders), "
             f"or run `fednest-mpi download {dataset} --dir DIR` and point {ENV_VAR} at DIR")
     root = Path(base).expanduser()
     if not root.is_dir():
         raise DataError(f"data directory '{root}' (from {source}) does not exist or is not a folder; "
                         f"fix {source}, or run `fednest-mpi download {dataset} --dir {root}`")
-    sub = root / SUBDIRS[dataset]
+    sub = root / DATASETS[dataset].folder
     return sub if sub.is_dir() else root
 
 
@@ -63,9 +62,9 @@ def find_file(data_dir: Path, name: str, dataset: str) -> Path:
     for candidate in (data_dir / f"{name}.gz", data_dir / name):
         if candidate.is_file():
             return candidate
-    root = data_dir.parent if data_dir.name == SUBDIRS[dataset] else data_dir
+    root = data_dir.parent if data_dir.name == DATASETS[dataset].folder else data_dir
     raise DataError(
-        f"{TITLES[dataset]} file '{data_dir / name}.gz' not found in data directory '{data_dir}' "
+        f"{DATASETS[dataset].title} file '{data_dir / name}.gz' not found in data directory '{data_dir}' "
         f"(looked for {name}.gz or {name}); set {ENV_VAR} or data.dir, "
         f"or run `fednest-mpi download {dataset} --dir {root}`")
 
