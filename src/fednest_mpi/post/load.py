@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IGNORED_FIELDS", "Run", "check_columns", "check_group_by", "config_differences", "config_label",
-    "differences", "flatten_config", "group_fields", "group_runs", "load_clients", "load_ranks", "load_run",
+    "differences", "flatten_config", "group_runs", "load_clients", "load_ranks", "load_run",
     "load_sweep", "read_runs", "run_names",
 ]
 
@@ -252,19 +252,18 @@ def config_label(value) -> str:
     return str(value)
 
 
-def group_fields(group_by: str | Sequence[str] | None) -> list[str]:
-    """``group_by`` (None, one dotted field or several) as a list of fields."""
-    if group_by is None:
-        return []
-    return [group_by] if isinstance(group_by, str) else list(group_by)
-
-
-def group_runs(runs: Sequence[Run], fields: Sequence[str]) -> list[tuple[str, list[Run]]]:
-    """Runs with equal values of ``fields``: [(label, runs)], sorted by the values; [] without fields.
+def group_runs(runs: Sequence[Run], group_by: str | Sequence[str] | None
+               ) -> tuple[list[str], list[tuple[str, list[Run]]]]:
+    """``(fields, groups)``: ``group_by`` (None, one dotted config field or several) as a list, each
+    checked with :func:`check_group_by`, and the runs with equal values of those fields as
+    ``[(label, runs)]``, sorted by the values ([] without fields).
 
     Logs a warning for a group whose runs also differ in fields other than ``fields`` and the seed."""
+    fields = [] if group_by is None else [group_by] if isinstance(group_by, str) else list(group_by)
+    for f in fields:
+        check_group_by(runs, f)
     if not fields:
-        return []
+        return fields, []
     by_value: dict[str, tuple[tuple, list[Run]]] = {}
     for r in runs:
         values = tuple(r.config[f] for f in fields)
@@ -279,4 +278,4 @@ def group_runs(runs: Sequence[Run], fields: Sequence[str]) -> list[tuple[str, li
         if mixed:
             logger.warning("group %s averages runs that also differ in %s, not only in seed",
                            ", ".join(f"{f}={config_label(v)}" for f, v in zip(fields, values)), ", ".join(mixed))
-    return [(", ".join(config_label(v) for v in values), members) for values, members in groups]
+    return fields, [(", ".join(config_label(v) for v in values), members) for values, members in groups]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from fednest_mpi.errors import UsageError
-from fednest_mpi.post.load import check_columns, check_group_by, group_fields, group_runs, read_runs
+from fednest_mpi.post.load import check_columns, group_runs, read_runs
 from fednest_mpi.post.stats import finite, group_mean_sd, running_mean
 
 __all__ = ["X_AXES", "plot"]
@@ -71,10 +71,7 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
         raise UsageError(f"plot output {str(out)!r}: use a file name ending in {', '.join(_PLOT_SUFFIXES)}")
     check_columns(runs, [x_axis], "x_axis")
     check_columns(runs, metrics, "metric")
-    fields = group_fields(group_by)
-    for f in fields:
-        check_group_by(runs, f)
-    groups = group_runs(runs, fields)
+    fields, groups = group_runs(runs, group_by)
 
     ncols = min(len(metrics), 2)
     nrows = math.ceil(len(metrics) / ncols)

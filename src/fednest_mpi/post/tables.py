@@ -11,15 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fednest_mpi.errors import UsageError
-from fednest_mpi.post.load import (
-    check_columns,
-    check_group_by,
-    config_label,
-    differences,
-    group_fields,
-    group_runs,
-    read_runs,
-)
+from fednest_mpi.post.load import check_columns, config_label, differences, group_runs, read_runs
 from fednest_mpi.post.stats import best, final, median_per_iteration, running_mean
 from fednest_mpi.text import format_bytes
 
@@ -208,10 +200,8 @@ def checkpoint_table(paths, metric: str, at: Sequence[int], group_by: str | Sequ
     the median wall time per iteration."""
     runs = read_runs(paths)
     check_columns(runs, [metric], "metric")
-    fields = group_fields(group_by)
-    for f in fields:
-        check_group_by(runs, f)
-    groups = group_runs(runs, fields) or [(r.name, [r]) for r in runs]
+    fields, groups = group_runs(runs, group_by)
+    groups = groups or [(r.name, [r]) for r in runs]
     head = ["|".join(["", ", ".join(fields) or "run", "runs"] + [f" {k} " for k in at] + [" s/iteration", ""])]
     head.append("|".join([""] + ["---"] * (len(at) + 3) + [""]))
     rows = []
