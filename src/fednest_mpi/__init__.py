@@ -7,6 +7,8 @@ The package is layered (see ``docs/design.md``):
   ``Allreduce`` aggregation; the only module that talks to MPI collectives.
 * :mod:`fednest_mpi.algorithms` -- FedNest family written once against those two primitives.
 * :mod:`fednest_mpi.io`         -- the only place that touches HDF5.
+* :mod:`fednest_mpi.post`       -- post-processing of run files (DataFrames, reports, plots); imports
+  nothing of the run path, which never imports it.
 * :mod:`fednest_mpi.cli`        -- the only place that parses command lines.
 """
 

@@ -279,17 +279,20 @@ def test_bad_plot_suffix_and_all_nan_metric(runs, tmp_path):
         post.plot(lfednest, tmp_path / "x.png", metric="hypergradient_estimate_norm")
 
 
-def test_import_is_cheap_and_apart_from_the_run_path():
-    """Importing post loads none of pandas, matplotlib, torch, MPI or the simulation; the run path
-    (runner, and with it federation, algorithms, problems, checkpoint, io) does not load post."""
+def test_import_is_cheap_and_apart_from_the_run_path(runs):
+    """Importing post loads none of pandas, matplotlib, torch, MPI or the simulation, and reading
+    and tabulating runs loads no torch, MPI or simulation either; the run path (runner, and with it
+    federation, algorithms, problems, checkpoint, io) does not load post."""
     import subprocess
     import sys
 
-    heavy = ("pandas", "matplotlib", "torch", "mpi4py.MPI", "fednest_mpi.runner", "fednest_mpi.federation",
-             "fednest_mpi.algorithms", "fednest_mpi.problems")
-    code = f"import sys, fednest_mpi.post; print([m for m in {heavy!r} if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "[]"
+    run_path = ("torch", "mpi4py.MPI", "fednest_mpi.runner", "fednest_mpi.federation", "fednest_mpi.algorithms",
+                "fednest_mpi.problems")
+    code = (f"import sys, fednest_mpi.post as post; print([m for m in {run_path + ('pandas', 'matplotlib')!r} "
+            f"if m in sys.modules]); post.load_run({str(runs[0])!r}); post.report({[str(p) for p in runs]!r}); "
+            f"print([m for m in {run_path!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "[]"]
     code = "import sys, fednest_mpi.runner, fednest_mpi.cli; print([m for m in sys.modules if 'fednest_mpi.post' in m])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
