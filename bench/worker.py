@@ -31,7 +31,6 @@ from mpi4py import MPI  # noqa: E402
 from bench.plain import PlainLoop  # noqa: E402
 from bench.sequential import SequentialProblem  # noqa: E402
 from fednest_mpi import config  # noqa: E402
-from fednest_mpi.algorithms import build_algorithm  # noqa: E402
 from fednest_mpi.runner import Simulation  # noqa: E402
 
 NAN = float("nan")
@@ -90,19 +89,16 @@ def measure_project(spec: dict, comm) -> dict | None:
     data = json.loads(json.dumps(spec["config"]))
     data.setdefault("algorithm", {})["outer_iterations"] = warmup + iterations
     cfg = config.from_dict(data)
-    sim = Simulation(cfg, comm)
-    if spec.get("mode", "project") == "sequential":
-        sim.problem = SequentialProblem(sim.problem)
-        sim.algorithm = build_algorithm(cfg.algorithm, sim.problem, sim.fed, cfg.seed)
+    sequential = spec.get("mode", "project") == "sequential"
+    sim = Simulation(cfg, comm, problem_wrapper=SequentialProblem if sequential else None)
     cuda = sim.problem.initial_point()[0].device.type == "cuda"
     meter = Meter(torch.cuda.synchronize if cuda else None)
-    sim.algorithm.step = meter.wrap(sim.algorithm.step)
     comm_log = []
 
     def progress(k, row):
         comm_log.append((sim.fed.stats.seconds, sim.fed.stats.rounds, sim.fed.stats.bytes))
 
-    history = sim.run(progress=progress).history
+    history = sim.run(progress=progress, step_wrapper=meter.wrap).history
     out = meter.summary(comm, warmup)
     if out is None:
         return None

@@ -15,8 +15,6 @@ import argparse
 import json
 import logging
 import sys
-import traceback
-from pathlib import Path
 
 from fednest_mpi import __version__
 from fednest_mpi.errors import UsageError
@@ -112,148 +110,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from fednest_mpi.comm import world  # starts MPI (after the thread-level setting)
-
-    from fednest_mpi import checkpoint, failure, lock
     from fednest_mpi import config as configuration
-    from fednest_mpi.io.h5 import check_directory, check_output_path, check_resumable_output
+    from fednest_mpi.comm import world  # starts MPI (after the thread-level setting)
     from fednest_mpi.logs import setup_logging
-    from fednest_mpi.runner import broadcast_usage_error
+    from fednest_mpi.session import Session, report_usage_error
 
     comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank, size, logging.WARNING if args.quiet else logging.INFO)
-
-    def usage_error(exc) -> int:
-        if rank == 0:
-            print(f"fednest-mpi: error: {exc}", file=sys.stderr)
-        return 2
-
-    # ---- validation: deterministic on every rank, before any collective
-    resume = None
-    try:
+    try:  # deterministic on every rank, before any collective
         overrides = list(args.overrides)
         if args.output:
             overrides.append(f"run.output={json.dumps(args.output)}")
         if args.overwrite:
             overrides.append("run.overwrite=true")
         cfg = configuration.load(args.config, overrides)
-        configuration.validate_world(cfg, size)
-        folder = checkpoint.folder_of(cfg)
-        if args.resume:
-            resume = checkpoint.load(folder)
-            checkpoint.check_resumable(resume, cfg)
-            check_directory(Path(cfg.run.output).parent, "run.output")
-        else:
-            check_output_path(cfg.run.output, cfg.run.overwrite)
-        check_directory(folder, "run.checkpoint_dir")
     except UsageError as exc:
-        return usage_error(exc)
-
-    # ---- one writer per output: rank 0 locks the output and the checkpoint folder (and checks the
-    # files a resume reads) and tells every rank, in the run's first collective
-    locks = []
-    found = None
-    if rank == 0:
-        try:
-            locks.append(lock.acquire(cfg.run.output, "run.output", take_stale=args.resume))
-            locks.append(lock.acquire(folder, "run.checkpoint_dir", take_stale=args.resume))
-            if args.resume:
-                check_resumable_output(cfg.run.output, resume.output_rows)
-            failure.clear(cfg.run.output)  # the failure notes of an earlier run
-        except UsageError as exc:
-            found = exc
-    try:
-        broadcast_usage_error(comm, found)
-    except UsageError as exc:
-        for held in locks:
-            held.release()
-        return usage_error(exc)
-    try:
-        return _simulate(cfg, comm, log, resume, folder, usage_error)
-    finally:
-        for held in reversed(locks):
-            held.release()
-
-
-def _simulate(cfg, comm, log, resume, folder, usage_error) -> int:
-    """The run itself (after validation and locking): a usage error while building agrees across ranks; any exception
-    aborts the job."""
-    from fednest_mpi import checkpoint, failure
-    from fednest_mpi.io.h5 import RunWriter
-    from fednest_mpi.runner import Progress, Simulation
-    from fednest_mpi.series import RunSeries, series_layout
-
-    rank, size = comm.Get_rank(), comm.Get_size()
-    writer = progress = series = watch = None
-    last = {"k": None}
-
-    def close_files(rows=None):
-        """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept."""
-        kept = writer.close() if writer is not None else rows  # rank 0: the rows of the run file
-        if series is not None:
-            series.close(kept if kept is not None else series.completed)
-        return kept
-
-    try:
-        with checkpoint.StopSignals() as stop:
-            log.info("fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s", __version__, cfg.algorithm.name,
-                     cfg.problem.name, cfg.problem.n_clients, size, cfg.seed,
-                     f", resuming after iteration {resume.iteration}" if resume else "")
-            try:
-                sim = Simulation(cfg, comm)
-            except UsageError as exc:  # the same on every rank (Simulation agrees on it)
-                return usage_error(exc)
-            if rank == 0:
-                attrs = {"mpi_size": size, "seed": cfg.seed, "problem": cfg.problem.name,
-                         "algorithm": cfg.algorithm.name, "config_json": cfg.to_json()}
-                keep = resume.output_rows if resume else None
-                writer = RunWriter(cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create)
-                progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every,
-                                    start=resume.iteration if resume else 0)
-            series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
-            if size > 1:  # an exception on any rank: every rank closes its files before the abort
-                watch = failure.Watch(cfg.run.output, rank, size, close_files)
-
-            def on_iteration(k, row):
-                last["k"] = k
-                if progress is not None:
-                    progress(k, row)
-
-            result = sim.run(writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series)
-    except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
-        close_files()  # the bad iteration's client columns go
-        if rank == 0:
-            print(f"fednest-mpi: run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({folder}) hold the "
-                  "iterations before", file=sys.stderr)
-        return 1
-    except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
-        where = f" after iteration {last['k']}" if last["k"] is not None else ""
-        message = f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
-        print(message, file=sys.stderr)
-        traceback.print_exc(file=sys.stderr)
-        if watch is not None:
-            watch.fail(message)  # every rank closes its files, then the job is aborted
-        else:
-            close_files()
-        if size > 1:
-            comm.Abort(1)
-        return 1
-    finally:
-        if watch is not None:
-            watch.stop()
-        if progress is not None:
-            progress.close()
-        if series is not None:
-            series.close()
-        if writer is not None:
-            writer.close()
-    if rank == 0 and result.stopped_by:
-        print(f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, checkpoint written to {folder}; "
-              f"continue with the same command and --resume", file=sys.stderr)
-    if rank == 0:
-        print(f"output: {cfg.run.output}")
-    return 0
+        return report_usage_error(comm, exc)
+    return Session(cfg, comm, resume=args.resume, log=log).run_to_file()
 
 
 def _grouping_arguments(parser) -> None:

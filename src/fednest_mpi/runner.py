@@ -132,6 +132,29 @@ def training_metrics(totals: np.ndarray, names) -> dict[str, float]:
     return {name: values[name] for name in names}
 
 
+class Bookkeeping:
+    """The fields of the per-iteration bookkeeping reduction (one uncounted float64 ``Allreduce``), in
+    buffer order with their lengths (None: whatever remains -- the per-rank phase times)."""
+
+    FIELDS: dict[str, int | None] = {"oracle_counts": len(ORACLES), "health": 2, "stop_requests": 1, "training": 5,
+                                     "phases": None}
+
+    @classmethod
+    def pack(cls, **parts) -> np.ndarray:
+        for name, size in cls.FIELDS.items():
+            if size is not None and len(parts[name]) != size:
+                raise ValueError(f"bookkeeping field {name}: {len(parts[name])} numbers, expected {size}")
+        return np.concatenate([np.asarray(parts[name], dtype=np.float64) for name in cls.FIELDS])
+
+    @classmethod
+    def unpack(cls, buffer: np.ndarray) -> dict[str, np.ndarray]:
+        out, at = {}, 0
+        for name, size in cls.FIELDS.items():
+            end = len(buffer) if size is None else at + size
+            out[name], at = buffer[at:end], end
+        return out
+
+
 def chunk_size(run, problem: BilevelProblem) -> int:
     """Clients a rank evaluates at once: ``run.chunk_clients``, or as many as fit ``run.block_memory``
     MiB by the problem's estimate of its bytes per client (:meth:`BilevelProblem.client_bytes`)."""
@@ -143,10 +166,12 @@ def chunk_size(run, problem: BilevelProblem) -> int:
 class Simulation:
     """A run of ``cfg`` on ``comm``: problem, federation and algorithm, built on every rank.
 
-    Construction and :meth:`run` are **collective** over ``comm``.
+    Construction and :meth:`run` are **collective** over ``comm``. ``problem_wrapper`` (a public hook)
+    replaces the built problem by ``problem_wrapper(problem)`` before the algorithm is built (bench/:
+    the one-client-at-a-time baseline's oracles). Runs to files: :class:`fednest_mpi.session.Session`.
     """
 
-    def __init__(self, cfg: RunConfig, comm):
+    def __init__(self, cfg: RunConfig, comm, problem_wrapper=None):
         keep_freed_memory()
         torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
@@ -160,6 +185,8 @@ class Simulation:
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
             self.problem = build_problem(cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype))
+            if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
+                self.problem = problem_wrapper(self.problem)
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
             self.fed.chunk_clients = chunk_size(cfg.run, self.problem)
         except UsageError as exc:
@@ -190,7 +217,7 @@ class Simulation:
         return {name: info for name, info in TRAINING_COLUMNS.items() if defined[name] and name not in own}
 
     def run(self, writer=None, progress=None, checkpoint_dir=None, stop=None, resume: ckpt_io.Checkpoint | None = None,
-            series=None) -> RunResult:
+            series=None, step_wrapper=None) -> RunResult:
         """Iterate Algorithm 1 up to ``outer_iterations``, recording after each step.
 
         Parameters
@@ -207,6 +234,8 @@ class Simulation:
             from ``checkpoint_dir``) instead of starting at the initial point.
         series : this rank's :class:`~fednest_mpi.series.RunSeries` (per-client rows, per-rank phase
             times, snapshots; the phase times ride in the bookkeeping reduction) or None.
+        step_wrapper : a public hook: ``step_wrapper(step)`` returns the callable run for each outer
+            iteration in place of the algorithm's ``step(k, x, y)`` (bench/: per-step CPU and faults).
         """
         cfg, fed, problem = self.cfg, self.fed, self.problem
         fault_at, fault_kind = _fault(fed.rank)
@@ -234,11 +263,13 @@ class Simulation:
             finite = all(math.isfinite(v) for v in metrics.values()) and bool(torch.isfinite(x).all() and torch.isfinite(y).all())
             # one small bookkeeping reduction: oracle counts (sum), the health of every rank (count of
             # failing ranks, sum of their ranks) and stop requests
-            flags = [0.0, 0.0] if finite else [1.0, float(fed.rank)]
-            flags.append(1.0 if stop is not None and stop.requested else 0.0)
+            health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
-            totals = fed.sum_uncounted(np.concatenate([problem.counts_vector() + base_counts, flags, train, phases]))
-            counts, (n_bad, rank_sum, n_stop) = totals[:n_oracles], totals[n_oracles:n_oracles + 3]
+            totals = Bookkeeping.unpack(fed.sum_uncounted(Bookkeeping.pack(
+                oracle_counts=problem.counts_vector() + base_counts, health=health,
+                stop_requests=[1.0 if stop is not None and stop.requested else 0.0], training=train, phases=phases)))
+            counts = totals["oracle_counts"]
+            (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
                 raise FloatingPointError(f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); "
@@ -256,12 +287,12 @@ class Simulation:
             row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
             if train_columns:
-                row.update(training_metrics(totals[n_oracles + 3:n_oracles + 8], train_columns) if train_due
+                row.update(training_metrics(totals["training"], train_columns) if train_due
                            else dict.fromkeys(train_columns, math.nan))
             for name, value in row.items():
                 history.setdefault(name, []).append(value)
             if series is not None:
-                series.after_bookkeeping(k, totals[n_oracles + 8:], x, y)
+                series.after_bookkeeping(k, totals["phases"], x, y)
             if writer is not None:
                 writer.append(row)
             if progress is not None:
@@ -279,6 +310,7 @@ class Simulation:
             ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
 
         K, every = cfg.algorithm.outer_iterations, cfg.run.checkpoint_every
+        step = self.algorithm.step if step_wrapper is None else step_wrapper(self.algorithm.step)
         halt = False
         if resume is None:
             halt = record(0, 0.0, {})
@@ -290,7 +322,7 @@ class Simulation:
             if fault_at == k and fault_kind == "term":
                 os.kill(os.getpid(), signal.SIGTERM)
             t0 = time.perf_counter()
-            x, y, diag = self.algorithm.step(k, x, y)
+            x, y, diag = step(k, x, y)
             if fault_at == k and fault_kind == "nan":
                 x = torch.full_like(x, math.nan)
             if fault_at == k and fault_kind == "kill":

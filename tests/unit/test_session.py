@@ -1,0 +1,27 @@
+"""The run session API: what ``fednest-mpi run`` does, from Python, on the serial communicator."""
+
+import dataclasses
+
+import numpy as np
+
+from fednest_mpi.comm import SerialComm
+from fednest_mpi.io.h5 import read_run
+from fednest_mpi.runner import simulate
+from fednest_mpi.session import Session
+from histories import TIMING
+
+
+def test_a_session_writes_the_run_that_simulate_computes(small_config, tmp_path, capsys):
+    cfg = small_config(run={"output": str(tmp_path / "run.h5")})
+    assert Session(cfg, SerialComm()).run_to_file() == 0
+    assert capsys.readouterr().out.strip() == f"output: {tmp_path / 'run.h5'}"
+    _, data = read_run(tmp_path / "run.h5")
+    expected = simulate(cfg, SerialComm()).history
+    for name, values in expected.items():
+        if name not in TIMING:
+            np.testing.assert_array_equal(data[name], values, err_msg=name)
+    # a second session on the same output is a usage error (exit status 2), the file untouched
+    assert Session(cfg, SerialComm()).run_to_file() == 2
+    assert "already exists" in capsys.readouterr().err
+    again = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, overwrite=True))
+    assert Session(again, SerialComm()).run_to_file() == 0
