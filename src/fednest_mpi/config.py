@@ -524,7 +524,7 @@ def _coerce(path: str, value: Any, typ: Any) -> Any:
     raise TypeError(f"unsupported config type {typ!r}")
 
 
-def _check_range(path: str, value: Any, meta: dict) -> None:
+def _check_range(path: str, value: Any, meta: Mapping) -> None:
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}" + did_you_mean(str(value), choices))
@@ -641,7 +641,7 @@ def validate_relations(cfg: RunConfig) -> None:
         )
     if not alg.accepts(p.name):
         fits = [s.name for s in ALGORITHMS.values() if s.accepts(p.name)]
-        raise ConfigError(f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems))}; "
+        raise ConfigError(f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems or ()))}; "
                           f"choose one of {', '.join(fits)} for problem {p.name!r}")
     if isinstance(p, CompositionalConfig) and p.dim_y < p.dim_x:
         raise ConfigError(f"problem.dim_y: {p.dim_y} is below problem.dim_x = {p.dim_x}; the compositional x* is unique only for dim_y >= dim_x")
@@ -756,7 +756,7 @@ def read_file(path: str | Path, _seen: tuple = ()) -> dict:
     return _merge(read_file(base_path, _seen + (p.resolve(),)), data)
 
 
-def load(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+def load(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a TOML (or JSON) config (and its ``base`` chain), apply overrides, validate."""
     data = read_file(path) if path is not None else {}
     return from_dict(apply_overrides(data, list(overrides)))

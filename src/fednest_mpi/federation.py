@@ -229,6 +229,7 @@ class Federation:
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
             if self.reduction == "ordered":
+                assert buf is not None
                 buf[slots] = torch.cat([dense(r) for r in rows], dim=1) if len(rows) > 1 else dense(rows[0])
             elif slots.numel():
                 weighted = _weighted_sum(rows, w_t[slots])

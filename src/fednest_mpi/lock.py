@@ -36,7 +36,7 @@ from fednest_mpi.errors import UsageError
 try:
     import fcntl
 except ImportError:  # not POSIX
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 
 _HELD: dict = {}  # lock files this process holds (never re-opened: closing any descriptor drops a lockf lock)
@@ -144,7 +144,8 @@ class Lock:
     """An acquired lock file (remove it with :meth:`release`)."""
 
     def __init__(self, path: Path, fd: int, info: dict):
-        self.path, self.fd, self.info = path, fd, info
+        self.path, self.info = path, info
+        self.fd: int | None = fd
 
     def release(self) -> None:
         if self.fd is None:
@@ -196,8 +197,8 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
             os.close(fd)
             lp.unlink(missing_ok=True)
             raise
-        held = _HELD[os.path.abspath(lp)] = Lock(lp, fd, info)
-        return held
+        acquired = _HELD[os.path.abspath(lp)] = Lock(lp, fd, info)
+        return acquired
     raise UsageError(f"{field}: the lock file {str(lp)!r} keeps changing: another run is starting on the same path; "
                      "choose another path")
 

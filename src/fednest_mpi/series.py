@@ -68,6 +68,7 @@ class RunSeries:
         """Write this rank's client rows of iteration k; return its slot of the phase-time table
         (ranks x (1 + 2R) numbers, zero outside this rank's row), to be summed over the ranks."""
         if self.file is not None:
+            assert isinstance(self.recorder, ClientRecorder)  # a client file exists only when records are kept
             self.file.append(k, self.recorder.take())
         local = local_phase_vector(algorithm_seconds, self.fed.take_round_times(), self.origin)
         slots = np.zeros((self.fed.size, local.size))

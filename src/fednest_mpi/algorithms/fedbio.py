@@ -75,7 +75,7 @@ class FedBiO(LocalHypergradient, Algorithm):
         self.accelerated = accelerated
         x0, y0 = problem.initial_point()
         names = {"y": y0, "y_prev": y0, "omega": torch.zeros_like(y0)} if self.accelerated else {"y": y0}
-        self.state = FedBiOState(ClientStore(fed.block, names))
+        self.state: FedBiOState = FedBiOState(ClientStore(fed.block, names))
 
     @classmethod
     def rounds_per_iteration(cls, cfg, **options) -> int:

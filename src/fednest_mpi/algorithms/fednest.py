@@ -94,7 +94,7 @@ def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str,
     return (n_terms * scale) * r
 
 
-class InnerLevel:
+class InnerLevel(Algorithm):
     """FedInn (Alg. 4, SVRG) and LFedInn (Alg. 6) rounds on y, for an :class:`Algorithm` whose
     ``inner_variance_reduction`` says which, and whose parameters have ``inner_lr``,
     ``inner_local_steps`` and ``clients_per_round``."""
@@ -157,7 +157,7 @@ class InnerLevel:
         (y_new,) = self.fed.mean_over(S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)])
         return y_new
 
-class LocalHypergradient:
+class LocalHypergradient(Algorithm):
     """Each client's hypergradient estimate from its own oracles (LFedOut's and FedBiO's), for an
     :class:`Algorithm` whose parameters have ``hypergradient``, ``ihgp_mode``, ``neumann_steps`` and
     ``neumann_scale``."""

@@ -37,9 +37,9 @@ class SingleLevel(InnerLevel, Algorithm):
         self.inner_variance_reduction = inner_variance_reduction
 
     @classmethod
-    def rounds_per_iteration(cls, cfg, *, inner_variance_reduction: bool) -> int:
+    def rounds_per_iteration(cls, cfg, **options: bool) -> int:
         """T rounds (FedAvg) or 2T (FedSVRG: the anchor, then y)."""
-        return (2 if inner_variance_reduction else 1) * cfg.inner_rounds
+        return (2 if options["inner_variance_reduction"] else 1) * cfg.inner_rounds
 
     def step(self, k: int, x, y):
         """Outer iteration k: ``inner_rounds`` FedAvg / FedSVRG rounds on y; x unchanged."""

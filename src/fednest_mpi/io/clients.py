@@ -315,7 +315,7 @@ def _rank_files(run_path, unclosed: str = "read") -> list[tuple[range, h5py.File
     """(client ids, open file) of every existing per-rank client file of a run, each validated
     (:func:`fednest_mpi.io.safe.open_checked`; ``unclosed`` as there)."""
     folder = S.client_dir(run_path)
-    out = []
+    out: list = []
     try:
         for path in sorted(folder.glob("rank*.h5")) if folder.is_dir() else ():
             g, _ = open_checked(path, "client file", unclosed, RECOVER_HINT.format(path=shlex.quote(str(run_path))))

@@ -94,8 +94,8 @@ def _pseudo_file_system(folder: Path) -> str:
                     if inside and len(point) >= len(best):
                         best, kind = point, parts[2]
     except OSError:
-        first = Path(real).parts[1:2]
-        return {("proc",): "proc", ("sys",): "sysfs"}.get(tuple(first), "")
+        top = Path(real).parts[1] if len(Path(real).parts) > 1 else ""
+        return {"proc": "proc", "sys": "sysfs"}.get(top, "")
     return kind if kind in _PSEUDO else ""
 
 

@@ -159,8 +159,8 @@ def parse_time(text: str) -> int:
     a, b, c = int(a), int(b) if b else None, int(c) if c else None
     if days is not None:  # D-HH[:MM[:SS]]
         return int(days) * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:  # HH:MM:SS
-        return a * 3600 + b * 60 + c
+    if c is not None:  # HH:MM:SS (c is set only with b)
+        return a * 3600 + (b or 0) * 60 + c
     if b is not None:  # MM:SS
         return a * 60 + b
     return a * 60  # MM
@@ -531,7 +531,7 @@ def expand(sweep: Sweep) -> list[Task]:
     rank_list = sweep.scaling.ranks if sweep.scaling else (sweep.resources.ranks,)
     width = len(str(max(rank_list)))
     labels = {k: _values_label(k, v) for k, v in {**sweep.grid, **sweep.zip}.items()}
-    tasks = []
+    tasks: list[Task] = []
     for ranks in rank_list:
         for combo in itertools.product(*sweep.grid.values(), zip_rows):
             varying = dict(zip(grid_keys, combo[:-1])) | dict(zip(zip_keys, combo[-1]))
@@ -604,12 +604,8 @@ def describe(tasks: Sequence[Task]) -> str:
 # Templates
 
 
-class ScriptTemplate(string.Template):
-    """``{{name}}`` placeholders; ``$`` is left alone for the shell. A placeholder alone on a line
-    whose value is empty removes the line."""
-
-    delimiter = "{{"
-    pattern = r"""
+# the {{name}} placeholder of ScriptTemplate (string.Template syntax, re.VERBOSE)
+_PLACEHOLDER = r"""
         \{\{(?:
           (?P<escaped>(?!)) |
           \s*(?P<braced>[a-z_][a-z0-9_]*)\s*\}\} |
@@ -617,6 +613,14 @@ class ScriptTemplate(string.Template):
           (?P<invalid>)
         )
     """
+
+
+class ScriptTemplate(string.Template):
+    """``{{name}}`` placeholders; ``$`` is left alone for the shell. A placeholder alone on a line
+    whose value is empty removes the line."""
+
+    delimiter = "{{"
+    pattern = _PLACEHOLDER  # type: ignore[assignment]  # a str: string.Template compiles it
 
     def render(self, values: Mapping[str, Any], where: str = "template") -> str:
         missing = [k for k in self.get_identifiers() if k not in values]
@@ -731,7 +735,7 @@ def render_all(sweep_path: str | Path, site: str | Path, out_dir: str | Path | N
         check_tasks(tasks, workdir)
     out = Path(out_dir) if out_dir is not None else workdir / "runs" / "jobs" / sweep.name
     log_dir, tasks_file = out / "logs", out / f"{sweep.name}.tasks"
-    common = dict(workdir=workdir, log_dir=log_dir, templates=templates)
+    common: dict[str, Any] = dict(workdir=workdir, log_dir=log_dir, templates=templates)
     scripts = {  # rendered first: nothing is written when a template or a value is wrong
         out / f"{sweep.name}.array.sbatch": render_array(machine, sweep, tasks_file, launcher=launcher, **common),
         out / f"{sweep.name}.local.sh": render_local(machine, sweep, tasks_file, **common),

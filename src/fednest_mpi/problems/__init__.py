@@ -20,7 +20,7 @@ __all__ = ["ORACLES", "BilevelProblem", "CompositionalProblem", "FairnessProblem
            "LossTuningProblem", "QuadraticProblem", "SyntheticProblem", "build_problem"]
 
 
-def build_problem(cfg, seed: int, clients: range, device: str = "cpu", dtype=torch.float64) -> BilevelProblem:
+def build_problem(cfg, seed: int, clients: range, device: str | torch.device = "cpu", dtype=torch.float64) -> BilevelProblem:
     """The problem named by ``cfg.name`` (its entry in :data:`fednest_mpi.config.PROBLEMS`), hosting the
     client ids in ``clients``."""
     module, cls = config.PROBLEMS[cfg.name].implementation.split(":")

@@ -53,7 +53,7 @@ class ClientSplit:
         for row, ix in enumerate(index_lists):
             pad[row, : len(ix)] = ix
         self.index = pad  # rows: hosted clients; entries: positions in the rank's sample tensor
-        self._last_shuffle = None  # (key, permutations) of the last epoch shuffle, see batch
+        self._last_shuffle: tuple | None = None  # (key, permutations) of the last epoch shuffle, see batch
 
     def _shuffle(self, key: int, clients: np.ndarray, epoch: np.ndarray, count: np.ndarray) -> np.ndarray:
         """Each client's epoch permutation of its columns (padding last), keyed by (key, client,

@@ -81,10 +81,10 @@ def fairness_splits(cells: np.ndarray, full_cells: np.ndarray, cfg, seed: int) -
     sizes = np.zeros(len(cells))
     for part in pool:
         sizes[part] = len(part)
-    pool = np.concatenate(pool)
-    rest = np.setdiff1d(np.arange(len(cells)), pool)
+    pooled = np.concatenate(pool)
+    rest = np.setdiff1d(np.arange(len(cells)), pooled)
     parts = dirichlet_partition(full_cells[rest], cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=cfg.batch_size)
-    splits = [(np.sort(rest[p]), np.sort(pool[i::cfg.n_clients])) for i, p in enumerate(parts)]
+    splits = [(np.sort(rest[p]), np.sort(pooled[i::cfg.n_clients])) for i, p in enumerate(parts)]
     return splits, sizes
 
 

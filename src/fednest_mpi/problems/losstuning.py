@@ -64,6 +64,13 @@ def _cross_entropy(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 class LossTuningProblem(AutogradOracles, BilevelProblem):
     """See the module docstring. ``clients`` lists the client ids this instance hosts."""
 
+    # set by ImageClients.attach: the hosted samples and their per-client splits
+    _first: int
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    inner: ClientSplit
+    outer: ClientSplit
+
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
         super().__init__()
         self.cfg, self.seed = cfg, seed

@@ -130,6 +130,7 @@ class QuadraticProblem(BilevelProblem):
                 "aPa": np.einsum("bi,bij,bj->", d["a"], d["P"], d["a"]), "e": d["e"].sum(0),
             }
             sums = part if sums is None else {k: sums[k] + part[k] for k in sums}
+        assert sums is not None
         return {k: self._t(np.asarray(v) / self.n_clients) for k, v in sums.items()}
 
     def _local(self, name: str, clients) -> torch.Tensor:

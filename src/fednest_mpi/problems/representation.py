@@ -37,6 +37,7 @@ import math
 from abc import abstractmethod
 from collections import OrderedDict
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -136,6 +137,10 @@ class RepresentationProblem(BilevelProblem):
 
     inner: object
     outer: object
+    cfg: Any
+    seed: int
+    device: torch.device
+    dtype: torch.dtype
 
     def _set_shape(self, n_inputs: int, hidden: int, n_classes: int) -> None:
         self.n_inputs, self.hidden, self.n_classes = n_inputs, hidden, n_classes

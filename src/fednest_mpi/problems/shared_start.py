@@ -171,8 +171,8 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
             c = rho * c - lr
         a = rho * a + (lr * decay if anchor is not None else 0.0)
         filled += per_step
-    shared = [W * a if anchor is None else W * a + anchor[layer][0] * c for layer, (W, _) in enumerate(layers)]
-    return LowRankRows(shared, history_in, [D.mul_(coef.T) for D in history_grad], bias)
+    dense_part = [W * a if anchor is None else W * a + anchor[layer][0] * c for layer, (W, _) in enumerate(layers)]
+    return LowRankRows(dense_part, history_in, [D.mul_(coef.T) for D in history_grad], bias)
 
 
 def private_weights_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: int, lr: float, decay: float,
