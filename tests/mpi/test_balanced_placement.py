@@ -12,7 +12,7 @@ from fednest_mpi import config
 from fednest_mpi.federation import Federation
 from fednest_mpi.runner import simulate
 
-from conftest import make_config
+from small_configs import make_config
 from histories import assert_histories_match
 from shared_data import requires, small_mnist_config
 
