@@ -16,7 +16,7 @@ install:
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
 
-test: test-serial test-mpi
+test: lint test-serial test-mpi
 
 # ruff (lint, import order; line length 120) and mypy on the package (pyproject.toml)
 lint:

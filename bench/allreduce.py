@@ -33,7 +33,7 @@ def ping(comm, nbytes: int, loops: int = 5) -> float:
 def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     top = int(argv[0]) if argv else 2**24
-    sizes = [4 ** k for k in range(1, 20) if 4 ** k <= top]
+    sizes = [4**k for k in range(1, 20) if 4**k <= top]
     seconds = [ping(comm, n) for n in sizes]
     if comm.Get_rank() == 0:
         print("ALLREDUCE " + json.dumps({"ranks": comm.Get_size(), "bytes": sizes, "seconds": seconds}), flush=True)

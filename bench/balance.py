@@ -22,8 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fednest_mpi import rng  # noqa: E402
 from fednest_mpi.federation import block_range  # noqa: E402
 
-CASES = [(100, 10, 2), (100, 10, 4), (1000, 100, 2), (1000, 100, 4), (1000, 100, 16),
-         (10000, 1600, 16), (100000, 1600, 16), (100000, 10000, 16)]
+CASES = [
+    (100, 10, 2),
+    (100, 10, 4),
+    (1000, 100, 2),
+    (1000, 100, 4),
+    (1000, 100, 16),
+    (10000, 1600, 16),
+    (100000, 1600, 16),
+    (100000, 10000, 16),
+]
 
 
 def imbalance(n_clients: int, per_round: int, ranks: int, rounds: int, seed: int = 0) -> tuple[float, float, float]:
@@ -41,7 +49,9 @@ def imbalance(n_clients: int, per_round: int, ranks: int, rounds: int, seed: int
 
 def main(argv: list[str]) -> int:
     rounds = int(argv[0]) if argv else 2000
-    print(f"block placement, {rounds} rounds each; balanced placement: max/mean = ceil(|S|/P)/(|S|/P), efficiency bound 1")
+    print(
+        f"block placement, {rounds} rounds each; balanced placement: max/mean = ceil(|S|/P)/(|S|/P), efficiency bound 1"
+    )
     print(f"{'M':>8} {'|S|':>6} {'P':>3} {'max/mean':>9} {'eff. bound':>10} {'idle rank':>9} {'balanced max/mean':>17}")
     for m, s, p in CASES:
         ratio, eff, idle = imbalance(m, s, p, rounds)

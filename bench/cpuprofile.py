@@ -22,8 +22,24 @@ from mpi4py import MPI  # noqa: E402
 from fednest_mpi import config  # noqa: E402
 from fednest_mpi.runner import Simulation  # noqa: E402
 
-PHASES = ["_inner_local", "fed_ihgp", "hypergradient", "_hvp_yy_inner", "_jvp_xy_inner", "_grad_x_outer", "_grad_y_outer",
-          "_grad_y_inner", "generate", "addmm", "bmm", "baddbmm", "index_select", "batch", "argsort", "key"]
+PHASES = [
+    "_inner_local",
+    "fed_ihgp",
+    "hypergradient",
+    "_hvp_yy_inner",
+    "_jvp_xy_inner",
+    "_grad_x_outer",
+    "_grad_y_outer",
+    "_grad_y_inner",
+    "generate",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "index_select",
+    "batch",
+    "argsort",
+    "key",
+]
 
 
 def main(argv: list[str]) -> int:
@@ -43,7 +59,11 @@ def main(argv: list[str]) -> int:
     total = stats.total_tt / 3
     print(f"CPU per outer iteration under cProfile: {total:.3f} s")
     for name in PHASES:
-        hits = [v for f, v in stats.stats.items() if f[2] == name or f[2].endswith((f" {name}>", f".{name}>")) or f"'{name}'" in f[2]]
+        hits = [
+            v
+            for f, v in stats.stats.items()
+            if f[2] == name or f[2].endswith((f" {name}>", f".{name}>")) or f"'{name}'" in f[2]
+        ]
         own, cum = sum(v[2] for v in hits) / 3, sum(v[3] for v in hits) / 3
         if cum:
             print(f"{name:>16}: self {own:.3f} s, cumulative {cum:.3f} s ({100 * cum / total:.0f} %)")

@@ -57,7 +57,7 @@ class RoundShape:
 
     @property
     def dim_y(self) -> int:
-        return sum(i * o + o for i, o in zip(self.widths[self.x_layers:-1], self.widths[self.x_layers + 1:]))
+        return sum(i * o + o for i, o in zip(self.widths[self.x_layers : -1], self.widths[self.x_layers + 1 :]))
 
     @property
     def svrg(self) -> bool:
@@ -90,8 +90,9 @@ def flop_per_client(s: RoundShape) -> float:
     if s.algorithm == "fedavg":
         return s.inner_rounds * s.tau * (features_flop(s, s.batch) + grad(s.batch))
     n_in, n_out = _rows(s, s.n_inner), _rows(s, s.n_outer)
-    inner = s.inner_rounds * (features_flop(s, s.n_inner) + (grad(s.n_inner) if s.svrg else 0.0)
-                              + (1 + s.svrg) * s.tau * grad(s.batch))
+    inner = s.inner_rounds * (
+        features_flop(s, s.n_inner) + (grad(s.n_inner) if s.svrg else 0.0) + (1 + s.svrg) * s.tau * grad(s.batch)
+    )
     ihgp = features_flop(s, n_out) + grad(n_out) + s.neumann * (features_flop(s, n_in) + 2 * grad(n_in))
     x_grad = (lambda rows: gradient_flop(W, 0, rows)) if lo else grad  # with x a layer: back through it
     out = x_grad(n_out) * s.x_in_outer * s.outer_steps + 2 * x_grad(n_in) * s.x_in_inner
@@ -107,6 +108,7 @@ def traffic_per_client(s: RoundShape) -> float:
 
     def oracle(rows, out):
         return P + out + rows * d0
+
     n_in, n_out = _rows(s, s.n_inner), _rows(s, s.n_outer)
     anchor = oracle(s.n_inner, s.dim_y) if s.svrg else 0.0
     inner = s.inner_rounds * (anchor + s.tau * (step + s.svrg * oracle(s.batch, s.dim_y)))
@@ -125,9 +127,19 @@ def shape_of(cfg, n_inner: float, n_outer: float) -> RoundShape:
     hold ``n_inner`` / ``n_outer`` samples on average."""
     p, a = cfg.problem, cfg.algorithm
     element = 4 if cfg.run.dtype == "float32" else 8
-    common = dict(algorithm=a.name, clients=a.clients_per_round, n_inner=n_inner, n_outer=n_outer, batch=p.batch_size,
-                  tau=a.inner_local_steps, inner_rounds=getattr(a, "inner_rounds", 1), neumann=getattr(a, "neumann_steps", 0),
-                  hyper_batch=p.hypergradient_batch_size, outer_steps=getattr(a, "outer_local_steps", 1), element=element)
+    common = dict(
+        algorithm=a.name,
+        clients=a.clients_per_round,
+        n_inner=n_inner,
+        n_outer=n_outer,
+        batch=p.batch_size,
+        tau=a.inner_local_steps,
+        inner_rounds=getattr(a, "inner_rounds", 1),
+        neumann=getattr(a, "neumann_steps", 0),
+        hyper_batch=p.hypergradient_batch_size,
+        outer_steps=getattr(a, "outer_local_steps", 1),
+        element=element,
+    )
     if p.name == "loss_tuning":
         widths = (784, *(h for h in (p.hidden1, p.hidden2) if h > 0), 10)
         return RoundShape(widths=widths, x_layers=0, dim_x=20, x_in_inner=p.tune_loss, x_in_outer=False, **common)
@@ -153,5 +165,8 @@ def machine_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> di
             fn()
             times.append(time.perf_counter() - t0)
         return min(times)
-    return {"gemm_flops": 2.0 * size**3 / best(lambda: torch.mm(a, b, out=out)),
-            "copy_bandwidth": 2.0 * src.numel() * src.element_size() / best(lambda: dst.copy_(src))}
+
+    return {
+        "gemm_flops": 2.0 * size**3 / best(lambda: torch.mm(a, b, out=out)),
+        "copy_bandwidth": 2.0 * src.numel() * src.element_size() / best(lambda: dst.copy_(src)),
+    }

@@ -103,8 +103,10 @@ def fit(rows: list[dict], network: Network, measure: str = "alg_s") -> Model:
             compute[key] = fit_compute([r["clients_per_round"] for r in ones], [r[measure] for r in ones])
         measured = [r for r in rows if group(r) == key and not math.isnan(r.get("allreduce_calls", math.nan))]
         if key[1] == "project" and measured:
-            comm[key[0]] = (float(np.median([r["allreduce_calls"] for r in measured])),
-                            float(np.median([r["allreduce_bytes"] for r in measured])))
+            comm[key[0]] = (
+                float(np.median([r["allreduce_calls"] for r in measured])),
+                float(np.median([r["allreduce_bytes"] for r in measured])),
+            )
     return Model(network, compute, comm)
 
 
@@ -120,18 +122,26 @@ def network_of(attrs: dict, alpha: float | None, beta: float | None) -> tuple[Ne
     return Network(fitted.alpha if alpha is None else alpha, fitted.beta if beta is None else beta), source
 
 
-def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str,
-           measure: str = "alg_s") -> tuple[str, list[tuple]]:
+def report(
+    model: Model, rows: list[dict], ranks: int, clients: int, note: str, measure: str = "alg_s"
+) -> tuple[str, list[tuple]]:
     """The printed report and the (key, measured, predicted, ranks) points of the plot."""
     net = model.network
-    lines = [f"Allreduce: alpha = {net.alpha * 1e6:.2f} us, beta = {net.beta * 1e9:.3f} ns/B "
-             f"({1 / net.beta / 1e9 if net.beta > 0 else math.nan:.2f} GB/s) ({note})", "",
-             f"compute per round = a + b ceil(|S| / P), fitted to the 1-rank rows' {measure}:"]
+    lines = [
+        f"Allreduce: alpha = {net.alpha * 1e6:.2f} us, beta = {net.beta * 1e9:.3f} ns/B "
+        f"({1 / net.beta / 1e9 if net.beta > 0 else math.nan:.2f} GB/s) ({note})",
+        "",
+        f"compute per round = a + b ceil(|S| / P), fitted to the 1-rank rows' {measure}:",
+    ]
     for (case, kind), c in model.compute.items():
-        lines.append(f"  {case:>16} {kind:>10}: a = {c.a:8.4f} s, b = {c.b * 1e3:9.4f} ms per client"
-                     + ("" if c.sizes > 1 else "  (one |S|: a = 0 assumed)"))
-    lines += ["", f"{'case':>16} {'kind':>10} {'P':>3} {'|S|':>7} {'measured s':>11} {'predicted s':>11} "
-                  f"{'rel. error':>10}"]
+        lines.append(
+            f"  {case:>16} {kind:>10}: a = {c.a:8.4f} s, b = {c.b * 1e3:9.4f} ms per client"
+            + ("" if c.sizes > 1 else "  (one |S|: a = 0 assumed)")
+        )
+    lines += [
+        "",
+        f"{'case':>16} {'kind':>10} {'P':>3} {'|S|':>7} {'measured s':>11} {'predicted s':>11} {'rel. error':>10}",
+    ]
     points = []
     for r in rows:
         key = group(r)
@@ -139,23 +149,29 @@ def report(model: Model, rows: list[dict], ranks: int, clients: int, note: str,
             continue
         pred = sum(model.predict(key, int(r["ranks"]), int(r["clients_per_round"])))
         points.append((key, r[measure], pred, int(r["ranks"])))
-        lines.append(f"{key[0]:>16} {key[1]:>10} {int(r['ranks']):>3} {int(r['clients_per_round']):>7} "
-                     f"{r[measure]:>11.4f} "
-                     f"{pred:>11.4f} {100 * (pred - r[measure]) / r[measure]:>9.1f}%")
+        lines.append(
+            f"{key[0]:>16} {key[1]:>10} {int(r['ranks']):>3} {int(r['clients_per_round']):>7} "
+            f"{r[measure]:>11.4f} "
+            f"{pred:>11.4f} {100 * (pred - r[measure]) / r[measure]:>9.1f}%"
+        )
     lines += ["", f"prediction: {ranks} ranks, {clients:,} clients per round ({math.ceil(clients / ranks)} per rank):"]
     for key in model.compute:
         if key[1] != "project":
             continue
         comp, comm = model.predict(key, ranks, clients)
         calls, nbytes = model.comm.get(key[0], (0.0, 0.0))
-        lines.append(f"  {key[0]:>16}: {comp + comm:9.3f} s per round = compute {comp:.3f} s + Allreduce {comm:.4f} s "
-                     f"({calls:.0f} calls, {nbytes / 1e6:.2f} MB per rank)")
-    lines += ["assumptions: every rank computes at the speed measured here on one core (1 thread per rank, no",
-              "memory-bandwidth sharing between the ranks of a node); perfectly balanced clients (balanced placement);",
-              "the per-client cost does not change with |S| / P; the Allreduces of a round are those measured",
-              "here (count, bytes), each costing ceil(log2 P) alpha + 2 (P-1)/P n beta with alpha, beta as above for",
-              "every link (the 2-rank shared-memory ping here: an inter-node network has a larger alpha; pass alpha=,",
-              "beta=); no OS noise."]
+        lines.append(
+            f"  {key[0]:>16}: {comp + comm:9.3f} s per round = compute {comp:.3f} s + Allreduce {comm:.4f} s "
+            f"({calls:.0f} calls, {nbytes / 1e6:.2f} MB per rank)"
+        )
+    lines += [
+        "assumptions: every rank computes at the speed measured here on one core (1 thread per rank, no",
+        "memory-bandwidth sharing between the ranks of a node); perfectly balanced clients (balanced placement);",
+        "the per-client cost does not change with |S| / P; the Allreduces of a round are those measured",
+        "here (count, bytes), each costing ceil(log2 P) alpha + 2 (P-1)/P n beta with alpha, beta as above for",
+        "every link (the 2-rank shared-memory ping here: an inter-node network has a larger alpha; pass alpha=,",
+        "beta=); no OS noise.",
+    ]
     return "\n".join(lines), points
 
 
@@ -170,15 +186,24 @@ def plot(model: Model, points: list[tuple], clients: int, top: int, path: Path) 
         for fitted in (True, False):  # filled: 1-rank rows (fitted); hollow: the others (predicted)
             m = [(meas, pred) for k, meas, pred, p in points if k == key and (p == 1) == fitted]
             if m:
-                ax1.loglog([a for a, _ in m], [b for _, b in m], marker.get(key[1], "D"), color=color,
-                           mfc=color if fitted else "none", label=f"{key[0]} ({key[1]})" if fitted else None)
+                ax1.loglog(
+                    [a for a, _ in m],
+                    [b for _, b in m],
+                    marker.get(key[1], "D"),
+                    color=color,
+                    mfc=color if fitted else "none",
+                    label=f"{key[0]} ({key[1]})" if fitted else None,
+                )
     lo = min(min(a, b) for _, a, b, _ in points)
     hi = max(max(a, b) for _, a, b, _ in points)
     ax1.plot([lo, hi], [lo, hi], "k:")
-    ax1.set(xlabel="measured s per round", ylabel="predicted s per round",
-            title="model vs this machine (hollow: P > 1, not fitted)")
+    ax1.set(
+        xlabel="measured s per round",
+        ylabel="predicted s per round",
+        title="model vs this machine (hollow: P > 1, not fitted)",
+    )
     ax1.legend(fontsize=6)
-    ranks = [2 ** k for k in range(int(math.log2(top)) + 1)]
+    ranks = [2**k for k in range(int(math.log2(top)) + 1)]
     for key in model.compute:
         if key[1] == "project":
             ax2.loglog(ranks, [sum(model.predict(key, p, clients)) for p in ranks], "-", label=key[0])
@@ -196,8 +221,15 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     """(results path, options) of ``RESULTS.h5 [key=value ...]``; ValueError on a bad argument."""
     if not argv or argv[0].startswith("-"):
         raise ValueError("usage: python -m bench.model RESULTS.h5 [" + " ".join(f"{k}=..." for k in OPTIONS) + "]")
-    opts = {"nodes": 64, "ranks_per_node": 64, "clients": 1_000_000, "alpha": None, "beta": None, "plot": None,
-            "time": "wall"}
+    opts = {
+        "nodes": 64,
+        "ranks_per_node": 64,
+        "clients": 1_000_000,
+        "alpha": None,
+        "beta": None,
+        "plot": None,
+        "time": "wall",
+    }
     for text in argv[1:]:
         key, sep, value = text.partition("=")
         if not sep or key not in OPTIONS:

@@ -52,8 +52,10 @@ def linear_init(widths, gen: torch.Generator, dtype) -> list[torch.Tensor]:
     params = []
     for inp, out in zip(widths[:-1], widths[1:]):
         bound = 1.0 / math.sqrt(inp)
-        params += [(2 * torch.rand(out, inp, generator=gen, dtype=dtype) - 1) * bound,
-                   (2 * torch.rand(out, generator=gen, dtype=dtype) - 1) * bound]
+        params += [
+            (2 * torch.rand(out, inp, generator=gen, dtype=dtype) - 1) * bound,
+            (2 * torch.rand(out, generator=gen, dtype=dtype) - 1) * bound,
+        ]
     return params
 
 
@@ -98,12 +100,15 @@ class ClientData:
     def sizes(self) -> tuple[float, float]:
         """Mean (inner, outer) samples per client (synthetic: over the first 10,000 clients)."""
         if self.clients is not None:
-            return (float(np.mean([len(c[1]) for c in self.clients])),
-                    float(np.mean([len(c[3]) for c in self.clients])))
+            return (
+                float(np.mean([len(c[1]) for c in self.clients])),
+                float(np.mean([len(c[3]) for c in self.clients])),
+            )
         from fednest_mpi.data.synthetic import sample_counts
 
-        n_in, n_out = split_sizes(sample_counts(self.spec, self.seed, np.arange(min(self.pcfg.n_clients, 10000))),
-                                  self.pcfg.val_fraction)
+        n_in, n_out = split_sizes(
+            sample_counts(self.spec, self.seed, np.arange(min(self.pcfg.n_clients, 10000))), self.pcfg.val_fraction
+        )
         return float(n_in.mean()), float(n_out.mean())
 
 
@@ -114,9 +119,11 @@ class PlainLoop:
     def __init__(self, cfg):
         p, a = cfg.problem, cfg.algorithm
         if p.name not in PROBLEMS or a.name not in ALGORITHMS:
-            raise UsageError(f"the plain loop covers problems {', '.join(PROBLEMS)} and algorithms "
-                             f"{', '.join(ALGORITHMS)}; "
-                             f"not {p.name} with {a.name}")
+            raise UsageError(
+                f"the plain loop covers problems {', '.join(PROBLEMS)} and algorithms "
+                f"{', '.join(ALGORITHMS)}; "
+                f"not {p.name} with {a.name}"
+            )
         self.p, self.a = p, a
         torch.set_num_threads(cfg.run.torch_threads)
         dtype = getattr(torch, cfg.run.dtype)
@@ -168,7 +175,7 @@ class PlainLoop:
             if nu % per_epoch == 0:
                 perm = torch.randperm(n, generator=self.gen)
             j = nu % per_epoch
-            yield perm[j * size: (j + 1) * size]
+            yield perm[j * size : (j + 1) * size]
 
     def subset(self, A, t, size: int):
         """The whole split (size 0) or one random minibatch of ``size``."""
@@ -183,8 +190,10 @@ class PlainLoop:
 
     @staticmethod
     def grad(loss, wrt, **kwargs):
-        return [torch.zeros_like(w) if g is None else g
-                for w, g in zip(wrt, torch.autograd.grad(loss, wrt, allow_unused=True, **kwargs))]
+        return [
+            torch.zeros_like(w) if g is None else g
+            for w, g in zip(wrt, torch.autograd.grad(loss, wrt, allow_unused=True, **kwargs))
+        ]
 
     def mean(self, clients, fn):
         """The average over ``clients`` of ``fn(client data)`` (a list of tensors)."""
@@ -258,6 +267,7 @@ class PlainLoop:
                 gi, g0 = self.grad(self.outer_loss(xl, y0, A, t), xl), self.grad(self.outer_loss(x0, y0, A, t), x0)
                 xi = [w - a.outer_lr * (u - w0 + m) for w, u, w0, m in zip(xi, gi, g0, h)]
             return xi
+
         return self.mean(S, outer_steps) if a.outer_local_steps > 1 else [w - a.outer_lr * g for w, g in zip(x, h)]
 
     # -- one outer iteration ----------------------------------------------------------------------

@@ -59,7 +59,10 @@ COLUMNS = {
     "n_clients": ("clients M", "1"),
     "alg_s": ("median over iterations of the algorithm part of one outer iteration (max over ranks)", "s"),
     "alg_s_min": ("fastest outer iteration (algorithm part)", "s"),
-    "alg_cpu_s": ("median CPU time of the algorithm part of one outer iteration (max over ranks; MPI waits busy-poll)", "s"),
+    "alg_cpu_s": (
+        "median CPU time of the algorithm part of one outer iteration (max over ranks; MPI waits busy-poll)",
+        "s",
+    ),
     "eval_s": ("median evaluation time per outer iteration", "s"),
     "comm_s": ("median time inside Allreduce per outer iteration on rank 0 (incl. waiting for slower ranks)", "s"),
     "comm_share": ("median of comm_s / alg_s on rank 0", "1"),
@@ -70,7 +73,10 @@ COLUMNS = {
     "proc_user_s": ("user CPU of the whole measurement process tree (start-up and warm-up included; time -v)", "s"),
     "proc_sys_s": ("system CPU of the whole measurement process tree", "s"),
     "proc_minflt": ("minor page faults of the whole measurement process tree", "1"),
-    "proc_maxrss_mb": ("largest peak RSS of any process of the measurement (time -v's maximum resident set size)", "MiB"),
+    "proc_maxrss_mb": (
+        "largest peak RSS of any process of the measurement (time -v's maximum resident set size)",
+        "MiB",
+    ),
     "allreduce_calls": ("median algorithm Allreduces per outer iteration (project rows)", "1"),
     "allreduce_bytes": ("median bytes aggregated per outer iteration and rank (project rows)", "B"),
     "flop_floor": ("arithmetic floor of one outer iteration, all ranks together (bench/floors.py)", "FLOP"),
@@ -81,7 +87,10 @@ COLUMNS = {
     "speedup_vs_plain_cpu": ("the same ratio of alg_cpu_s", "1"),
     "peak_rss_mb": ("largest peak resident memory of any rank", "MiB"),
     "rss_growth_mb": ("largest RSS growth of any rank from the first to the last measured iteration", "MiB"),
-    "speedup_vs_sequential": ("alg_s of the sequential baseline / alg_s (same case and clients, same harness run)", "1"),
+    "speedup_vs_sequential": (
+        "alg_s of the sequential baseline / alg_s (same case and clients, same harness run)",
+        "1",
+    ),
     "speedup_vs_sequential_cpu": ("the same ratio of alg_cpu_s", "1"),
     "speedup": ("strong: alg_s at 1 rank / alg_s; weak: alg_s at 1 rank x ranks / alg_s", "1"),
     "efficiency": ("parallel efficiency: speedup / ranks", "1"),
@@ -118,8 +127,12 @@ def case_config(case: dict, clients: int) -> dict:
 
 def run_one(spec: dict, case: dict, mode: str, ranks: int, clients: int) -> dict:
     data = case_config(case, clients)
-    job = {"config": data, "mode": mode if mode in ("sequential", "plain") else "project",
-           "iterations": int(case.get("iterations", spec.get("iterations", 3))), "warmup": int(spec.get("warmup", 1))}
+    job = {
+        "config": data,
+        "mode": mode if mode in ("sequential", "plain") else "project",
+        "iterations": int(case.get("iterations", spec.get("iterations", 3))),
+        "warmup": int(spec.get("warmup", 1)),
+    }
     env = dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_RC_THREAD_LEVEL="single")
     cmd = [sys.executable, str(ROOT / "bench" / "worker.py"), json.dumps(job)]
     if ranks > 1:
@@ -133,8 +146,17 @@ def run_one(spec: dict, case: dict, mode: str, ranks: int, clients: int) -> dict
     row = json.loads(lines[-1][6:])
     usage = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RUSAGE "))[7:])
     row.update({f"proc_{k}": usage[k] for k in ("user_s", "sys_s", "minflt", "maxrss_mb")})
-    row.update({"case": case["name"], "problem": data["problem"]["name"], "mode": mode, "ranks": ranks,
-                "clients_per_round": clients, "n_clients": data["problem"]["n_clients"], "seconds": time.perf_counter() - t0})
+    row.update(
+        {
+            "case": case["name"],
+            "problem": data["problem"]["name"],
+            "mode": mode,
+            "ranks": ranks,
+            "clients_per_round": clients,
+            "n_clients": data["problem"]["n_clients"],
+            "seconds": time.perf_counter() - t0,
+        }
+    )
     return row
 
 
@@ -143,16 +165,25 @@ _SIZES: dict[str, tuple[float, float]] = {}
 
 def add_floors(row: dict, data: dict, rates: dict) -> None:
     """The FLOP and traffic floors of a row whose problem the plain loop knows (else nothing)."""
-    if data["problem"]["name"] not in PROBLEMS or data["algorithm"].get("name", "fednest") not in ("fedavg", "fednest", "fednest_sgd"):
+    if data["problem"]["name"] not in PROBLEMS or data["algorithm"].get("name", "fednest") not in (
+        "fedavg",
+        "fednest",
+        "fednest_sgd",
+    ):
         return
     cfg = config.from_dict(data)
     key = json.dumps([data["problem"], data.get("seed", 0)], sort_keys=True)
     if key not in _SIZES:  # mean samples per client of this partition (one load per problem config)
         _SIZES[key] = ClientData(cfg.problem, cfg.seed, getattr(torch, cfg.run.dtype)).sizes()
     flop, traffic = floors.floors(floors.shape_of(cfg, *_SIZES[key]))
-    row.update({"flop_floor": flop, "traffic_floor": traffic,
-                "x_flop_floor": row["alg_s"] * rates["gemm_flops"] * row["ranks"] / flop,
-                "x_traffic_floor": row["alg_s"] * rates["copy_bandwidth"] * row["ranks"] / traffic})
+    row.update(
+        {
+            "flop_floor": flop,
+            "traffic_floor": traffic,
+            "x_flop_floor": row["alg_s"] * rates["gemm_flops"] * row["ranks"] / flop,
+            "x_traffic_floor": row["alg_s"] * rates["copy_bandwidth"] * row["ranks"] / traffic,
+        }
+    )
 
 
 def plan(spec: dict, case: dict) -> list[tuple[str, int, int]]:
@@ -173,9 +204,16 @@ def plan(spec: dict, case: dict) -> list[tuple[str, int, int]]:
 
 def derive(rows: list[dict]) -> None:
     """Ratios between rows of the same harness run: vs the baselines, strong and weak scaling."""
+
     def find(case, mode, ranks, clients):
-        return next((r for r in rows if r["case"] == case and r["mode"] == mode and r["ranks"] == ranks
-                     and r["clients_per_round"] == clients), None)
+        return next(
+            (
+                r
+                for r in rows
+                if r["case"] == case and r["mode"] == mode and r["ranks"] == ranks and r["clients_per_round"] == clients
+            ),
+            None,
+        )
 
     for r in rows:
         for base in ("sequential", "plain"):
@@ -189,25 +227,58 @@ def derive(rows: list[dict]) -> None:
                 r["speedup"] = one["alg_s"] / r["alg_s"]
                 r["efficiency"] = r["speedup"] / r["ranks"]
         if r["mode"] == "weak":
-            one = next((o for o in rows if o["case"] == r["case"] and o["ranks"] == 1
-                        and o["mode"] in ("weak", "single") and o["clients_per_round"] * r["ranks"] == r["clients_per_round"]), None)
+            one = next(
+                (
+                    o
+                    for o in rows
+                    if o["case"] == r["case"]
+                    and o["ranks"] == 1
+                    and o["mode"] in ("weak", "single")
+                    and o["clients_per_round"] * r["ranks"] == r["clients_per_round"]
+                ),
+                None,
+            )
             if one is not None:
                 r["efficiency"] = one["alg_s"] / r["alg_s"]
                 r["speedup"] = r["efficiency"] * r["ranks"]
 
 
 # (header, key, format; a key of None = the formatter's own): the scaling table and the many-clients table
-SCALING = [("case", "case", "s"), ("mode", "mode", "s"), ("P", "ranks", "d"), ("|S|", "clients_per_round", "d"),
-           ("alg s", "alg_s", ".4f"), ("alg cpu s", "alg_cpu_s", ".4f"), ("eval s", "eval_s", ".4f"),
-           ("upd/s", "updates_per_s", ".1f"), ("comm %", "comm_share", "%"), ("peak MiB", "peak_rss_mb", ".0f"),
-           ("dRSS MiB", "rss_growth_mb", ".1f"), ("x seq", "speedup_vs_sequential", ".1f"),
-           ("x seq cpu", "speedup_vs_sequential_cpu", ".1f"), ("speedup", "speedup", ".2f"), ("eff", "efficiency", ".2f")]
-MANY = [("case", "case", "s"), ("mode", "mode", "s"), ("P", "ranks", "d"), ("|S|", "clients_per_round", "d"),
-        ("s/round", "alg_s", ".3f"), ("upd/s", "updates_per_s", ".0f"), ("user s", "user_s", ".3f"),
-        ("sys s", "sys_s", ".3f"), ("minflt", "minflt", ".0f"), ("peak MiB", "peak_rss_mb", ".0f"),
-        ("GFLOP", "flop_floor", "G"), ("x flop", "x_flop_floor", ".1f"), ("GB", "traffic_floor", "G"),
-        ("x traffic", "x_traffic_floor", ".1f"), ("x plain", "speedup_vs_plain", ".2f"),
-        ("x plain cpu", "speedup_vs_plain_cpu", ".2f")]
+SCALING = [
+    ("case", "case", "s"),
+    ("mode", "mode", "s"),
+    ("P", "ranks", "d"),
+    ("|S|", "clients_per_round", "d"),
+    ("alg s", "alg_s", ".4f"),
+    ("alg cpu s", "alg_cpu_s", ".4f"),
+    ("eval s", "eval_s", ".4f"),
+    ("upd/s", "updates_per_s", ".1f"),
+    ("comm %", "comm_share", "%"),
+    ("peak MiB", "peak_rss_mb", ".0f"),
+    ("dRSS MiB", "rss_growth_mb", ".1f"),
+    ("x seq", "speedup_vs_sequential", ".1f"),
+    ("x seq cpu", "speedup_vs_sequential_cpu", ".1f"),
+    ("speedup", "speedup", ".2f"),
+    ("eff", "efficiency", ".2f"),
+]
+MANY = [
+    ("case", "case", "s"),
+    ("mode", "mode", "s"),
+    ("P", "ranks", "d"),
+    ("|S|", "clients_per_round", "d"),
+    ("s/round", "alg_s", ".3f"),
+    ("upd/s", "updates_per_s", ".0f"),
+    ("user s", "user_s", ".3f"),
+    ("sys s", "sys_s", ".3f"),
+    ("minflt", "minflt", ".0f"),
+    ("peak MiB", "peak_rss_mb", ".0f"),
+    ("GFLOP", "flop_floor", "G"),
+    ("x flop", "x_flop_floor", ".1f"),
+    ("GB", "traffic_floor", "G"),
+    ("x traffic", "x_traffic_floor", ".1f"),
+    ("x plain", "speedup_vs_plain", ".2f"),
+    ("x plain cpu", "speedup_vs_plain_cpu", ".2f"),
+]
 
 
 def table(rows: list[dict], columns=SCALING) -> str:
@@ -239,8 +310,11 @@ def measure_allreduce(spec: dict) -> dict:
             print(f"  FAILED allreduce P={p}: {proc.stderr[-2000:]}", flush=True)
             continue
         out[str(p)] = json.loads(line[10:])
-        print(f"  allreduce P={p}: {out[str(p)]['seconds'][0] * 1e6:.2f} us at {out[str(p)]['bytes'][0]} B, "
-              f"{out[str(p)]['seconds'][-1] * 1e3:.2f} ms at {out[str(p)]['bytes'][-1]} B", flush=True)
+        print(
+            f"  allreduce P={p}: {out[str(p)]['seconds'][0] * 1e6:.2f} us at {out[str(p)]['bytes'][0]} B, "
+            f"{out[str(p)]['seconds'][-1] * 1e3:.2f} ms at {out[str(p)]['bytes'][-1]} B",
+            flush=True,
+        )
     return out
 
 
@@ -253,7 +327,11 @@ def plot(rows: list[dict], prefix: str) -> list[str]:
         series: dict[str, list[tuple[int, float, float]]] = {}
         for r in rows:
             if r["mode"] == mode and r.get("speedup") is not None:
-                label = f"{r['case']} |S|={r['clients_per_round']}" if mode == "strong" else f"{r['case']} {r['clients_per_round'] // r['ranks']}/rank"
+                label = (
+                    f"{r['case']} |S|={r['clients_per_round']}"
+                    if mode == "strong"
+                    else f"{r['case']} {r['clients_per_round'] // r['ranks']}/rank"
+                )
                 series.setdefault(label, [(1, 1.0, 1.0)]).append((r["ranks"], r["speedup"], r["efficiency"]))
         if not series:
             continue
@@ -267,7 +345,11 @@ def plot(rows: list[dict], prefix: str) -> list[str]:
         ax1.plot([1, top], [1, top], "k:", label="ideal")
         ax2.axhline(1.0, color="k", ls=":")
         ax1.set(xlabel="ranks", ylabel="speed-up", title=f"{mode} scaling")
-        ax2.set(xlabel="ranks", ylabel="parallel efficiency", ylim=(0, max(1.2, 1.1 * max(e for pts in series.values() for _, _, e in pts))))
+        ax2.set(
+            xlabel="ranks",
+            ylabel="parallel efficiency",
+            ylim=(0, max(1.2, 1.1 * max(e for pts in series.values() for _, _, e in pts))),
+        )
         ax1.legend(fontsize=7)
         fig.tight_layout()
         out = f"{prefix}_{mode}.png"
@@ -279,8 +361,11 @@ def plot(rows: list[dict], prefix: str) -> list[str]:
 def selected(spec: dict) -> list[dict]:
     """The cases of the spec that ``only`` and ``families`` let through."""
     only, families = spec.get("only"), spec.get("families")
-    return [c for c in spec.get("case", []) if (only is None or c["name"] in only)
-            and (families is None or c.get("family", "") in families)]
+    return [
+        c
+        for c in spec.get("case", [])
+        if (only is None or c["name"] in only) and (families is None or c.get("family", "") in families)
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -291,9 +376,17 @@ def main(argv: list[str]) -> int:
     out = Path(spec.get("output", "bench/results/bench.h5"))
     torch.set_num_threads(1)
     rates = floors.machine_rates(copy_mib=int(spec.get("copy_mib", 256)))
-    print(f"this core: {rates['gemm_flops'] / 1e9:.1f} GFLOP/s float32 GEMM, {rates['copy_bandwidth'] / 1e9:.2f} GB/s copy", flush=True)
-    attrs = {"spec_json": json.dumps(spec), "cpu_count": os.cpu_count() or 0, **rates,
-             "allreduce_json": json.dumps(measure_allreduce(spec))}
+    print(
+        f"this core: {rates['gemm_flops'] / 1e9:.1f} GFLOP/s float32 GEMM, "
+        f"{rates['copy_bandwidth'] / 1e9:.2f} GB/s copy",
+        flush=True,
+    )
+    attrs = {
+        "spec_json": json.dumps(spec),
+        "cpu_count": os.cpu_count() or 0,
+        **rates,
+        "allreduce_json": json.dumps(measure_allreduce(spec)),
+    }
     rows = []
     for case in selected(spec):
         if case.get("requires_data"):
@@ -310,9 +403,12 @@ def main(argv: list[str]) -> int:
                 continue
             add_floors(row, case_config(case, clients), rates)
             rows.append(row)
-            print(f"  {case['name']} {mode} P={ranks} |S|={clients}: {row['alg_s']:.4f} s algorithm "
-                  f"(user {row['user_s']:.3f} s, sys {row['sys_s']:.3f} s), {row['eval_s']:.4f} s evaluation "
-                  f"({row['seconds']:.0f} s)", flush=True)
+            print(
+                f"  {case['name']} {mode} P={ranks} |S|={clients}: {row['alg_s']:.4f} s algorithm "
+                f"(user {row['user_s']:.3f} s, sys {row['sys_s']:.3f} s), {row['eval_s']:.4f} s evaluation "
+                f"({row['seconds']:.0f} s)",
+                flush=True,
+            )
             derive(rows)
             write_bench(out, rows, COLUMNS, attrs)  # after every measurement: a crash keeps the others
     derive(rows)

@@ -19,8 +19,19 @@ def main(argv: list[str]) -> int:
     proc = subprocess.Popen(argv)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keeps Popen from waiting again
-    print("RUSAGE " + json.dumps({"user_s": usage.ru_utime, "sys_s": usage.ru_stime, "minflt": usage.ru_minflt,
-                                  "majflt": usage.ru_majflt, "maxrss_mb": usage.ru_maxrss / 1024.0}), flush=True)
+    print(
+        "RUSAGE "
+        + json.dumps(
+            {
+                "user_s": usage.ru_utime,
+                "sys_s": usage.ru_stime,
+                "minflt": usage.ru_minflt,
+                "majflt": usage.ru_majflt,
+                "maxrss_mb": usage.ru_maxrss / 1024.0,
+            }
+        ),
+        flush=True,
+    )
     return proc.returncode
 
 

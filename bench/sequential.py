@@ -42,13 +42,20 @@ class SequentialProblem(BilevelProblem):
     def _loop(self, clients, X, Y, fn, wrt):
         if not len(clients):
             return X.new_zeros((0, self.dim_x if wrt == "x" else self.dim_y))
-        return torch.stack([fn(int(c), X[b].detach().clone().requires_grad_(), Y[b].detach().clone().requires_grad_(), b)
-                            for b, c in enumerate(clients)])
+        return torch.stack(
+            [
+                fn(int(c), X[b].detach().clone().requires_grad_(), Y[b].detach().clone().requires_grad_(), b)
+                for b, c in enumerate(clients)
+            ]
+        )
 
     def _grad(self, clients, x, y, sample, split, batch_size, regularize, wrt):
         def one(c, xc, yc, b):
-            (g,) = torch.autograd.grad(self._loss(split, c, xc, yc, sample, batch_size, regularize), xc if wrt == "x" else yc)
+            (g,) = torch.autograd.grad(
+                self._loss(split, c, xc, yc, sample, batch_size, regularize), xc if wrt == "x" else yc
+            )
             return g
+
         return self._loop(clients, x, y, one, wrt)
 
     def _second(self, clients, x, y, v, sample, wrt):
@@ -59,6 +66,7 @@ class SequentialProblem(BilevelProblem):
             (dy,) = torch.autograd.grad(g, yc, create_graph=True)
             (out,) = torch.autograd.grad(dy @ v[b], xc if wrt == "x" else yc)
             return out
+
         return self._loop(clients, x, y, one, wrt)
 
     def _grad_x_outer(self, clients, x, y, sample):

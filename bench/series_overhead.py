@@ -19,8 +19,11 @@ from fednest_mpi import series as series_mod
 from fednest_mpi.io.h5 import RunWriter
 from fednest_mpi.runner import Simulation
 
-PARTS = {"values": (recorder.ClientRecorder, "record"), "client_file": (series_mod.RunSeries, "before_bookkeeping"),
-         "ranks_snapshots": (series_mod.RunSeries, "after_bookkeeping")}
+PARTS = {
+    "values": (recorder.ClientRecorder, "record"),
+    "client_file": (series_mod.RunSeries, "before_bookkeeping"),
+    "ranks_snapshots": (series_mod.RunSeries, "after_bookkeeping"),
+}
 
 
 def main(argv) -> None:
@@ -39,10 +42,20 @@ def main(argv) -> None:
                 totals[_key][1] += time.perf_counter() - w0
 
         setattr(cls, name, wrapper)
-    cfg = config.load(path, [f"algorithm.outer_iterations={iterations}", "run.checkpoint_every=0", f'run.output="{out}"',
-                             "run.overwrite=true", *overrides])
+    cfg = config.load(
+        path,
+        [
+            f"algorithm.outer_iterations={iterations}",
+            "run.checkpoint_every=0",
+            f'run.output="{out}"',
+            "run.overwrite=true",
+            *overrides,
+        ],
+    )
     sim = Simulation(cfg, MPI.COMM_SELF)
-    writer = RunWriter(cfg.run.output, {"config_json": cfg.to_json()}, sim.columns(), extend=series_mod.series_layout(sim).create)
+    writer = RunWriter(
+        cfg.run.output, {"config_json": cfg.to_json()}, sim.columns(), extend=series_mod.series_layout(sim).create
+    )
     series = series_mod.RunSeries(sim, writer)
     c0, w0 = time.process_time(), time.perf_counter()
     sim.run(writer=writer, series=series)
@@ -52,7 +65,9 @@ def main(argv) -> None:
     n = cfg.algorithm.outer_iterations + 1
     print(f"{path}: {n} records; whole run {cpu / n * 1e3:.2f} ms CPU / {wall / n * 1e3:.2f} ms wall per iteration")
     for key, (c, w) in totals.items():
-        print(f"  {key}: {c / n * 1e3:.3f} ms CPU, {w / n * 1e3:.3f} ms wall per iteration ({100 * c / cpu:.2f} % of CPU)")
+        print(
+            f"  {key}: {c / n * 1e3:.3f} ms CPU, {w / n * 1e3:.3f} ms wall per iteration ({100 * c / cpu:.2f} % of CPU)"
+        )
 
 
 if __name__ == "__main__":

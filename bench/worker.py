@@ -59,10 +59,18 @@ class Meter:
             if self.sync is not None:
                 self.sync()
             t1, c1, r1 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
-            self.calls.append((t1 - t0, c1 - c0, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime,
-                               float(r1.ru_minflt - r0.ru_minflt)))
+            self.calls.append(
+                (
+                    t1 - t0,
+                    c1 - c0,
+                    r1.ru_utime - r0.ru_utime,
+                    r1.ru_stime - r0.ru_stime,
+                    float(r1.ru_minflt - r0.ru_minflt),
+                )
+            )
             self.rss.append(rss_mb())
             return out
+
         return timed
 
     def summary(self, comm, warmup: int) -> dict | None:
@@ -77,10 +85,17 @@ class Meter:
         stack = np.stack(every)  # (ranks, iterations, fields)
         worst, total = stack.max(axis=0), stack.sum(axis=0)
         col = {name: j for j, name in enumerate(self.FIELDS)}
-        return {"alg_s": float(np.median(worst[:, col["wall"]])), "alg_s_min": float(np.min(worst[:, col["wall"]])),
-                "alg_cpu_s": float(np.median(worst[:, col["cpu"]])), "user_s": float(np.median(total[:, col["user"]])),
-                "sys_s": float(np.median(total[:, col["sys"]])), "minflt": float(np.median(total[:, col["minflt"]])),
-                "peak_rss_mb": float(max(peak)), "rss_growth_mb": float(max(growth)), "ranks": comm.Get_size()}
+        return {
+            "alg_s": float(np.median(worst[:, col["wall"]])),
+            "alg_s_min": float(np.min(worst[:, col["wall"]])),
+            "alg_cpu_s": float(np.median(worst[:, col["cpu"]])),
+            "user_s": float(np.median(total[:, col["user"]])),
+            "sys_s": float(np.median(total[:, col["sys"]])),
+            "minflt": float(np.median(total[:, col["minflt"]])),
+            "peak_rss_mb": float(max(peak)),
+            "rss_growth_mb": float(max(growth)),
+            "ranks": comm.Get_size(),
+        }
 
 
 def measure_project(spec: dict, comm) -> dict | None:
@@ -104,11 +119,16 @@ def measure_project(spec: dict, comm) -> dict | None:
         return None
     per_iter = np.diff(np.array(comm_log), axis=0)[warmup:]  # comm_log[0]: after iteration 0 (no step)
     alg = np.array(meter.calls)[warmup:, 0]
-    out.update({"eval_s": float(np.median(history["evaluation_time"][1 + warmup:])),
-                "comm_s": float(np.median(per_iter[:, 0])), "comm_share": float(np.median(per_iter[:, 0] / alg)),
-                "allreduce_calls": float(np.median(per_iter[:, 1])),
-                "allreduce_bytes": float(np.median(per_iter[:, 2])),
-                "final_test_accuracy": float(history["test_accuracy"][-1]) if "test_accuracy" in history else NAN})
+    out.update(
+        {
+            "eval_s": float(np.median(history["evaluation_time"][1 + warmup :])),
+            "comm_s": float(np.median(per_iter[:, 0])),
+            "comm_share": float(np.median(per_iter[:, 0] / alg)),
+            "allreduce_calls": float(np.median(per_iter[:, 1])),
+            "allreduce_bytes": float(np.median(per_iter[:, 2])),
+            "final_test_accuracy": float(history["test_accuracy"][-1]) if "test_accuracy" in history else NAN,
+        }
+    )
     return out
 
 

@@ -11,8 +11,15 @@ def make_config(**sections) -> config.RunConfig:
     data = {
         "seed": 3,
         "problem": {"name": "quadratic", "n_clients": 12, "dim_x": 4, "dim_y": 6, "heterogeneity": 1.0},
-        "algorithm": {"outer_iterations": 5, "clients_per_round": 6, "inner_local_steps": 5, "inner_lr": 0.05,
-                      "outer_lr": 0.2, "neumann_steps": 4, "neumann_scale": 0.25},
+        "algorithm": {
+            "outer_iterations": 5,
+            "clients_per_round": 6,
+            "inner_local_steps": 5,
+            "inner_lr": 0.05,
+            "outer_lr": 0.2,
+            "neumann_steps": 4,
+            "neumann_scale": 0.25,
+        },
         "run": {"output": "unused.h5"},
     }
     for name, values in sections.items():

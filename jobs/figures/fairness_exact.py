@@ -22,7 +22,15 @@ from fednest_mpi import config
 from fednest_mpi.post import load_run
 from fednest_mpi.problems import build_problem
 
-METRICS = ("test_accuracy", "worst_group_accuracy", "group_accuracy_gap", "worst_cell_accuracy", "eo_gap", "dp_gap", "worst_group_test_loss")
+METRICS = (
+    "test_accuracy",
+    "worst_group_accuracy",
+    "group_accuracy_gap",
+    "worst_cell_accuracy",
+    "eo_gap",
+    "dp_gap",
+    "worst_group_test_loss",
+)
 
 
 def exact_inner(prob, x: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -30,8 +38,15 @@ def exact_inner(prob, x: torch.Tensor) -> tuple[torch.Tensor, float]:
     ids = np.arange(prob.n_clients)
     X = x.expand(len(ids), -1)
     y = prob.initial_point()[1].clone().requires_grad_(True)
-    solver = torch.optim.LBFGS([y], lr=1.0, max_iter=1000, history_size=30, tolerance_grad=1e-10,
-                               tolerance_change=1e-16, line_search_fn="strong_wolfe")
+    solver = torch.optim.LBFGS(
+        [y],
+        lr=1.0,
+        max_iter=1000,
+        history_size=30,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-16,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         Y = y.detach().expand(len(ids), -1)
@@ -64,7 +79,10 @@ def main(argv: list[str]) -> int:
         prob = build_problem(cfg.problem, cfg.seed, range(cfg.problem.n_clients), dtype=torch.float64)
         names = prob.cell_names()
         tuned = torch.as_tensor([df[f"weight_{n}"].iloc[-1] for n in names], dtype=torch.float64).log()
-        points = [("unweighted", torch.zeros(prob.dim_x, dtype=torch.float64)), ("tuned (last iteration)", tuned - tuned.mean())]
+        points = [
+            ("unweighted", torch.zeros(prob.dim_x, dtype=torch.float64)),
+            ("tuned (last iteration)", tuned - tuned.mean()),
+        ]
         points += [(f"given {text}", prob.x_of_weights(text)) for text in probes]
         for label, x in points:
             y, norm = exact_inner(prob, x)
@@ -72,7 +90,11 @@ def main(argv: list[str]) -> int:
                 raise SystemExit(f"fairness_exact.py: L-BFGS stopped at ||grad|| = {norm:.1e} > 1e-8 for {path}")
             m = prob.evaluate(x, y)
             w = ", ".join(f"{n} {float(v):.2f}" for n, v in zip(names, prob.cell_weights(x)))
-            print(f"| {path.rsplit('/', 1)[-1]}, seed {cfg.seed}: {label} | {w} | {norm:.0e} | " + " | ".join(f"{m[k]:.2f}" if k != "worst_group_test_loss" else f"{m[k]:.4f}" for k in METRICS) + " |")
+            print(
+                f"| {path.rsplit('/', 1)[-1]}, seed {cfg.seed}: {label} | {w} | {norm:.0e} | "
+                + " | ".join(f"{m[k]:.2f}" if k != "worst_group_test_loss" else f"{m[k]:.4f}" for k in METRICS)
+                + " |"
+            )
     return 0
 
 

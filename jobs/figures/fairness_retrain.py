@@ -17,12 +17,20 @@ import numpy as np
 from fednest_mpi import config
 from fednest_mpi.post import load_run
 
-METRICS = ("worst_group_accuracy", "group_accuracy_gap", "worst_cell_accuracy", "test_accuracy", "eo_gap", "dp_gap", "worst_group_test_loss")
+METRICS = (
+    "worst_group_accuracy",
+    "group_accuracy_gap",
+    "worst_cell_accuracy",
+    "test_accuracy",
+    "eo_gap",
+    "dp_gap",
+    "worst_group_test_loss",
+)
 
 
 def weights(path: str) -> str:
     last = load_run(path).iloc[-1]
-    return ",".join(f"{name[len('weight_'):]}={last[name]:.6g}" for name in last.index if name.startswith("weight_"))
+    return ",".join(f"{name[len('weight_') :]}={last[name]:.6g}" for name in last.index if name.startswith("weight_"))
 
 
 def table(paths: list[str], last: int) -> str:
@@ -31,8 +39,10 @@ def table(paths: list[str], last: int) -> str:
         df = load_run(path)
         tuned = config.from_dict(df.attrs["config"]).problem.initial_weights.strip() != ""
         kinds.setdefault("tuned weights" if tuned else "unweighted", []).append(df)
-    lines = ["| weights | runs | " + " | ".join(f"{m} (last / mean of last {last})" for m in METRICS) + " |",
-             "|---|---|" + "---|" * len(METRICS)]
+    lines = [
+        "| weights | runs | " + " | ".join(f"{m} (last / mean of last {last})" for m in METRICS) + " |",
+        "|---|---|" + "---|" * len(METRICS),
+    ]
     for kind, runs in sorted(kinds.items()):
         cells = []
         for m in METRICS:

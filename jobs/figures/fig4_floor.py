@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     start = 20
     if "--from" in argv:
         at = argv.index("--from")
-        start, argv = int(argv[at + 1]), argv[:at] + argv[at + 2:]
+        start, argv = int(argv[at + 1]), argv[:at] + argv[at + 2 :]
     if not argv or any(a.startswith("-") for a in argv):
         print(__doc__)
         return 2
@@ -34,8 +34,11 @@ def main(argv: list[str]) -> int:
             continue
         var_y, var_x = fednest_sampling_floor(build_problem(cfg.problem, cfg.seed, range(cfg.problem.n_clients)), a)
         tail = df[df.iteration >= start]
-        print(f"| s = {cfg.problem.heterogeneity:g}, \\|S\\| = {a.clients_per_round}, seed {cfg.seed} | {tail.y_sq_error.mean():.3g} | "
-              f"{var_y:.3g} | {tail.x_sq_error.mean():.3g} | {var_x:.3g} |")
+        print(
+            f"| s = {cfg.problem.heterogeneity:g}, \\|S\\| = {a.clients_per_round}, seed {cfg.seed} | "
+            f"{tail.y_sq_error.mean():.3g} | "
+            f"{var_y:.3g} | {tail.x_sq_error.mean():.3g} | {var_x:.3g} |"
+        )
     return 0
 
 

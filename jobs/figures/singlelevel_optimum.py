@@ -42,12 +42,19 @@ def optimum(cfg) -> tuple[float, float, float]:
     weight = torch.as_tensor(np.concatenate([np.full(len(r), 1.0 / (M * len(r))) for r in rows]), dtype=torch.float64)
     mu = cfg.problem.inner_regularization
     y = y.clone().requires_grad_(True)
-    solver = torch.optim.LBFGS([y], lr=1.0, max_iter=5000, history_size=50, tolerance_grad=1e-7,
-                               tolerance_change=1e-16, line_search_fn="strong_wolfe")
+    solver = torch.optim.LBFGS(
+        [y],
+        lr=1.0,
+        max_iter=5000,
+        history_size=50,
+        tolerance_grad=1e-7,
+        tolerance_change=1e-16,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         solver.zero_grad()
-        z = A @ y[: classes * pixels].reshape(classes, pixels).T + y[classes * pixels:]
+        z = A @ y[: classes * pixels].reshape(classes, pixels).T + y[classes * pixels :]
         loss = (weight * torch.nn.functional.cross_entropy(z, t, reduction="none")).sum() + 0.5 * mu * (y * y).sum()
         loss.backward()
         return loss
@@ -90,7 +97,11 @@ def main(argv: list[str]) -> int:
         df = df[np.isfinite(df.inner_loss)].set_index("comm_rounds")
         groups.setdefault((cfg.algorithm.name, cfg.algorithm.inner_lr), []).append((df, best[cfg.seed][0]))
     print()
-    print("| algorithm | β | " + " | ".join(f"g − g*, {r} rounds" for r in rounds) + f" | test accuracy %, {rounds[-1]} rounds |")
+    print(
+        "| algorithm | β | "
+        + " | ".join(f"g − g*, {r} rounds" for r in rounds)
+        + f" | test accuracy %, {rounds[-1]} rounds |"
+    )
     print("|---|---|" + "---|" * (len(rounds) + 1))
     for (name, lr), members in sorted(groups.items()):
         cells = []

@@ -30,5 +30,11 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return all(mallopt(param, value) == 1 for param, value in
-               ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD)))
+    return all(
+        mallopt(param, value) == 1
+        for param, value in (
+            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+            (_M_TOP_PAD, TOP_PAD),
+        )
+    )

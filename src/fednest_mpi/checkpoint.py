@@ -39,7 +39,9 @@ FORMAT = "fednest-mpi/checkpoint"
 VERSION = 1
 MANIFEST = "state.pt"
 # config fields a resumed run may change: they do not enter the iterates or the recorded values
-RESUMABLE_CHANGES = frozenset({"algorithm.outer_iterations", "run.log_every", "run.progress", "run.overwrite", "run.checkpoint_every"})
+RESUMABLE_CHANGES = frozenset(
+    {"algorithm.outer_iterations", "run.log_every", "run.progress", "run.overwrite", "run.checkpoint_every"}
+)
 
 ClientStates = dict[str, tuple[np.ndarray, torch.Tensor]]
 
@@ -100,16 +102,22 @@ def _load(path: Path) -> dict:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise UsageError(f"checkpoint file '{path}' is missing: the checkpoint folder was changed by hand; "
-                         "restore the file or start the run again without --resume") from None
+        raise UsageError(
+            f"checkpoint file '{path}' is missing: the checkpoint folder was changed by hand; "
+            "restore the file or start the run again without --resume"
+        ) from None
     except Exception as exc:  # noqa: BLE001 -- torch.load raises many kinds for a damaged file
-        raise UsageError(f"checkpoint file '{path}' cannot be read ({type(exc).__name__}: {exc}); "
-                         "start the run again without --resume") from None
+        raise UsageError(
+            f"checkpoint file '{path}' cannot be read ({type(exc).__name__}: {exc}); "
+            "start the run again without --resume"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UsageError(f"'{path}' is not a fednest-mpi checkpoint file")
     if data.get("version") != VERSION:
-        raise UsageError(f"checkpoint '{path}' has format version {data.get('version')}, this fednest-mpi reads "
-                         f"version {VERSION}; resume it with the fednest-mpi version that wrote it")
+        raise UsageError(
+            f"checkpoint '{path}' has format version {data.get('version')}, this fednest-mpi reads "
+            f"version {VERSION}; resume it with the fednest-mpi version that wrote it"
+        )
     return data
 
 
@@ -126,8 +134,10 @@ def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates
     mine = None
     if client_states:
         name = f"clients-k{ckpt.iteration:09d}-r{rank:05d}.pt"
-        states = {key: (torch.as_tensor(np.asarray(ids), dtype=torch.int64), rows.detach().cpu())
-                  for key, (ids, rows) in client_states.items()}
+        states = {
+            key: (torch.as_tensor(np.asarray(ids), dtype=torch.int64), rows.detach().cpu())
+            for key, (ids, rows) in client_states.items()
+        }
         atomic_save({"format": FORMAT, "version": VERSION, "states": states}, folder / name)
         mine = (name, torch.unique(torch.cat([ids for ids, _ in states.values()])))
     written = comm.gather(mine, root=0)
@@ -154,8 +164,10 @@ def load(folder: str | Path) -> Checkpoint:
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():
-        raise UsageError(f"--resume: no checkpoint in '{folder}' (no {MANIFEST}); run without --resume to start "
-                         "the run, or set run.checkpoint_dir to the folder of the run you want to continue")
+        raise UsageError(
+            f"--resume: no checkpoint in '{folder}' (no {MANIFEST}); run without --resume to start "
+            "the run, or set run.checkpoint_dir to the folder of the run you want to continue"
+        )
     data = _load(path)
     names = {f.name for f in dataclasses.fields(Checkpoint)}
     return Checkpoint(**{k: v for k, v in data.items() if k in names})
@@ -195,20 +207,27 @@ def config_differences(saved_json: str, cfg) -> list[str]:
     if isinstance(saved.get("algorithm"), dict):
         saved["algorithm"] = config.algorithm_fields(cfg.algorithm.name, saved["algorithm"])
     flat = [config.flatten_config(c, hashable=False) for c in (saved, json.loads(cfg.to_json()))]
-    return [f"{key}: checkpoint {then!r}, now {now!r}"
-            for key, (then, now) in config.differing_fields(flat, ignore=RESUMABLE_CHANGES).items()]
+    return [
+        f"{key}: checkpoint {then!r}, now {now!r}"
+        for key, (then, now) in config.differing_fields(flat, ignore=RESUMABLE_CHANGES).items()
+    ]
 
 
 def check_resumable(ckpt: Checkpoint, cfg) -> None:
     """UsageError unless ``cfg`` may continue ``ckpt`` (same config up to :data:`RESUMABLE_CHANGES`)."""
     diffs = config_differences(ckpt.config_json, cfg)
     if diffs:
-        raise UsageError("--resume: the config differs from the checkpoint's in " + "; ".join(diffs)
-                         + ". Resume with the config of the interrupted run (only algorithm.outer_iterations and "
-                         "the logging and checkpoint_every fields may change)")
+        raise UsageError(
+            "--resume: the config differs from the checkpoint's in "
+            + "; ".join(diffs)
+            + ". Resume with the config of the interrupted run (only algorithm.outer_iterations and "
+            "the logging and checkpoint_every fields may change)"
+        )
     if ckpt.iteration > cfg.algorithm.outer_iterations:
-        raise UsageError(f"--resume: the checkpoint is at iteration {ckpt.iteration}, beyond algorithm.outer_iterations "
-                         f"= {cfg.algorithm.outer_iterations}; raise outer_iterations to at least {ckpt.iteration}")
+        raise UsageError(
+            f"--resume: the checkpoint is at iteration {ckpt.iteration}, beyond algorithm.outer_iterations "
+            f"= {cfg.algorithm.outer_iterations}; raise outer_iterations to at least {ckpt.iteration}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Command line: ``fednest-mpi run | report | plot | recover | jobs | download | config-doc`` (also ``python -m fednest_mpi``).
+"""Command line: ``fednest-mpi run | report | plot | recover | jobs | download | config-doc``
+(also ``python -m fednest_mpi``).
 
 Exit codes: 0 success, also a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint
 (continue it with ``--resume``); 1 failure of the run; 2 usage error (bad arguments, config,
@@ -38,74 +39,148 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fednest-mpi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run a simulation (under mpiexec for several ranks)", epilog=EPILOG_RUN,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser(
+        "run",
+        help="run a simulation (under mpiexec for several ranks)",
+        epilog=EPILOG_RUN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("config", help="TOML config file (see docs/config.md)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                     help="override a config field, e.g. --set algorithm.outer_lr=0.05 (repeatable)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config field, e.g. --set algorithm.outer_lr=0.05 (repeatable)",
+    )
     run.add_argument("--output", "-o", help="HDF5 output path (run.output)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output file (run.overwrite)")
     run.add_argument("--quiet", "-q", action="store_true", help="warnings only")
-    run.add_argument("--resume", action="store_true",
-                     help="continue from the run's latest checkpoint (run.checkpoint_dir): same config, any number of "
-                          "ranks; the output file is cut back to the checkpoint and appended to")
-    rep = sub.add_parser("report", help="text table of runs: differing config, final/best metrics, time, communication",
-                         epilog="example:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the run's latest checkpoint (run.checkpoint_dir): same config, any number of "
+        "ranks; the output file is cut back to the checkpoint and appended to",
+    )
+    rep = sub.add_parser(
+        "report",
+        help="text table of runs: differing config, final/best metrics, time, communication",
+        epilog="example:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rep.add_argument("runs", nargs="+", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
-    rep.add_argument("--metric", "-m", dest="metrics", action="append", metavar="COLUMN",
-                     help="metric to show (repeatable); default: whichever of x_error, outer_objective, "
-                          "hypergradient_norm, test_accuracy, test_loss the runs record")
-    rep.add_argument("--width", type=int, default=100, help="wrap the table into blocks of at most this many characters")
-    rep.add_argument("--at", type=int, action="append", metavar="K",
-                     help="instead of the summary: a Markdown table of the (first) metric at outer iteration K "
-                          "(repeatable), mean ± sd over the runs of each --group-by value")
+    rep.add_argument(
+        "--metric",
+        "-m",
+        dest="metrics",
+        action="append",
+        metavar="COLUMN",
+        help="metric to show (repeatable); default: whichever of x_error, outer_objective, "
+        "hypergradient_norm, test_accuracy, test_loss the runs record",
+    )
+    rep.add_argument(
+        "--width", type=int, default=100, help="wrap the table into blocks of at most this many characters"
+    )
+    rep.add_argument(
+        "--at",
+        type=int,
+        action="append",
+        metavar="K",
+        help="instead of the summary: a Markdown table of the (first) metric at outer iteration K "
+        "(repeatable), mean ± sd over the runs of each --group-by value",
+    )
     _grouping_arguments(rep)
-    plot = sub.add_parser("plot", help="plot a metric against iteration, communication rounds or wall time",
-                          epilog="examples:\n  fednest-mpi plot runs/*.h5 -o figs/x_error.png --group-by algorithm.name\n"
-                                 "  fednest-mpi plot runs/*.h5 -o figs/cost.pdf -m x_error -m hypergradient_norm --x-axis comm_rounds",
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    plot = sub.add_parser(
+        "plot",
+        help="plot a metric against iteration, communication rounds or wall time",
+        epilog="examples:\n  fednest-mpi plot runs/*.h5 -o figs/x_error.png --group-by algorithm.name\n"
+        "  fednest-mpi plot runs/*.h5 -o figs/cost.pdf -m x_error -m hypergradient_norm --x-axis comm_rounds",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     plot.add_argument("runs", nargs="+", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
     plot.add_argument("--output", "-o", required=True, help="image file; format from the suffix: .png, .pdf or .svg")
-    plot.add_argument("--metric", "-m", dest="metrics", action="append", metavar="COLUMN",
-                      help="recorded column to plot (repeatable: one subplot each; default x_error)")
-    plot.add_argument("--x-axis", "-x", default="iteration",
-                      help="iteration (default), comm_rounds, wall_time, or another non-decreasing column")
+    plot.add_argument(
+        "--metric",
+        "-m",
+        dest="metrics",
+        action="append",
+        metavar="COLUMN",
+        help="recorded column to plot (repeatable: one subplot each; default x_error)",
+    )
+    plot.add_argument(
+        "--x-axis",
+        "-x",
+        default="iteration",
+        help="iteration (default), comm_rounds, wall_time, or another non-decreasing column",
+    )
     _grouping_arguments(plot)
     logy = plot.add_mutually_exclusive_group()
     logy.add_argument("--logy", dest="logy", action="store_const", const=True, default=None, help="log y axis")
-    logy.add_argument("--linear-y", dest="logy", action="store_const", const=False,
-                      help="linear y axis (default: log for errors/norms spanning more than 2 decades)")
-    rec = sub.add_parser("recover", help="close the files of a killed run (SIGKILL, node loss) at its last complete iteration",
-                         epilog="example:\n  fednest-mpi recover runs/q.h5   # then continue it with run ... --resume",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    logy.add_argument(
+        "--linear-y",
+        dest="logy",
+        action="store_const",
+        const=False,
+        help="linear y axis (default: log for errors/norms spanning more than 2 decades)",
+    )
+    rec = sub.add_parser(
+        "recover",
+        help="close the files of a killed run (SIGKILL, node loss) at its last complete iteration",
+        epilog="example:\n  fednest-mpi recover runs/q.h5   # then continue it with run ... --resume",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rec.add_argument("run", help="run file (.h5) of a run that was killed before it closed its files")
-    epilog_jobs = ("examples:\n  fednest-mpi jobs list jobs/sweeps/quadratic_variants.toml\n"
-                   "  fednest-mpi jobs render jobs/sweeps/quadratic_variants.toml --site local\n"
-                   "  fednest-mpi jobs render jobs/sweeps/fig2a.toml --site jobs/sites/YOURS.toml -o runs/jobs/fig2a\n"
-                   "  bash runs/jobs/quadratic_variants/quadratic_variants.local.sh -j 2")
-    jobs = sub.add_parser("jobs", help="batch scripts for a sweep of runs: SLURM job array, one sbatch per run, workstation script",
-                          epilog=epilog_jobs, formatter_class=argparse.RawDescriptionHelpFormatter)
+    epilog_jobs = (
+        "examples:\n  fednest-mpi jobs list jobs/sweeps/quadratic_variants.toml\n"
+        "  fednest-mpi jobs render jobs/sweeps/quadratic_variants.toml --site local\n"
+        "  fednest-mpi jobs render jobs/sweeps/fig2a.toml --site jobs/sites/YOURS.toml -o runs/jobs/fig2a\n"
+        "  bash runs/jobs/quadratic_variants/quadratic_variants.local.sh -j 2"
+    )
+    jobs = sub.add_parser(
+        "jobs",
+        help="batch scripts for a sweep of runs: SLURM job array, one sbatch per run, workstation script",
+        epilog=epilog_jobs,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
-    ren = jsub.add_parser("render", help="validate a sweep and write its tasks file and scripts for one site",
-                          epilog=epilog_jobs, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ren = jsub.add_parser(
+        "render",
+        help="validate a sweep and write its tasks file and scripts for one site",
+        epilog=epilog_jobs,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ren.add_argument("sweep", help="sweep file (jobs/sweeps/*.toml)")
-    ren.add_argument("--site", "-s", default="local",
-                     help="a built-in site (local, example-cluster) or the path of a site file (default: %(default)s)")
+    ren.add_argument(
+        "--site",
+        "-s",
+        default="local",
+        help="a built-in site (local, example-cluster) or the path of a site file (default: %(default)s)",
+    )
     ren.add_argument("--out-dir", "-o", help="folder for the scripts, tasks file and logs (default: runs/jobs/SWEEP)")
     ren.add_argument("--workdir", help="folder the jobs run in (default: the current directory)")
-    ren.add_argument("--launcher", choices=("srun", "mpirun"), help="MPI launcher of the SLURM scripts (default: the site's)")
+    ren.add_argument(
+        "--launcher", choices=("srun", "mpirun"), help="MPI launcher of the SLURM scripts (default: the site's)"
+    )
     ren.add_argument("--no-check", dest="check", action="store_false", help="do not validate every task's config first")
-    lst = jsub.add_parser("list", help="print the runs of a sweep", epilog="example: fednest-mpi jobs list jobs/sweeps/weak_scaling.toml")
+    lst = jsub.add_parser(
+        "list", help="print the runs of a sweep", epilog="example: fednest-mpi jobs list jobs/sweeps/weak_scaling.toml"
+    )
     lst.add_argument("sweep", help="sweep file (jobs/sweeps/*.toml)")
-    dl = sub.add_parser("download", help="fetch MNIST, Fashion-MNIST or UCI Adult (needs internet), checking checksums",
-                        epilog="example:\n  fednest-mpi download mnist --dest ~/data && export FEDNEST_DATA=~/data",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    dl = sub.add_parser(
+        "download",
+        help="fetch MNIST, Fashion-MNIST or UCI Adult (needs internet), checking checksums",
+        epilog="example:\n  fednest-mpi download mnist --dest ~/data && export FEDNEST_DATA=~/data",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     dl.add_argument("datasets", nargs="+", choices=("mnist", "fashion", "adult"), help="data set(s) to fetch")
     dl.add_argument("--dest", "-d", help="data root (default: $FEDNEST_DATA); the files go to DEST/mnist, ...")
     dl.add_argument("--mirror", help="base URL replacing the default mirror (file:// works too)")
-    sub.add_parser("config-doc", help="print the config reference (Markdown) generated from the config definitions",
-                   epilog="example: fednest-mpi config-doc > docs/config.md")
+    sub.add_parser(
+        "config-doc",
+        help="print the config reference (Markdown) generated from the config definitions",
+        epilog="example: fednest-mpi config-doc > docs/config.md",
+    )
     return parser
 
 
@@ -131,11 +206,21 @@ def _run(args) -> int:
 
 
 def _grouping_arguments(parser) -> None:
-    parser.add_argument("--group-by", "-g", metavar="FIELD", action="append",
-                        help="config field (dotted, e.g. algorithm.name, or mpi_size; repeatable): one line/row per "
-                             "combination of values, mean ± sd over its runs (seeds); default: one per run")
-    parser.add_argument("--smooth", type=int, default=1, metavar="K",
-                        help="trailing running mean over K iterations before averaging (the paper's curves: 5)")
+    parser.add_argument(
+        "--group-by",
+        "-g",
+        metavar="FIELD",
+        action="append",
+        help="config field (dotted, e.g. algorithm.name, or mpi_size; repeatable): one line/row per "
+        "combination of values, mean ± sd over its runs (seeds); default: one per run",
+    )
+    parser.add_argument(
+        "--smooth",
+        type=int,
+        default=1,
+        metavar="K",
+        help="trailing running mean over K iterations before averaging (the paper's curves: 5)",
+    )
 
 
 def _analyse(args) -> int:
@@ -147,13 +232,21 @@ def _analyse(args) -> int:
         if args.command == "report" and args.at:
             if not args.metrics:
                 raise UsageError("--at needs the metric to tabulate, e.g. --metric test_accuracy")
-            print(post.checkpoint_table(args.runs, args.metrics[0], args.at, group_by=args.group_by,
-                                        smooth=args.smooth))
+            print(
+                post.checkpoint_table(args.runs, args.metrics[0], args.at, group_by=args.group_by, smooth=args.smooth)
+            )
         elif args.command == "report":
             print(post.report(args.runs, args.metrics, width=args.width), end="")
         else:
-            path = post.plot(args.runs, args.output, metric=args.metrics or "x_error", x_axis=args.x_axis,
-                             group_by=args.group_by, logy=args.logy, smooth=args.smooth)
+            path = post.plot(
+                args.runs,
+                args.output,
+                metric=args.metrics or "x_error",
+                x_axis=args.x_axis,
+                group_by=args.group_by,
+                logy=args.logy,
+                smooth=args.smooth,
+            )
             print(f"output: {path}")
     except UsageError as exc:
         print(f"fednest-mpi: error: {exc}", file=sys.stderr)
@@ -168,7 +261,9 @@ def _jobs(args) -> int:
         if args.jobs_command == "list":
             print(jobs.describe(jobs.expand(jobs.load_sweep(args.sweep))), end="")
             return 0
-        paths = jobs.render_all(args.sweep, args.site, args.out_dir, workdir=args.workdir, launcher=args.launcher, check=args.check)
+        paths = jobs.render_all(
+            args.sweep, args.site, args.out_dir, workdir=args.workdir, launcher=args.launcher, check=args.check
+        )
     except UsageError as exc:
         print(f"fednest-mpi: error: {exc}", file=sys.stderr)
         return 2
@@ -214,7 +309,9 @@ def _download(args) -> int:
 
     dest = args.dest or os.environ.get(ENV_VAR)
     if not dest:
-        print(f"fednest-mpi: error: --dest: no data root given and {ENV_VAR} is not set; pass --dest DIR", file=sys.stderr)
+        print(
+            f"fednest-mpi: error: --dest: no data root given and {ENV_VAR} is not set; pass --dest DIR", file=sys.stderr
+        )
         return 2
     try:
         for name in args.datasets:

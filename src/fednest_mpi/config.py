@@ -46,13 +46,25 @@ class QuadraticConfig:
     n_clients: int = spec(100, "number of clients M", low=1)
     dim_x: int = spec(10, "outer dimension d1", low=1)
     dim_y: int = spec(20, "inner dimension d2", low=1)
-    strong_convexity: float = spec(1.0, "lower bound mu of every client's inner Hessian eigenvalues", low=0.0, low_open=True)
-    smoothness: float = spec(4.0, "upper bound L of every client's inner Hessian eigenvalues (>= strong_convexity)", low=0.0, low_open=True)
-    heterogeneity: float = spec(1.0, "scale of client-to-client differences in g_i and f_i (0 = identical clients)", low=0.0)
-    gradient_noise: float = spec(0.0, "std of the additive Gaussian noise of every stochastic gradient oracle (0 = exact)", low=0.0)
+    strong_convexity: float = spec(
+        1.0, "lower bound mu of every client's inner Hessian eigenvalues", low=0.0, low_open=True
+    )
+    smoothness: float = spec(
+        4.0, "upper bound L of every client's inner Hessian eigenvalues (>= strong_convexity)", low=0.0, low_open=True
+    )
+    heterogeneity: float = spec(
+        1.0, "scale of client-to-client differences in g_i and f_i (0 = identical clients)", low=0.0
+    )
+    gradient_noise: float = spec(
+        0.0, "std of the additive Gaussian noise of every stochastic gradient oracle (0 = exact)", low=0.0
+    )
     outer_regularization: float = spec(1.0, "weight of the (lambda/2)||x||^2 term in every f_i", low=0.0)
-    lower_level: str = spec("global", "global: one lower level y*(x) = argmin mean_i g_i (FedNest eq. (1)); local: every client its own "
-                            "y*_i(x) = argmin g_i (FedBiO eq. (7)); sets x* and the metrics", choices=("global", "local"))
+    lower_level: str = spec(
+        "global",
+        "global: one lower level y*(x) = argmin mean_i g_i (FedNest eq. (1)); local: every client its own "
+        "y*_i(x) = argmin g_i (FedBiO eq. (7)); sets x* and the metrics",
+        choices=("global", "local"),
+    )
 
 
 @dataclass(frozen=True)
@@ -81,14 +93,27 @@ class ImageClientsConfig:
     dataset: str = spec("mnist", "image data set (same IDX format)", choices=IMAGE_DATASETS)
     data_dir: str = spec("", "data directory; empty: the FEDNEST_DATA environment variable")
     n_clients: int = spec(100, "number of clients M", low=1)
-    partition: str = spec("shards", "iid; shards: McMahan non-iid (label-sorted shards); dirichlet: label skew",
-                          choices=("iid", "shards", "dirichlet"))
-    shards_per_client: int = spec(2, "shards per client (partition = shards; n_clients * shards_per_client shards)", low=1)
-    dirichlet_alpha: float = spec(0.5, "Dirichlet concentration (partition = dirichlet; small = skewed)", low=0.0, low_open=True)
-    val_fraction: float = spec(0.2, "fraction of each client's samples in its outer (validation) split", low=0.0, low_open=True, high=0.95)
+    partition: str = spec(
+        "shards",
+        "iid; shards: McMahan non-iid (label-sorted shards); dirichlet: label skew",
+        choices=("iid", "shards", "dirichlet"),
+    )
+    shards_per_client: int = spec(
+        2, "shards per client (partition = shards; n_clients * shards_per_client shards)", low=1
+    )
+    dirichlet_alpha: float = spec(
+        0.5, "Dirichlet concentration (partition = dirichlet; small = skewed)", low=0.0, low_open=True
+    )
+    val_fraction: float = spec(
+        0.2, "fraction of each client's samples in its outer (validation) split", low=0.0, low_open=True, high=0.95
+    )
     batch_size: int = spec(64, "minibatch size of the inner (FedInn) local steps", low=1)
-    hypergradient_batch_size: int = spec(0, "minibatch of the outer/second-order oracles; 0 = the client's whole split (authors' code)", low=0)
-    inner_regularization: float = spec(0.001, "lambda of the squared L2 term (lambda/2)||y||^2 in g_i (strong convexity)", low=0.0)
+    hypergradient_batch_size: int = spec(
+        0, "minibatch of the outer/second-order oracles; 0 = the client's whole split (authors' code)", low=0
+    )
+    inner_regularization: float = spec(
+        0.001, "lambda of the squared L2 term (lambda/2)||y||^2 in g_i (strong convexity)", low=0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -97,7 +122,9 @@ class HyperRepresentationConfig(ImageClientsConfig):
 
     name: str = spec("hyper_representation", "problem kind", choices=("hyper_representation",))
     hidden: int = spec(200, "width H of the hidden layer (x has 785 H numbers, y 10 H + 10)", low=1)
-    dropout: float = spec(0.0, "dropout probability before the ReLU in training oracles (authors' code: 0.5)", low=0.0, high=0.9)
+    dropout: float = spec(
+        0.0, "dropout probability before the ReLU in training oracles (authors' code: 0.5)", low=0.0, high=0.9
+    )
 
 
 @dataclass(frozen=True)
@@ -105,12 +132,20 @@ class LossTuningConfig(ImageClientsConfig):
     """VS-loss tuning on long-tail MNIST (paper section 4.2): x = logit adjustments, y = a 3-layer MLP."""
 
     name: str = spec("loss_tuning", "problem kind", choices=("loss_tuning",))
-    imbalance_ratio: float = spec(100.0, "size ratio of the largest to the smallest class of the long-tail training set", low=1.0)
+    imbalance_ratio: float = spec(
+        100.0, "size ratio of the largest to the smallest class of the long-tail training set", low=1.0
+    )
     max_per_class: int = spec(6000, "size of the largest class before the exponential decay", low=1)
     hidden1: int = spec(200, "width of the first hidden layer of the MLP y; 0 drops the layer", low=0)
-    hidden2: int = spec(100, "width of the second hidden layer of the MLP y; 0 drops the layer (both 0: multinomial "
-                        "logistic regression, convex in y)", low=0)
-    tune_loss: bool = spec(True, "tune the VS-loss x; false: plain cross-entropy with x fixed at 0 (the untuned baseline)")
+    hidden2: int = spec(
+        100,
+        "width of the second hidden layer of the MLP y; 0 drops the layer (both 0: multinomial "
+        "logistic regression, convex in y)",
+        low=0,
+    )
+    tune_loss: bool = spec(
+        True, "tune the VS-loss x; false: plain cross-entropy with x fixed at 0 (the untuned baseline)"
+    )
 
 
 @dataclass(frozen=True)
@@ -122,7 +157,9 @@ class MinimaxConfig:
     dim: int = spec(10, "dimension d of x and of y", low=1)
     heterogeneity: float = spec(1.0, "s: b'_i ~ N(0, s^2 I) before centring across clients", low=0.0)
     coupling_max: float = spec(0.1, "A_i = t_i I with t_i ~ U(0, coupling_max)", low=0.0)
-    outer_regularization: float = spec(10.0, "lambda of the (lambda/2)||x||^2 term in every f_i (paper text: 10)", low=0.0, low_open=True)
+    outer_regularization: float = spec(
+        10.0, "lambda of the (lambda/2)||x||^2 term in every f_i (paper text: 10)", low=0.0, low_open=True
+    )
     initial_value: float = spec(10.0, "every coordinate of x0 and y0 (authors' notebook: 10)")
 
 
@@ -134,7 +171,9 @@ class CompositionalConfig:
     n_clients: int = spec(20, "number of clients M", low=1)
     dim_x: int = spec(5, "outer dimension d1", low=1)
     dim_y: int = spec(10, "inner dimension d2 (>= dim_x, so that x* is unique)", low=1)
-    heterogeneity: float = spec(1.0, "scale of client-to-client differences in r_i and f_i (0 = identical clients)", low=0.0)
+    heterogeneity: float = spec(
+        1.0, "scale of client-to-client differences in r_i and f_i (0 = identical clients)", low=0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -145,19 +184,33 @@ class SyntheticConfig:
     name: str = spec("synthetic", "problem kind", choices=("synthetic",))
     n_clients: int = spec(1000, "number of clients M (data are generated on demand, so 10^6 costs no memory)", low=1)
     alpha: float = spec(1.0, "model heterogeneity: u_i ~ N(0, alpha^2), W_i, b_i ~ N(u_i, 1)", low=0.0)
-    beta: float = spec(1.0, "input heterogeneity: B_i ~ N(0, beta^2), v_i ~ N(B_i, 1), a ~ N(v_i, diag(j^-1.2))", low=0.0)
+    beta: float = spec(
+        1.0, "input heterogeneity: B_i ~ N(0, beta^2), v_i ~ N(B_i, 1), a ~ N(v_i, diag(j^-1.2))", low=0.0
+    )
     n_inputs: int = spec(60, "input dimension d", low=1)
     n_classes: int = spec(10, "number of classes C", low=2)
     samples_per_client: int = spec(100, "samples per client (fixed), or their median (lognormal)", low=2)
-    size_distribution: str = spec("fixed", "fixed: every client has samples_per_client; lognormal: heavy-tailed sizes", choices=("fixed", "lognormal"))
+    size_distribution: str = spec(
+        "fixed",
+        "fixed: every client has samples_per_client; lognormal: heavy-tailed sizes",
+        choices=("fixed", "lognormal"),
+    )
     size_sigma: float = spec(2.0, "sigma of the lognormal sample counts (FedProx: 2)", low=0.0)
-    max_samples: int = spec(1000, "cap on a client's sample count (lognormal); clients are padded to the largest of a round", low=2)
-    val_fraction: float = spec(0.2, "fraction of each client's samples in its outer (validation) split", low=0.0, low_open=True, high=0.95)
+    max_samples: int = spec(
+        1000, "cap on a client's sample count (lognormal); clients are padded to the largest of a round", low=2
+    )
+    val_fraction: float = spec(
+        0.2, "fraction of each client's samples in its outer (validation) split", low=0.0, low_open=True, high=0.95
+    )
     hidden: int = spec(64, "width H of the representation layer (x has (d + 1) H numbers, y C H + C)", low=1)
     dropout: float = spec(0.0, "dropout probability before the ReLU in training oracles", low=0.0, high=0.9)
     batch_size: int = spec(16, "minibatch size of the inner (FedInn) local steps", low=1)
-    hypergradient_batch_size: int = spec(0, "minibatch of the outer/second-order oracles; 0 = the client's whole split", low=0)
-    inner_regularization: float = spec(0.001, "lambda of the squared L2 term (lambda/2)||y||^2 in g_i (strong convexity)", low=0.0)
+    hypergradient_batch_size: int = spec(
+        0, "minibatch of the outer/second-order oracles; 0 = the client's whole split", low=0
+    )
+    inner_regularization: float = spec(
+        0.001, "lambda of the squared L2 term (lambda/2)||y||^2 in g_i (strong convexity)", low=0.0
+    )
     eval_clients: int = spec(100, "evaluation: clients 0..eval_clients-1 ...", low=1)
     eval_samples: int = spec(100, "... each with this many fresh samples (a separate stream)", low=1)
 
@@ -170,29 +223,58 @@ class FairnessConfig:
     data_dir: str = spec("", "data directory holding adult/; empty: the FEDNEST_DATA environment variable")
     n_clients: int = spec(20, "number of clients M", low=1)
     sensitive: str = spec("sex", "sensitive attribute defining the groups", choices=("sex", "race"))
-    weight_cells: str = spec("group", "what x weights: group (one weight per sensitive group) or group_label "
-                             "(one per (group, label) cell); the validation set is balanced over the same cells",
-                             choices=("group", "group_label"))
-    dirichlet_alpha: float = spec(0.5, "Dirichlet concentration of the split of the training set over clients, "
-                                  "by (group, label) cell (small = skewed)", low=0.0, low_open=True)
-    val_per_cell: int = spec(100, "samples per weighted cell in the group-balanced validation set (taken from adult.data, "
-                             "dealt round-robin to the clients)", low=1)
-    outer_objective: str = spec("balanced", "outer loss: balanced (f_i = mean over the weighted cells of the cell's mean loss on the "
-                                "client's validation split) or worst_group (tau logsumexp over the weighted cells of the pooled "
-                                "cell loss / tau, tau = worst_group_temperature: a smooth worst-group loss; fednest and fednest_sgd "
-                                "only, one extra round per outer iteration)",
-                                choices=("balanced", "worst_group"))
-    worst_group_temperature: float = spec(0.05, "tau of outer_objective = worst_group (-> 0: the max over groups)", low=0.0, low_open=True)
-    initial_weights: str = spec("", "cell weights at the start, as NAME=W pairs separated by commas (NAME: a group, or GROUP_le50K / "
-                                "GROUP_gt50K with weight_cells = group_label; unnamed cells 1; rescaled to mean 1); empty: all 1. "
-                                "With algorithm fedavg (x fixed) this retrains the classifier with given, e.g. tuned, weights")
-    group_feature: bool = spec(True, "whether the classifier sees the sensitive attribute (its one-hot columns); false: "
-                               "'fairness through unawareness', the groups share one intercept and the weights decide the compromise")
-    model: str = spec("logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp"))
+    weight_cells: str = spec(
+        "group",
+        "what x weights: group (one weight per sensitive group) or group_label "
+        "(one per (group, label) cell); the validation set is balanced over the same cells",
+        choices=("group", "group_label"),
+    )
+    dirichlet_alpha: float = spec(
+        0.5,
+        "Dirichlet concentration of the split of the training set over clients, "
+        "by (group, label) cell (small = skewed)",
+        low=0.0,
+        low_open=True,
+    )
+    val_per_cell: int = spec(
+        100,
+        "samples per weighted cell in the group-balanced validation set (taken from adult.data, "
+        "dealt round-robin to the clients)",
+        low=1,
+    )
+    outer_objective: str = spec(
+        "balanced",
+        "outer loss: balanced (f_i = mean over the weighted cells of the cell's mean loss on the "
+        "client's validation split) or worst_group (tau logsumexp over the weighted cells of the pooled "
+        "cell loss / tau, tau = worst_group_temperature: a smooth worst-group loss; fednest and fednest_sgd "
+        "only, one extra round per outer iteration)",
+        choices=("balanced", "worst_group"),
+    )
+    worst_group_temperature: float = spec(
+        0.05, "tau of outer_objective = worst_group (-> 0: the max over groups)", low=0.0, low_open=True
+    )
+    initial_weights: str = spec(
+        "",
+        "cell weights at the start, as NAME=W pairs separated by commas (NAME: a group, or GROUP_le50K / "
+        "GROUP_gt50K with weight_cells = group_label; unnamed cells 1; rescaled to mean 1); empty: all 1. "
+        "With algorithm fedavg (x fixed) this retrains the classifier with given, e.g. tuned, weights",
+    )
+    group_feature: bool = spec(
+        True,
+        "whether the classifier sees the sensitive attribute (its one-hot columns); false: "
+        "'fairness through unawareness', the groups share one intercept and the weights decide the compromise",
+    )
+    model: str = spec(
+        "logistic", "classifier y: logistic regression or a one-hidden-layer MLP", choices=("logistic", "mlp")
+    )
     hidden: int = spec(16, "hidden width of the MLP (model = mlp)", low=1)
     batch_size: int = spec(64, "minibatch size of the inner local steps", low=1)
-    hypergradient_batch_size: int = spec(0, "minibatch of the second-order oracles (training split); 0 = the client's whole split; "
-                                         "the outer loss always uses the client's whole (small) validation split", low=0)
+    hypergradient_batch_size: int = spec(
+        0,
+        "minibatch of the second-order oracles (training split); 0 = the client's whole split; "
+        "the outer loss always uses the client's whole (small) validation split",
+        low=0,
+    )
     inner_regularization: float = spec(0.01, "mu of the (mu/2)||y||^2 term in g_i (strong convexity)", low=0.0)
 
     @property
@@ -211,15 +293,22 @@ class ProblemSpec:
     saddle_point: bool = False  #: g_i = -f_i, so the direct hypergradient (eq. (9)) is exact
 
 
-PROBLEMS: dict[str, ProblemSpec] = {s.name: s for s in (
-    ProblemSpec("quadratic", QuadraticConfig, "fednest_mpi.problems.quadratic:QuadraticProblem"),
-    ProblemSpec("hyper_representation", HyperRepresentationConfig, "fednest_mpi.problems.hyperrep:HyperRepresentationProblem"),
-    ProblemSpec("loss_tuning", LossTuningConfig, "fednest_mpi.problems.losstuning:LossTuningProblem"),
-    ProblemSpec("minimax", MinimaxConfig, "fednest_mpi.problems.minimax:MinimaxProblem", saddle_point=True),
-    ProblemSpec("compositional", CompositionalConfig, "fednest_mpi.problems.compositional:CompositionalProblem"),
-    ProblemSpec("synthetic", SyntheticConfig, "fednest_mpi.problems.synthetic:SyntheticProblem"),
-    ProblemSpec("fairness", FairnessConfig, "fednest_mpi.problems.fairness:FairnessProblem"),
-)}
+PROBLEMS: dict[str, ProblemSpec] = {
+    s.name: s
+    for s in (
+        ProblemSpec("quadratic", QuadraticConfig, "fednest_mpi.problems.quadratic:QuadraticProblem"),
+        ProblemSpec(
+            "hyper_representation",
+            HyperRepresentationConfig,
+            "fednest_mpi.problems.hyperrep:HyperRepresentationProblem",
+        ),
+        ProblemSpec("loss_tuning", LossTuningConfig, "fednest_mpi.problems.losstuning:LossTuningProblem"),
+        ProblemSpec("minimax", MinimaxConfig, "fednest_mpi.problems.minimax:MinimaxProblem", saddle_point=True),
+        ProblemSpec("compositional", CompositionalConfig, "fednest_mpi.problems.compositional:CompositionalProblem"),
+        ProblemSpec("synthetic", SyntheticConfig, "fednest_mpi.problems.synthetic:SyntheticProblem"),
+        ProblemSpec("fairness", FairnessConfig, "fednest_mpi.problems.fairness:FairnessProblem"),
+    )
+}
 
 # ----------------------------------------------------------------------------------------------
 # Algorithms: one frozen parameter class per algorithm class (the [algorithm] section is a union
@@ -227,7 +316,9 @@ PROBLEMS: dict[str, ProblemSpec] = {s.name: s for s in (
 
 
 def _outer_iterations():
-    return spec(100, "outer iterations K of Algorithm 1 (one communication round for fedbio, fedbioacc, fedavg_s)", low=1)
+    return spec(
+        100, "outer iterations K of Algorithm 1 (one communication round for fedbio, fedbioacc, fedavg_s)", low=1
+    )
 
 
 def _clients_per_round():
@@ -239,13 +330,21 @@ def _inner_rounds():
 
 
 def _inner_lr():
-    return spec(0.01, "local inner step size beta_i of FedInn (Alg. 4/6); fedbio, fedbioacc: beta (y steps); "
-                "fedavg_s: the y step", low=0.0, low_open=True)
+    return spec(
+        0.01,
+        "local inner step size beta_i of FedInn (Alg. 4/6); fedbio, fedbioacc: beta (y steps); fedavg_s: the y step",
+        low=0.0,
+        low_open=True,
+    )
 
 
 def _outer_lr():
-    return spec(0.01, "local outer step size alpha_i of FedOut (Alg. 2/5); fedbio, fedbioacc: alpha (x steps); "
-                "fedavg_s: the x step", low=0.0, low_open=True)
+    return spec(
+        0.01,
+        "local outer step size alpha_i of FedOut (Alg. 2/5); fedbio, fedbioacc: alpha (x steps); fedavg_s: the x step",
+        low=0.0,
+        low_open=True,
+    )
 
 
 def _inner_local_steps():
@@ -253,8 +352,12 @@ def _inner_local_steps():
 
 
 def _neumann_steps():
-    return spec(5, "N: Hessian-vector rounds of FedIHGP (Alg. 3), terms of the local Neumann series (Alg. 5; "
-                "fedbio, fedbioacc: Q)", low=0)
+    return spec(
+        5,
+        "N: Hessian-vector rounds of FedIHGP (Alg. 3), terms of the local Neumann series (Alg. 5; "
+        "fedbio, fedbioacc: Q)",
+        low=0,
+    )
 
 
 def _neumann_scale():
@@ -262,15 +365,22 @@ def _neumann_scale():
 
 
 def _ihgp_mode():
-    return spec("truncated", "truncated: eta * sum_{k=0..N} (I - eta H)^k v (N rounds, deterministic); "
-                "randomized: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (10b), N' rounds)",
-                choices=("truncated", "randomized"))
+    return spec(
+        "truncated",
+        "truncated: eta * sum_{k=0..N} (I - eta H)^k v (N rounds, deterministic); "
+        "randomized: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (10b), N' rounds)",
+        choices=("truncated", "randomized"),
+    )
 
 
 def _hypergradient():
-    return spec("implicit", "implicit: direct minus indirect gradient through FedIHGP / local Neumann series (eq. (8), "
-                "(10)); direct: the minimax specialisation of eq. (9), nabla_x f_i only, no FedIHGP (saddle-point "
-                "problems only)", choices=("implicit", "direct"))
+    return spec(
+        "implicit",
+        "implicit: direct minus indirect gradient through FedIHGP / local Neumann series (eq. (8), "
+        "(10)); direct: the minimax specialisation of eq. (9), nabla_x f_i only, no FedIHGP (saddle-point "
+        "problems only)",
+        choices=("implicit", "direct"),
+    )
 
 
 @dataclass(frozen=True)
@@ -288,8 +398,9 @@ class FedNestConfig:
     neumann_steps: int = _neumann_steps()
     neumann_scale: float = _neumann_scale()
     ihgp_mode: str = _ihgp_mode()
-    ihgp_resample_clients: bool = spec(True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of "
-                                       "reusing FedOut's set")
+    ihgp_resample_clients: bool = spec(
+        True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of reusing FedOut's set"
+    )
     hypergradient: str = _hypergradient()
 
 
@@ -306,18 +417,39 @@ class FedBiOConfig:
     neumann_scale: float = _neumann_scale()
     ihgp_mode: str = _ihgp_mode()
     hypergradient: str = _hypergradient()
-    sync_period: int = spec(5, "I, local iterations (a y step and an x step each) per round; the round averages x "
-                            "(fedbio) or x, x_prev and the momentum nu (fedbioacc)", low=1)
-    local_update_order: str = spec("simultaneous", "fedbio: simultaneous (y and x steps both from (x_t, y_t)) or "
-                                   "inner_first (the x step uses the new y_{t+1})", choices=("simultaneous", "inner_first"))
-    step_schedule: str = spec("constant", "step sizes at local iteration t: constant (outer_lr, inner_lr) or storm: "
-                              "scaled by ((u + 1) / (u + t))^(1/3) (MRBO/STORM), u = schedule_offset",
-                              choices=("constant", "storm"))
+    sync_period: int = spec(
+        5,
+        "I, local iterations (a y step and an x step each) per round; the round averages x "
+        "(fedbio) or x, x_prev and the momentum nu (fedbioacc)",
+        low=1,
+    )
+    local_update_order: str = spec(
+        "simultaneous",
+        "fedbio: simultaneous (y and x steps both from (x_t, y_t)) or inner_first (the x step uses the new y_{t+1})",
+        choices=("simultaneous", "inner_first"),
+    )
+    step_schedule: str = spec(
+        "constant",
+        "step sizes at local iteration t: constant (outer_lr, inner_lr) or storm: "
+        "scaled by ((u + 1) / (u + t))^(1/3) (MRBO/STORM), u = schedule_offset",
+        choices=("constant", "storm"),
+    )
     schedule_offset: float = spec(10.0, "u of step_schedule = storm", low=0.0)
-    momentum_outer: float = spec(0.5, "fedbioacc: STORM weight a_1 of the fresh hypergradient in nu at t = 1; "
-                                 "a_t = min(1, a_1 (alpha_t / alpha_1)^2)", low=0.0, low_open=True, high=1.0)
-    momentum_inner: float = spec(0.5, "fedbioacc: STORM weight b_1 of the fresh inner gradient in omega; b_t likewise",
-                                 low=0.0, low_open=True, high=1.0)
+    momentum_outer: float = spec(
+        0.5,
+        "fedbioacc: STORM weight a_1 of the fresh hypergradient in nu at t = 1; "
+        "a_t = min(1, a_1 (alpha_t / alpha_1)^2)",
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    momentum_inner: float = spec(
+        0.5,
+        "fedbioacc: STORM weight b_1 of the fresh inner gradient in omega; b_t likewise",
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -369,30 +501,95 @@ class AlgorithmSpec:
 
 
 _FEDNEST = "fednest_mpi.algorithms.fednest:FedNest"
-ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in (
-    AlgorithmSpec("fednest", FedNestConfig, _FEDNEST, "FedOut (Alg. 2+3) with FedInn SVRG (Alg. 4): 2T + N + 3 rounds",
-                  "a FedNest variant", {"inner_variance_reduction": True, "global_outer": True}, pools_outer_objective=True),
-    AlgorithmSpec("fednest_sgd", FedNestConfig, _FEDNEST, "FedOut (Alg. 2+3) with LFedInn SGD (Alg. 6): T + N + 3 rounds",
-                  "a FedNest variant", {"inner_variance_reduction": False, "global_outer": True}, pools_outer_objective=True),
-    AlgorithmSpec("lfednest", FedNestConfig, _FEDNEST, "LFedOut (Alg. 5) with LFedInn SGD (Alg. 6): T + 1 rounds",
-                  "a FedNest variant", {"inner_variance_reduction": False, "global_outer": False}),
-    AlgorithmSpec("lfednest_svrg", FedNestConfig, _FEDNEST, "LFedOut (Alg. 5) with FedInn SVRG (Alg. 4): 2T + 1 rounds",
-                  "a FedNest variant", {"inner_variance_reduction": True, "global_outer": False}),
-    AlgorithmSpec("lfednest_nonalt", FedNestConfig, _FEDNEST, "appendix H.1: LFedOut on each client's local y, y and x "
-                  "averaged in one round: T rounds", "a FedNest variant",
-                  {"inner_variance_reduction": False, "global_outer": False, "alternating": False}),
-    AlgorithmSpec("fedavg_s", FedAvgSConfig, "fednest_mpi.algorithms.minimax:FedAvgS", "simultaneous local descent-ascent "
-                  "on x and y, one round (section 4.3)", "a saddle-point method", problems=("minimax",)),
-    AlgorithmSpec("fedbio", FedBiOConfig, "fednest_mpi.algorithms.fedbio:FedBiO", "FedBiO (Li, Huang & Huang, Alg. 2): "
-                  "every client keeps its own y, one round", "a local-lower-level method", {"accelerated": False},
-                  stateful=True),
-    AlgorithmSpec("fedbioacc", FedBiOConfig, "fednest_mpi.algorithms.fedbio:FedBiO", "FedBiOAcc (Alg. 3): FedBiO with "
-                  "STORM momentum on x and y, one round", "a local-lower-level method", {"accelerated": True}, stateful=True),
-    AlgorithmSpec("fedavg", SingleLevelConfig, "fednest_mpi.algorithms.singlelevel:SingleLevel", "FedAvg = LFedInn "
-                  "(Alg. 6) on g(x0, .), x fixed: T rounds", "a single-level method", {"inner_variance_reduction": False}),
-    AlgorithmSpec("fedsvrg", SingleLevelConfig, "fednest_mpi.algorithms.singlelevel:SingleLevel", "FedSVRG = FedInn "
-                  "(Alg. 4) on g(x0, .), x fixed: 2T rounds", "a single-level method", {"inner_variance_reduction": True}),
-)}
+ALGORITHMS: dict[str, AlgorithmSpec] = {
+    s.name: s
+    for s in (
+        AlgorithmSpec(
+            "fednest",
+            FedNestConfig,
+            _FEDNEST,
+            "FedOut (Alg. 2+3) with FedInn SVRG (Alg. 4): 2T + N + 3 rounds",
+            "a FedNest variant",
+            {"inner_variance_reduction": True, "global_outer": True},
+            pools_outer_objective=True,
+        ),
+        AlgorithmSpec(
+            "fednest_sgd",
+            FedNestConfig,
+            _FEDNEST,
+            "FedOut (Alg. 2+3) with LFedInn SGD (Alg. 6): T + N + 3 rounds",
+            "a FedNest variant",
+            {"inner_variance_reduction": False, "global_outer": True},
+            pools_outer_objective=True,
+        ),
+        AlgorithmSpec(
+            "lfednest",
+            FedNestConfig,
+            _FEDNEST,
+            "LFedOut (Alg. 5) with LFedInn SGD (Alg. 6): T + 1 rounds",
+            "a FedNest variant",
+            {"inner_variance_reduction": False, "global_outer": False},
+        ),
+        AlgorithmSpec(
+            "lfednest_svrg",
+            FedNestConfig,
+            _FEDNEST,
+            "LFedOut (Alg. 5) with FedInn SVRG (Alg. 4): 2T + 1 rounds",
+            "a FedNest variant",
+            {"inner_variance_reduction": True, "global_outer": False},
+        ),
+        AlgorithmSpec(
+            "lfednest_nonalt",
+            FedNestConfig,
+            _FEDNEST,
+            "appendix H.1: LFedOut on each client's local y, y and x averaged in one round: T rounds",
+            "a FedNest variant",
+            {"inner_variance_reduction": False, "global_outer": False, "alternating": False},
+        ),
+        AlgorithmSpec(
+            "fedavg_s",
+            FedAvgSConfig,
+            "fednest_mpi.algorithms.minimax:FedAvgS",
+            "simultaneous local descent-ascent on x and y, one round (section 4.3)",
+            "a saddle-point method",
+            problems=("minimax",),
+        ),
+        AlgorithmSpec(
+            "fedbio",
+            FedBiOConfig,
+            "fednest_mpi.algorithms.fedbio:FedBiO",
+            "FedBiO (Li, Huang & Huang, Alg. 2): every client keeps its own y, one round",
+            "a local-lower-level method",
+            {"accelerated": False},
+            stateful=True,
+        ),
+        AlgorithmSpec(
+            "fedbioacc",
+            FedBiOConfig,
+            "fednest_mpi.algorithms.fedbio:FedBiO",
+            "FedBiOAcc (Alg. 3): FedBiO with STORM momentum on x and y, one round",
+            "a local-lower-level method",
+            {"accelerated": True},
+            stateful=True,
+        ),
+        AlgorithmSpec(
+            "fedavg",
+            SingleLevelConfig,
+            "fednest_mpi.algorithms.singlelevel:SingleLevel",
+            "FedAvg = LFedInn (Alg. 6) on g(x0, .), x fixed: T rounds",
+            "a single-level method",
+            {"inner_variance_reduction": False},
+        ),
+        AlgorithmSpec(
+            "fedsvrg",
+            SingleLevelConfig,
+            "fednest_mpi.algorithms.singlelevel:SingleLevel",
+            "FedSVRG = FedInn (Alg. 4) on g(x0, .), x fixed: 2T rounds",
+            "a single-level method",
+            {"inner_variance_reduction": True},
+        ),
+    )
+}
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -453,22 +650,47 @@ class RunSection:
     device: str = spec("cpu", "torch device", choices=("cpu", "cuda"))
     dtype: str = spec("float64", "floating-point precision of iterates and oracles", choices=("float32", "float64"))
     torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
-    chunk_clients: int = spec(0, "clients a rank evaluates at once; a round's members are processed chunk by chunk, so memory "
-                              "per rank is bounded by the chunk (0: automatic from run.block_memory; results do not depend "
-                              "on it: bitwise with federation.reduction = ordered, docs/performance.md)", low=0)
-    block_memory: int = spec(512, "working-set budget of one chunk per rank in MiB, for the automatic run.chunk_clients "
-                             "(the problem estimates its bytes per client)", low=1)
+    chunk_clients: int = spec(
+        0,
+        "clients a rank evaluates at once; a round's members are processed chunk by chunk, so memory "
+        "per rank is bounded by the chunk (0: automatic from run.block_memory; results do not depend "
+        "on it: bitwise with federation.reduction = ordered, docs/performance.md)",
+        low=0,
+    )
+    block_memory: int = spec(
+        512,
+        "working-set budget of one chunk per rank in MiB, for the automatic run.chunk_clients "
+        "(the problem estimates its bytes per client)",
+        low=1,
+    )
     log_every: int = spec(10, "one summary log line every k outer iterations (batch logs)", low=1)
-    progress: str = spec("auto", "progress bar on rank 0: auto (only on a terminal), always, never", choices=("auto", "always", "never"))
-    checkpoint_every: int = spec(100, "write a checkpoint every k outer iterations; one is also written at iteration 0, at the end "
-                                 "and on SIGTERM/SIGUSR1 (0: only then); see docs/reliability.md", low=0)
-    checkpoint_dir: str = spec("", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended")
-    client_series: bool = spec(True, "record per-client series (participation, local losses, gradient norms; clients x iterations, "
-                               "one file per rank joined by virtual datasets, docs/hdf5.md); needs federation.placement = block")
-    train_eval_every: int = spec(0, "every k outer iterations also evaluate on the training data of all clients: "
-                                    "outer_loss = mean_i f_i(x, y), inner_loss = mean_i g_i(x, y) and train_accuracy "
-                                    "where the problem classifies (NaN in between; 0: never)", low=0)
-    snapshot_every: int = spec(0, "store x and y in /snapshots every k outer iterations and at the last one (0: never)", low=0)
+    progress: str = spec(
+        "auto", "progress bar on rank 0: auto (only on a terminal), always, never", choices=("auto", "always", "never")
+    )
+    checkpoint_every: int = spec(
+        100,
+        "write a checkpoint every k outer iterations; one is also written at iteration 0, at the end "
+        "and on SIGTERM/SIGUSR1 (0: only then); see docs/reliability.md",
+        low=0,
+    )
+    checkpoint_dir: str = spec(
+        "", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended"
+    )
+    client_series: bool = spec(
+        True,
+        "record per-client series (participation, local losses, gradient norms; clients x iterations, "
+        "one file per rank joined by virtual datasets, docs/hdf5.md); needs federation.placement = block",
+    )
+    train_eval_every: int = spec(
+        0,
+        "every k outer iterations also evaluate on the training data of all clients: "
+        "outer_loss = mean_i f_i(x, y), inner_loss = mean_i g_i(x, y) and train_accuracy "
+        "where the problem classifies (NaN in between; 0: never)",
+        low=0,
+    )
+    snapshot_every: int = spec(
+        0, "store x and y in /snapshots every k outer iterations and at the last one (0: never)", low=0
+    )
 
 
 @dataclass(frozen=True)
@@ -527,7 +749,9 @@ def _coerce(path: str, value: Any, typ: Any) -> Any:
 def _check_range(path: str, value: Any, meta: Mapping) -> None:
     choices = meta.get("choices")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}" + did_you_mean(str(value), choices))
+        raise ConfigError(
+            f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}" + did_you_mean(str(value), choices)
+        )
     low, high = meta.get("low"), meta.get("high")
     if low is not None:
         if meta.get("low_open") and not value > low:
@@ -545,7 +769,9 @@ def _build(cls: type, data: Any, path: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in data:
         if name not in fields:
-            raise ConfigError(f"{path}.{name}: unknown field" + did_you_mean(name, fields) + f"; known fields: {', '.join(fields)}")
+            raise ConfigError(
+                f"{path}.{name}: unknown field" + did_you_mean(name, fields) + f"; known fields: {', '.join(fields)}"
+            )
     values = {}
     for name, f in fields.items():
         if name not in data:
@@ -561,8 +787,11 @@ def _build_problem(data: Any):
         raise ConfigError(f"problem: expected a table of fields, got {data!r}")
     name = data.get("name", "quadratic")
     if name not in PROBLEMS:
-        raise ConfigError(f"problem.name: unknown problem {name!r}" + did_you_mean(str(name), PROBLEMS)
-                          + f"; choose from {', '.join(PROBLEMS)}")
+        raise ConfigError(
+            f"problem.name: unknown problem {name!r}"
+            + did_you_mean(str(name), PROBLEMS)
+            + f"; choose from {', '.join(PROBLEMS)}"
+        )
     return _build(PROBLEMS[name].params, data, "problem")
 
 
@@ -574,8 +803,10 @@ def _build_algorithm(data: Any):
         raise ConfigError(f"algorithm: expected a table of fields, got {data!r}")
     name = data.get("name", "fednest")
     if name not in ALGORITHMS:
-        raise ConfigError(f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS))}"
-                          + did_you_mean(str(name), ALGORITHMS))
+        raise ConfigError(
+            f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS))}"
+            + did_you_mean(str(name), ALGORITHMS)
+        )
     spec_ = ALGORITHMS[name]
     own, kept = _fields(spec_.params), {}
     for key, value in data.items():
@@ -586,8 +817,10 @@ def _build_algorithm(data: Any):
         f = _fields(owners[0].params)[key]
         where = f"algorithm.{key}"
         if _coerce(where, value, typing.get_type_hints(owners[0].params)[key]) != f.default:
-            raise ConfigError(f"{where}: does not apply to algorithm {name!r} ({spec_.kind}); it is a field of "
-                              f"{', '.join(s.name for s in owners)}; remove it")
+            raise ConfigError(
+                f"{where}: does not apply to algorithm {name!r} ({spec_.kind}); it is a field of "
+                f"{', '.join(s.name for s in owners)}; remove it"
+            )
     return _build(spec_.params, kept, "algorithm")
 
 
@@ -598,7 +831,9 @@ def from_dict(data: dict) -> RunConfig:
     known = {f.name for f in dataclasses.fields(RunConfig)}
     for name in data:
         if name not in known:
-            raise ConfigError(f"{name}: unknown section or field" + did_you_mean(name, known) + f"; known: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"{name}: unknown section or field" + did_you_mean(name, known) + f"; known: {', '.join(sorted(known))}"
+            )
     kwargs = {}
     if "seed" in data:
         kwargs["seed"] = _coerce("seed", data["seed"], int)
@@ -624,9 +859,14 @@ def validate_relations(cfg: RunConfig) -> None:
             f"algorithm.clients_per_round: {a.clients_per_round} is more than problem.n_clients = {p.n_clients}; "
             "lower it or add clients"
         )
-    if isinstance(p, HyperRepresentationConfig) and p.partition == "shards" and 60000 % (p.n_clients * p.shards_per_client):
+    if (
+        isinstance(p, HyperRepresentationConfig)
+        and p.partition == "shards"
+        and 60000 % (p.n_clients * p.shards_per_client)
+    ):
         raise ConfigError(
-            f"problem.shards_per_client: {p.n_clients} clients x {p.shards_per_client} shards does not divide the 60000 "
+            f"problem.shards_per_client: {p.n_clients} clients x {p.shards_per_client} shards "
+            "does not divide the 60000 "
             "training images into equal shards; choose n_clients * shards_per_client dividing 60000"
         )
     if isinstance(p, QuadraticConfig) and p.smoothness < p.strong_convexity:
@@ -636,23 +876,33 @@ def validate_relations(cfg: RunConfig) -> None:
         )
     if not prob.saddle_point and getattr(a, "hypergradient", None) == "direct":
         raise ConfigError(
-            f"algorithm.hypergradient: 'direct' drops the indirect gradient, which is zero only for minimax problems (g = -f); "
+            "algorithm.hypergradient: 'direct' drops the indirect gradient, which is zero only for minimax problems "
+            "(g = -f); "
             f"use 'implicit' for problem {p.name!r}"
         )
     if not alg.accepts(p.name):
         fits = [s.name for s in ALGORITHMS.values() if s.accepts(p.name)]
-        raise ConfigError(f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems or ()))}; "
-                          f"choose one of {', '.join(fits)} for problem {p.name!r}")
+        raise ConfigError(
+            f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems or ()))}; "
+            f"choose one of {', '.join(fits)} for problem {p.name!r}"
+        )
     if isinstance(p, CompositionalConfig) and p.dim_y < p.dim_x:
-        raise ConfigError(f"problem.dim_y: {p.dim_y} is below problem.dim_x = {p.dim_x}; the compositional x* is unique only for dim_y >= dim_x")
+        raise ConfigError(
+            f"problem.dim_y: {p.dim_y} is below problem.dim_x = {p.dim_x}; "
+            "the compositional x* is unique only for dim_y >= dim_x"
+        )
     if alg.stateful and cfg.federation.placement != "block":
-        raise ConfigError(f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
-                          "use placement = 'block'")
+        raise ConfigError(
+            f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
+            "use placement = 'block'"
+        )
     if getattr(p, "pooled_outer_objective", False) and not alg.pools_outer_objective:
         pooling = " or ".join(repr(s.name) for s in ALGORITHMS.values() if s.pools_outer_objective)
-        raise ConfigError(f"problem.outer_objective: {p.outer_objective!r} is a loss of the pooled validation set, which only "
-                          f"FedOut's global hypergradient can pool (one extra round); use algorithm.name = {pooling}, "
-                          f"or outer_objective = 'balanced' with {a.name!r}")
+        raise ConfigError(
+            f"problem.outer_objective: {p.outer_objective!r} is a loss of the pooled validation set, which only "
+            f"FedOut's global hypergradient can pool (one extra round); use algorithm.name = {pooling}, "
+            f"or outer_objective = 'balanced' with {a.name!r}"
+        )
     if getattr(a, "ihgp_mode", None) == "randomized" and a.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
 
@@ -728,23 +978,33 @@ def read_file(path: str | Path, _seen: tuple = ()) -> dict:
     """
     p = Path(path)
     if p.is_dir():
-        raise ConfigError(f"config file {str(p)!r} is a folder; pass the path of a TOML file, such as configs/quadratic.toml")
+        raise ConfigError(
+            f"config file {str(p)!r} is a folder; pass the path of a TOML file, such as configs/quadratic.toml"
+        )
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml")
+        raise ConfigError(
+            f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml"
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
-                          "save it as UTF-8") from None
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "save it as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"config file {str(p)!r} cannot be read ({exc.strerror or exc})") from None
     try:
         data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+        raise ConfigError(
+            f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}"
+        ) from None
     if not _seen and data == {}:
-        raise ConfigError(f"config file {str(p)!r} is empty; a config needs at least the sections [problem] and [algorithm] "
-                          "(every other field has a default), e.g. a copy of configs/quadratic.toml")
+        raise ConfigError(
+            f"config file {str(p)!r} is empty; a config needs at least the sections [problem] and [algorithm] "
+            "(every other field has a default), e.g. a copy of configs/quadratic.toml"
+        )
     base = data.pop("base", None)
     if base is None:
         return data
@@ -805,8 +1065,12 @@ def _traits(spec_: AlgorithmSpec) -> str:
 
 def reference_markdown() -> str:
     """The config reference as Markdown, generated from the field metadata and the registries."""
-    lines = ["# Configuration reference", "", "Generated by `fednest-mpi config-doc` from `src/fednest_mpi/config.py`; "
-             "do not edit by hand.", ""]
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated by `fednest-mpi config-doc` from `src/fednest_mpi/config.py`; do not edit by hand.",
+        "",
+    ]
 
     def table(cls, title, names=()):
         lines.extend([f"## `{title}`", "", (cls.__doc__ or "").strip(), ""])
@@ -827,14 +1091,21 @@ def reference_markdown() -> str:
             lines.append(f"| `{f.name}` | `{json.dumps(default)}` | {allowed} | {meaning} |")
         lines.append("")
 
-    lines.append("## top level\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n"
-                 "| `seed` | `0` | >= 0 | seed of every random stream |\n")
+    lines.append(
+        "## top level\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n"
+        "| `seed` | `0` | >= 0 | seed of every random stream |\n"
+    )
     for name, spec_ in PROBLEMS.items():
-        table(spec_.params, f"[problem] name = \"{name}\"")
-    lines.extend(["The `[algorithm]` section is one of the tables below, chosen by `name`. A field of another algorithm "
-                  "is an error naming the field and the algorithm, unless it states that field's default; a config "
-                  "layer that names an algorithm (a file over its `base`, `--set algorithm.name=...`, a sweep) leaves "
-                  "the fields of the layers below that the named algorithm lacks behind.", ""])
+        table(spec_.params, f'[problem] name = "{name}"')
+    lines.extend(
+        [
+            "The `[algorithm]` section is one of the tables below, chosen by `name`. A field of another algorithm "
+            "is an error naming the field and the algorithm, unless it states that field's default; a config "
+            "layer that names an algorithm (a file over its `base`, `--set algorithm.name=...`, a sweep) leaves "
+            "the fields of the layers below that the named algorithm lacks behind.",
+            "",
+        ]
+    )
     for cls in dict.fromkeys(s.params for s in ALGORITHMS.values()):
         names = tuple(n for n, s in ALGORITHMS.items() if s.params is cls)
         table(cls, "[algorithm] name = " + " | ".join(f'"{n}"' for n in names), names)

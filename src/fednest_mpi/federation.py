@@ -91,7 +91,7 @@ class Participants:
         slots = self.local_slots
         if size <= 0 or slots.size <= size:
             return [self]
-        return [Participants(ids=self.ids, local_slots=slots[lo:lo + size]) for lo in range(0, slots.size, size)]
+        return [Participants(ids=self.ids, local_slots=slots[lo : lo + size]) for lo in range(0, slots.size, size)]
 
 
 def dense(rows) -> torch.Tensor:
@@ -157,7 +157,9 @@ class Federation:
         # the clients whose data this rank needs: its block, or every client when any rank may evaluate any client
         self.hosted = self.block if placement == "block" else range(n_clients)
         self.stats = CommStats()
-        self.chunk_clients = 0  # members a rank evaluates at once in mean_over (0: all); set by the run from its memory budget
+        self.chunk_clients = (
+            0  # members a rank evaluates at once in mean_over (0: all); set by the run from its memory budget
+        )
         self.round_times: list[tuple[float, float]] | None = None  # a list: record (enter, exit) of every round
 
     # ---------------------------------------------------------------------------------------
@@ -174,7 +176,9 @@ class Federation:
         return Participants(ids=ids, local_slots=local)
 
     # ---------------------------------------------------------------------------------------
-    def mean(self, part: Participants, vectors: list[torch.Tensor], weights: np.ndarray | None = None) -> list[torch.Tensor]:
+    def mean(
+        self, part: Participants, vectors: list[torch.Tensor], weights: np.ndarray | None = None
+    ) -> list[torch.Tensor]:
         """Weighted mean over S of each of ``vectors``, in one counted ``Allreduce``.
 
         Parameters
@@ -331,8 +335,10 @@ def torch_device(kind: str, node_rank: int) -> torch.device:
     if kind == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise UsageError("run.device: 'cuda' was asked for but torch sees no CUDA device on this node "
-                         "(CPU-only torch build or no GPU); use run.device = 'cpu'")
+        raise UsageError(
+            "run.device: 'cuda' was asked for but torch sees no CUDA device on this node "
+            "(CPU-only torch build or no GPU); use run.device = 'cpu'"
+        )
     device = torch.device("cuda", node_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device

@@ -162,10 +162,14 @@ class Lock:
 def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
     """Lock ``path`` (an output file or checkpoint folder) for this process; UsageError naming the holder."""
     lp = lock_path(path)
-    info = {"host": socket.gethostname(), "pid": os.getpid(),
-            "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "argv": sys.argv, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-            "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT")}
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"),
+    }
     try:
         lp.parent.mkdir(parents=True, exist_ok=True)  # a new output folder (run.output = out/x.h5)
     except OSError:
@@ -183,8 +187,10 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
                 continue
             raise UsageError(_refusal(field, path, held)) from None
         except OSError as exc:
-            raise UsageError(f"{field}: cannot create the lock file {str(lp)!r} ({exc.strerror or exc}); "
-                             "choose a folder you can write to") from None
+            raise UsageError(
+                f"{field}: cannot create the lock file {str(lp)!r} ({exc.strerror or exc}); "
+                "choose a folder you can write to"
+            ) from None
         try:
             if fcntl is not None:  # before the JSON: a reader who sees the JSON also sees the lockf lock
                 try:
@@ -199,21 +205,29 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
             raise
         acquired = _HELD[os.path.abspath(lp)] = Lock(lp, fd, info)
         return acquired
-    raise UsageError(f"{field}: the lock file {str(lp)!r} keeps changing: another run is starting on the same path; "
-                     "choose another path")
+    raise UsageError(
+        f"{field}: the lock file {str(lp)!r} keeps changing: another run is starting on the same path; "
+        "choose another path"
+    )
 
 
 def _refusal(field: str, path, held: Holder) -> str:
     if not held.info:
-        return (f"{field}: {str(path)!r} is locked by {str(held.path)!r}, which is empty or damaged; "
-                f"if no run is writing "
-                f"{str(path)!r}, remove it: rm {_quote(held.path)}")
+        return (
+            f"{field}: {str(path)!r} is locked by {str(held.path)!r}, which is empty or damaged; "
+            f"if no run is writing "
+            f"{str(path)!r}, remove it: rm {_quote(held.path)}"
+        )
     if held.state == "stale":
-        return (f"{field}: {str(path)!r} has a stale lock of a run that no longer runs ({held.describe()}); "
-                "continue that run "
-                f"with --resume, or clear the lock: rm {_quote(held.path)}")
-    return (f"{field}: {str(path)!r} is being written by another run ({held.describe()}); wait for it to end or choose "
-            f"another path; if that run is no longer running (its node failed), clear the lock: rm {_quote(held.path)}")
+        return (
+            f"{field}: {str(path)!r} has a stale lock of a run that no longer runs ({held.describe()}); "
+            "continue that run "
+            f"with --resume, or clear the lock: rm {_quote(held.path)}"
+        )
+    return (
+        f"{field}: {str(path)!r} is being written by another run ({held.describe()}); wait for it to end or choose "
+        f"another path; if that run is no longer running (its node failed), clear the lock: rm {_quote(held.path)}"
+    )
 
 
 def _quote(path: Path) -> str:

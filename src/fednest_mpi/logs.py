@@ -11,7 +11,9 @@ def setup_logging(rank: int, size: int, level: int = logging.INFO) -> logging.Lo
     logger = logging.getLogger("fednest_mpi")
     logger.handlers.clear()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s {rank}/{size} %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s {rank}/{size} %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    )
     logger.addHandler(handler)
     logger.setLevel(level if rank == 0 else logging.WARNING)
     logger.propagate = False

@@ -61,4 +61,5 @@ def check_memory(cfg, hosted: int, ranks_on_node: int, available: int | None = N
             f"problem: the {p.name} problem's client data need at least {need_text} on this node "
             f"({ranks_on_node} rank(s) x {hosted} clients x {per_client} numbers; problem.n_clients = {p.n_clients}), "
             f"only {format_bytes(available, binary=True)} is available; lower problem.n_clients or the dimensions, "
-            "or run on more nodes")
+            "or run on more nodes"
+        )

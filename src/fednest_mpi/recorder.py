@@ -23,7 +23,7 @@ reduction itself ("wait at N x N" of Scalasca).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -56,7 +56,10 @@ class ClientRecorder:
     def _rows(self, ids) -> np.ndarray:
         rows = np.asarray(ids, dtype=np.int64) - self.hosted.start
         if rows.size and (rows.min() < 0 or rows.max() >= len(self.hosted)):
-            raise ValueError(f"clients {ids} are not all hosted by this rank ({self.hosted}); per-client records need block placement")
+            raise ValueError(
+                f"clients {ids} are not all hosted by this rank ({self.hosted}); "
+                "per-client records need block placement"
+            )
         return rows
 
     def took_part(self, ids, role: int) -> None:
@@ -113,7 +116,7 @@ def phase_times(per_rank: np.ndarray) -> dict[str, np.ndarray]:
     per_rank = np.asarray(per_rank, dtype=np.float64)
     alg = per_rank[:, 0]
     n_rounds = (per_rank.shape[1] - 1) // 2
-    enter, leave = per_rank[:, 1:1 + n_rounds], per_rank[:, 1 + n_rounds:]
+    enter, leave = per_rank[:, 1 : 1 + n_rounds], per_rank[:, 1 + n_rounds :]
     last_enter = enter.max(axis=0, initial=-np.inf)[None, :]
     wait = np.clip(np.minimum(leave, last_enter) - enter, 0.0, None).sum(axis=1)
     in_calls = (leave - enter).sum(axis=1)

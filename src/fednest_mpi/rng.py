@@ -100,7 +100,9 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
         z = keys[:, None] + np.arange(1, int(words[0]) + 1, dtype=np.uint64)[None, :] * _GOLDEN
     else:
         total = int(words.sum())
-        counter = np.arange(1, total + 1, dtype=np.uint64) - np.repeat(np.cumsum(words) - words, words).astype(np.uint64)
+        counter = np.arange(1, total + 1, dtype=np.uint64) - np.repeat(np.cumsum(words) - words, words).astype(
+            np.uint64
+        )
         z = keys[np.repeat(np.arange(keys.size), words)] + counter * _GOLDEN
     with np.errstate(over="ignore"):
         z ^= z >> np.uint64(30)

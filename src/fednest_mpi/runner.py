@@ -42,7 +42,10 @@ BOOKKEEPING = {
     "wall_time": ("wall time since the start of the loop", "s"),
     "algorithm_time": ("wall time of the iteration's algorithm part on rank 0", "s"),
     "evaluation_time": ("wall time of the iteration's evaluation", "s"),
-    "hypergradient_estimate_norm": ("||h||, the aggregated hypergradient estimate of FedOut (NaN for local variants)", "1"),
+    "hypergradient_estimate_norm": (
+        "||h||, the aggregated hypergradient estimate of FedOut (NaN for local variants)",
+        "1",
+    ),
 }
 ORACLE_COLUMNS = {f"oracle_{name}": (f"cumulative {name} oracle calls, summed over clients", "1") for name in ORACLES}
 
@@ -100,15 +103,27 @@ def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None
 
 
 TRAINING_COLUMNS = {
-    "outer_loss": ("mean over all clients of f_i(x, y) on their outer (validation) data (every run.train_eval_every iterations, else NaN)", "1"),
-    "inner_loss": ("mean over all clients of g_i(x, y) on their inner (training) data (every run.train_eval_every iterations, else NaN)", "1"),
-    "train_accuracy": ("accuracy on the inner (training) data of all clients (every run.train_eval_every iterations, else NaN)", "%"),
+    "outer_loss": (
+        "mean over all clients of f_i(x, y) on their outer (validation) data "
+        "(every run.train_eval_every iterations, else NaN)",
+        "1",
+    ),
+    "inner_loss": (
+        "mean over all clients of g_i(x, y) on their inner (training) data "
+        "(every run.train_eval_every iterations, else NaN)",
+        "1",
+    ),
+    "train_accuracy": (
+        "accuracy on the inner (training) data of all clients (every run.train_eval_every iterations, else NaN)",
+        "%",
+    ),
 }
 
 
 def training_sums(problem, block: range, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> np.ndarray:
     """[sum_i f_i, sum_i g_i, clients, correct, samples] over the whole local data of
-    the clients in ``block`` (NaN sums where the problem defines no value oracle), ``chunk`` clients at a time. No MPI."""
+    the clients in ``block`` (NaN sums where the problem defines no value oracle), ``chunk`` clients at
+    a time. No MPI."""
     sums = np.zeros(5)
     with torch.no_grad():
         for lo in range(block.start, block.stop, chunk):
@@ -127,8 +142,11 @@ def training_sums(problem, block: range, x: torch.Tensor, y: torch.Tensor, chunk
 def training_metrics(totals: np.ndarray, names) -> dict[str, float]:
     """The :data:`TRAINING_COLUMNS` in ``names`` from the summed :func:`training_sums`."""
     f, g, n, correct, samples = totals
-    values = {"outer_loss": f / n if n else math.nan, "inner_loss": g / n if n else math.nan,
-              "train_accuracy": 100.0 * correct / samples if samples else math.nan}
+    values = {
+        "outer_loss": f / n if n else math.nan,
+        "inner_loss": g / n if n else math.nan,
+        "train_accuracy": 100.0 * correct / samples if samples else math.nan,
+    }
     return {name: values[name] for name in names}
 
 
@@ -136,8 +154,13 @@ class Bookkeeping:
     """The fields of the per-iteration bookkeeping reduction (one uncounted float64 ``Allreduce``), in
     buffer order with their lengths (None: whatever remains -- the per-rank phase times)."""
 
-    FIELDS: dict[str, int | None] = {"oracle_counts": len(ORACLES), "health": 2, "stop_requests": 1, "training": 5,
-                                     "phases": None}
+    FIELDS: dict[str, int | None] = {
+        "oracle_counts": len(ORACLES),
+        "health": 2,
+        "stop_requests": 1,
+        "training": 5,
+        "phases": None,
+    }
 
     @classmethod
     def pack(cls, **parts) -> np.ndarray:
@@ -175,16 +198,25 @@ class Simulation:
         keep_freed_memory()
         torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
-        self.fed = Federation(comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait, cfg.federation.placement)
+        self.fed = Federation(
+            comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait, cfg.federation.placement
+        )
         if self.fed.node_rank == 0 and self.fed.node_size * cfg.run.torch_threads > (os.cpu_count() or 1):
-            logger.warning("%d ranks x %d torch threads exceed the node's %d cores: lower run.torch_threads", self.fed.node_size, cfg.run.torch_threads, os.cpu_count())
+            logger.warning(
+                "%d ranks x %d torch threads exceed the node's %d cores: lower run.torch_threads",
+                self.fed.node_size,
+                cfg.run.torch_threads,
+                os.cpu_count(),
+            )
         # no collective below until the agreement: a usage error (missing or damaged data file,
         # a data-dependent config check) on any rank ends every rank with the same message
         error = None
         try:
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
-            self.problem = build_problem(cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype))
+            self.problem = build_problem(
+                cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype)
+            )
             if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
                 self.problem = problem_wrapper(self.problem)
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
@@ -192,8 +224,10 @@ class Simulation:
         except UsageError as exc:
             error = exc
         except MemoryError as exc:  # beyond the estimate of check_memory
-            error = UsageError(f"problem: the problem's data do not fit in this rank's memory ({exc}); "
-                               "lower problem.n_clients or the dimensions, or run on more nodes")
+            error = UsageError(
+                f"problem: the problem's data do not fit in this rank's memory ({exc}); "
+                "lower problem.n_clients or the dimensions, or run on more nodes"
+            )
         agree_on_usage_error(comm, error)
 
     def columns(self) -> dict[str, tuple[str, str]]:
@@ -211,13 +245,23 @@ class Simulation:
         if self.cfg.run.train_eval_every <= 0:
             return {}
         kind, own = type(self.problem), self.problem.metric_info()
-        defined = {"outer_loss": kind.outer_value is not BilevelProblem.outer_value,
-                   "inner_loss": kind.inner_value is not BilevelProblem.inner_value,
-                   "train_accuracy": kind.correct_counts is not BilevelProblem.correct_counts}
+        defined = {
+            "outer_loss": kind.outer_value is not BilevelProblem.outer_value,
+            "inner_loss": kind.inner_value is not BilevelProblem.inner_value,
+            "train_accuracy": kind.correct_counts is not BilevelProblem.correct_counts,
+        }
         return {name: info for name, info in TRAINING_COLUMNS.items() if defined[name] and name not in own}
 
-    def run(self, writer=None, progress=None, checkpoint_dir=None, stop=None, resume: ckpt_io.Checkpoint | None = None,
-            series=None, step_wrapper=None) -> RunResult:
+    def run(
+        self,
+        writer=None,
+        progress=None,
+        checkpoint_dir=None,
+        stop=None,
+        resume: ckpt_io.Checkpoint | None = None,
+        series=None,
+        step_wrapper=None,
+    ) -> RunResult:
         """Iterate Algorithm 1 up to ``outer_iterations``, recording after each step.
 
         Parameters
@@ -260,20 +304,31 @@ class Simulation:
             train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
             train = training_sums(problem, fed.block, x, y) if train_due else np.zeros(5)
             eval_seconds = time.perf_counter() - t0
-            finite = all(math.isfinite(v) for v in metrics.values()) and bool(torch.isfinite(x).all() and torch.isfinite(y).all())
+            finite = all(math.isfinite(v) for v in metrics.values()) and bool(
+                torch.isfinite(x).all() and torch.isfinite(y).all()
+            )
             # one small bookkeeping reduction: oracle counts (sum), the health of every rank (count of
             # failing ranks, sum of their ranks) and stop requests
             health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
-            totals = Bookkeeping.unpack(fed.sum_uncounted(Bookkeeping.pack(
-                oracle_counts=problem.counts_vector() + base_counts, health=health,
-                stop_requests=[1.0 if stop is not None and stop.requested else 0.0], training=train, phases=phases)))
+            totals = Bookkeeping.unpack(
+                fed.sum_uncounted(
+                    Bookkeeping.pack(
+                        oracle_counts=problem.counts_vector() + base_counts,
+                        health=health,
+                        stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
+                        training=train,
+                        phases=phases,
+                    )
+                )
+            )
             counts = totals["oracle_counts"]
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
-                raise FloatingPointError(f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); "
-                                         "lower the step sizes")
+                raise FloatingPointError(
+                    f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
+                )
             row = {
                 "iteration": k,
                 "comm_rounds": fed.stats.rounds,
@@ -287,8 +342,11 @@ class Simulation:
             row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
             if train_columns:
-                row.update(training_metrics(totals["training"], train_columns) if train_due
-                           else dict.fromkeys(train_columns, math.nan))
+                row.update(
+                    training_metrics(totals["training"], train_columns)
+                    if train_due
+                    else dict.fromkeys(train_columns, math.nan)
+                )
             for name, value in row.items():
                 history.setdefault(name, []).append(value)
             if series is not None:
@@ -304,9 +362,19 @@ class Simulation:
             if checkpoint_dir is None:
                 return
             saved = ckpt_io.Checkpoint(
-                iteration=k, x=x, y=y, comm_rounds=fed.stats.rounds, comm_bytes=fed.stats.bytes, comm_seconds=fed.stats.seconds,
-                oracle_totals=torch.from_numpy(state["counts"].copy()), wall_time=state["wall"], output_rows=k + 1,
-                config_json=cfg.to_json(), mpi_size=fed.size, algorithm_state=self.algorithm.checkpoint_state())
+                iteration=k,
+                x=x,
+                y=y,
+                comm_rounds=fed.stats.rounds,
+                comm_bytes=fed.stats.bytes,
+                comm_seconds=fed.stats.seconds,
+                oracle_totals=torch.from_numpy(state["counts"].copy()),
+                wall_time=state["wall"],
+                output_rows=k + 1,
+                config_json=cfg.to_json(),
+                mpi_size=fed.size,
+                algorithm_state=self.algorithm.checkpoint_state(),
+            )
             ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
 
         K, every = cfg.algorithm.outer_iterations, cfg.run.checkpoint_every
@@ -339,27 +407,34 @@ class Simulation:
         stats = self.fed.stats
         stats.rounds, stats.bytes, stats.seconds = resume.comm_rounds, resume.comm_bytes, resume.comm_seconds
         clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
-        self.algorithm.restore({name: t.to(like.device) for name, t in resume.algorithm_state.items()},
-                               {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()})
+        self.algorithm.restore(
+            {name: t.to(like.device) for name, t in resume.algorithm_state.items()},
+            {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()},
+        )
         return resume.x.to(like.device), resume.y.to(like.device)
 
 
 def simulate(cfg: RunConfig, comm, writer=None, progress=None, **checkpointing) -> RunResult:
-    """Build and run a :class:`Simulation` (``checkpointing``: see :meth:`Simulation.run`). **Collective** over ``comm``."""
+    """Build and run a :class:`Simulation` (``checkpointing``: see :meth:`Simulation.run`).
+    **Collective** over ``comm``."""
     return Simulation(cfg, comm).run(writer, progress, **checkpointing)
 
 
 class Progress:
     """Rank 0's progress: a tqdm bar on a terminal, else one log line every ``log_every`` iterations."""
 
-    def __init__(self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds"), start: int = 0):
+    def __init__(
+        self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds"), start: int = 0
+    ):
         self.total, self.log_every, self.keys = total, log_every, keys
         use_bar = mode == "always" or (mode == "auto" and sys.stderr.isatty())
         self.bar = None
         if use_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=start, unit="it", file=sys.stderr, dynamic_ncols=True)  # start: a resumed run
+            self.bar = tqdm(
+                total=total, initial=start, unit="it", file=sys.stderr, dynamic_ncols=True
+            )  # start: a resumed run
 
     def __call__(self, k: int, row: dict) -> None:
         summary = {key: row[key] for key in self.keys if key in row}

@@ -31,10 +31,17 @@ def series_layout(sim, keep_rows: int | None = None) -> SeriesLayout:
     """The 2-D groups of ``sim``'s run file (``keep_rows``: resuming after iteration keep_rows - 1)."""
     cfg, fed = sim.cfg, sim.fed
     x, _ = sim.problem.initial_point()
-    return SeriesLayout(run_path=Path(cfg.run.output), n_clients=cfg.problem.n_clients,
-                        blocks=tuple(block_range(fed.n_clients, fed.size, r) for r in range(fed.size)), client_series=records_clients(cfg),
-                        snapshot_every=cfg.run.snapshot_every, dim_x=sim.problem.dim_x, dim_y=sim.problem.dim_y,
-                        dtype=str(x.cpu().numpy().dtype), keep_rows=keep_rows)
+    return SeriesLayout(
+        run_path=Path(cfg.run.output),
+        n_clients=cfg.problem.n_clients,
+        blocks=tuple(block_range(fed.n_clients, fed.size, r) for r in range(fed.size)),
+        client_series=records_clients(cfg),
+        snapshot_every=cfg.run.snapshot_every,
+        dim_x=sim.problem.dim_x,
+        dim_y=sim.problem.dim_y,
+        dtype=str(x.cpu().numpy().dtype),
+        keep_rows=keep_rows,
+    )
 
 
 class RunSeries:
@@ -50,10 +57,15 @@ class RunSeries:
         self.fed = fed
         self.every, self.last = cfg.run.snapshot_every, cfg.algorithm.outer_iterations
         if cfg.run.client_series and not records_clients(cfg) and fed.rank == 0:
-            logger.warning("run.client_series: no per-client series with federation.placement = %r (clients move "
-                           "between ranks); use placement = 'block' to record them", cfg.federation.placement)
+            logger.warning(
+                "run.client_series: no per-client series with federation.placement = %r (clients move "
+                "between ranks); use placement = 'block' to record them",
+                cfg.federation.placement,
+            )
         if records_clients(cfg) and parallel_hdf5() and fed.rank == 0:
-            logger.info("h5py is built with parallel HDF5; the per-client series still use per-rank files (docs/hdf5.md)")
+            logger.info(
+                "h5py is built with parallel HDF5; the per-client series still use per-rank files (docs/hdf5.md)"
+            )
         self.recorder = ClientRecorder(fed.block) if records_clients(cfg) else OFF
         sim.algorithm.recorder = self.recorder
         self.main = MainSeries(writer.file) if writer is not None else None

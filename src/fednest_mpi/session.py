@@ -89,7 +89,8 @@ class Session:
                 held.release()
 
     def _simulate(self, resume, folder) -> int:
-        """The run itself (after validation and locking): a usage error while building agrees across ranks; any exception
+        """The run itself (after validation and locking): a usage error while building agrees across
+        ranks; any exception
         aborts the job."""
         from fednest_mpi import checkpoint, failure
         from fednest_mpi.io.h5 import RunWriter
@@ -110,20 +111,38 @@ class Session:
 
         try:
             with checkpoint.StopSignals() as stop:
-                log.info("fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s", __version__, cfg.algorithm.name,
-                         cfg.problem.name, cfg.problem.n_clients, size, cfg.seed,
-                         f", resuming after iteration {resume.iteration}" if resume else "")
+                log.info(
+                    "fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s",
+                    __version__,
+                    cfg.algorithm.name,
+                    cfg.problem.name,
+                    cfg.problem.n_clients,
+                    size,
+                    cfg.seed,
+                    f", resuming after iteration {resume.iteration}" if resume else "",
+                )
                 try:
                     sim = Simulation(cfg, comm)
                 except UsageError as exc:  # the same on every rank (Simulation agrees on it)
                     return report_usage_error(comm, exc)
                 if rank == 0:
-                    attrs = {"mpi_size": size, "seed": cfg.seed, "problem": cfg.problem.name,
-                             "algorithm": cfg.algorithm.name, "config_json": cfg.to_json()}
+                    attrs = {
+                        "mpi_size": size,
+                        "seed": cfg.seed,
+                        "problem": cfg.problem.name,
+                        "algorithm": cfg.algorithm.name,
+                        "config_json": cfg.to_json(),
+                    }
                     keep = resume.output_rows if resume else None
-                    writer = RunWriter(cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create)
-                    progress = Progress(cfg.algorithm.outer_iterations, cfg.run.progress, cfg.run.log_every,
-                                        start=resume.iteration if resume else 0)
+                    writer = RunWriter(
+                        cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create
+                    )
+                    progress = Progress(
+                        cfg.algorithm.outer_iterations,
+                        cfg.run.progress,
+                        cfg.run.log_every,
+                        start=resume.iteration if resume else 0,
+                    )
                 series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
                 if size > 1:  # an exception on any rank: every rank closes its files before the abort
                     watch = failure.Watch(cfg.run.output, rank, size, close_files)
@@ -133,12 +152,18 @@ class Session:
                     if progress is not None:
                         progress(k, row)
 
-                result = sim.run(writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series)
+                result = sim.run(
+                    writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
+                )
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
             close_files()  # the bad iteration's client columns go
             if rank == 0:
-                print(f"fednest-mpi: run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({folder}) hold the "
-                      "iterations before", file=sys.stderr)
+                print(
+                    f"fednest-mpi: run failed: FloatingPointError: {exc}; "
+                    f"the output file and the last checkpoint ({folder}) hold the "
+                    "iterations before",
+                    file=sys.stderr,
+                )
             return 1
         except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
             where = f" after iteration {last['k']}" if last["k"] is not None else ""
@@ -162,8 +187,12 @@ class Session:
             if writer is not None:
                 writer.close()
         if rank == 0 and result.stopped_by:
-            print(f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, checkpoint written to {folder}; "
-                  f"continue with the same command and --resume", file=sys.stderr)
+            print(
+                f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, "
+                f"checkpoint written to {folder}; "
+                f"continue with the same command and --resume",
+                file=sys.stderr,
+            )
         if rank == 0:
             print(f"output: {cfg.run.output}")
         return 0

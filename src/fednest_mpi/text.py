@@ -30,8 +30,9 @@ def format_bytes(n: float | None, binary: bool = False) -> str:
     if n is None or n != n:  # NaN
         return "-"
     n = float(n)
-    base, units = (1024.0, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else \
-        (1000.0, ("B", "kB", "MB", "GB", "TB"))
+    base, units = (
+        (1024.0, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else (1000.0, ("B", "kB", "MB", "GB", "TB"))
+    )
     for unit in units:
         if abs(n) < base - 0.5 or unit == units[-1]:  # - 0.5: '1 kB' rather than '1e+03 B'
             digits = f"{n:.0f}" if unit == "B" or abs(n) >= 999.5 else f"{n:.3g}"  # never '1e+03'

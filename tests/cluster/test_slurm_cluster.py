@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 import pytest
+from histories import assert_histories_match
 
 from fednest_mpi.io.h5 import read_run
-from histories import assert_histories_match
 
 pytestmark = pytest.mark.cluster
 
@@ -40,7 +40,17 @@ BIN = Path(sys.executable).parent
 SITE = ROOT / "jobs" / "sites" / "ci-slurm.toml"
 LOCAL_SITE = "local"  # the built-in workstation site
 CONFIG = ROOT / "configs" / "quadratic.toml"
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+FINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 VOLATILE_ATTRS = {"created_utc", "hostname", "resumes", "config"}  # when and where; config is config_json parsed
 
 
@@ -48,8 +58,13 @@ def job_env() -> dict[str, str]:
     """The submitter's environment: this venv first (sbatch passes it on), no SLURM_ variables of
     an enclosing allocation except SLURM_CONF."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "OMPI_")) or k == "SLURM_CONF"}
-    env.update(FEDNEST_VENV=sys.prefix, VIRTUAL_ENV=sys.prefix, PATH=f"{BIN}:{env.get('PATH', '')}",
-               MPI4PY_RC_THREAD_LEVEL="single", OMP_NUM_THREADS="1")
+    env.update(
+        FEDNEST_VENV=sys.prefix,
+        VIRTUAL_ENV=sys.prefix,
+        PATH=f"{BIN}:{env.get('PATH', '')}",
+        MPI4PY_RC_THREAD_LEVEL="single",
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
@@ -61,14 +76,35 @@ def render(folder: Path, sweep_text: str, site: Path | str = SITE, *args: str) -
     """Render the sweep ``folder/s.toml`` to ``folder/jobs`` (jobs run in ``folder``); the jobs folder."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "s.toml").write_text(sweep_text)
-    res = run([BIN / "fednest-mpi", "jobs", "render", folder / "s.toml", "--site", site, "--out-dir", folder / "jobs",
-               "--workdir", folder, *args])
+    res = run(
+        [
+            BIN / "fednest-mpi",
+            "jobs",
+            "render",
+            folder / "s.toml",
+            "--site",
+            site,
+            "--out-dir",
+            folder / "jobs",
+            "--workdir",
+            folder,
+            *args,
+        ]
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return folder / "jobs"
 
 
-def sweep(iterations: int, grid: str, *, ranks: int = 1, time_limit: str = "00:05:00", signal_seconds: int = 60,
-          max_restarts: int = 3, extra: str = "") -> str:
+def sweep(
+    iterations: int,
+    grid: str,
+    *,
+    ranks: int = 1,
+    time_limit: str = "00:05:00",
+    signal_seconds: int = 60,
+    max_restarts: int = 3,
+    extra: str = "",
+) -> str:
     return f"""
 config = "{CONFIG}"
 output_dir = "out"
@@ -106,8 +142,10 @@ def wait_for(job_id: str, n_tasks: int = 1, timeout: float = 300) -> list[dict[s
         if len(records) == n_tasks and all(r["JobState"] in FINAL for r in records):
             return sorted(records, key=lambda r: int(r.get("ArrayTaskId", 0)))
         if time.monotonic() > deadline:
-            pytest.fail(f"job {job_id} not done after {timeout} s: " + "; ".join(
-                f"{r.get('ArrayTaskId')}: {r['JobState']} {r.get('Reason')}" for r in records))
+            pytest.fail(
+                f"job {job_id} not done after {timeout} s: "
+                + "; ".join(f"{r.get('ArrayTaskId')}: {r['JobState']} {r.get('Reason')}" for r in records)
+            )
         time.sleep(0.5)
 
 
@@ -122,8 +160,9 @@ def assert_same_run(path: Path, reference: Path) -> None:
     ref_attrs, ref_data = read_run(reference)
     assert sorted(data) == sorted(ref_data)
     assert_histories_match(data, ref_data)
-    assert {k: v for k, v in attrs.items() if k not in VOLATILE_ATTRS} == \
-        {k: v for k, v in ref_attrs.items() if k not in VOLATILE_ATTRS}
+    assert {k: v for k, v in attrs.items() if k not in VOLATILE_ATTRS} == {
+        k: v for k, v in ref_attrs.items() if k not in VOLATILE_ATTRS
+    }
 
 
 def tasks_of(jobs_dir: Path) -> list[list[str]]:
@@ -145,8 +184,9 @@ def test_array_of_four_with_throttle_equals_the_workstation_runner(tmp_path):
     res = run(["bash", local / "s.local.sh", "-j", "1"], timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     records = wait_for(job_id, 4)
-    assert [(r["ArrayTaskId"], r["JobState"], r["ExitCode"]) for r in records] == \
-        [(str(i), "COMPLETED", "0:0") for i in range(4)]
+    assert [(r["ArrayTaskId"], r["JobState"], r["ExitCode"]) for r in records] == [
+        (str(i), "COMPLETED", "0:0") for i in range(4)
+    ]
     assert all(r.get("ArrayTaskThrottle") in (None, "2") for r in records)
     names = [t[0] for t in tasks_of(jobs_dir)]
     assert len(set(names)) == 4
@@ -165,8 +205,10 @@ PREEMPT_SECONDS = 45
 def preempt_iterations(folder: Path) -> int:
     """Iterations of configs/quadratic.toml that take about PREEMPT_SECONDS on this machine now."""
     folder.mkdir()
-    res = run([BIN / "fednest-mpi", "run", CONFIG, "-q", "--set", "algorithm.outer_iterations=100", "--output", "t.h5"],
-              cwd=folder)
+    res = run(
+        [BIN / "fednest-mpi", "run", CONFIG, "-q", "--set", "algorithm.outer_iterations=100", "--output", "t.h5"],
+        cwd=folder,
+    )
     assert res.returncode == 0, res.stderr
     per_iteration = read_run(folder / "t.h5")[1]["wall_time"][-1] / 100
     return max(300, min(20000, int(PREEMPT_SECONDS / per_iteration)))
@@ -174,9 +216,14 @@ def preempt_iterations(folder: Path) -> int:
 
 def assert_preemption_story(out: str, err: str, restarts: int) -> None:
     """The log of a task stopped by USR1, requeued and resumed ``restarts`` times."""
-    story = [r"restart 0,", r"USR1 before the time limit: asking the run to checkpoint",
-             r"fednest-mpi: stopped by SIGUSR1 after iteration (\d+), checkpoint written",
-             r"requeueing to resume", r"restart 1,", r"resuming after iteration (\d+)"]
+    story = [
+        r"restart 0,",
+        r"USR1 before the time limit: asking the run to checkpoint",
+        r"fednest-mpi: stopped by SIGUSR1 after iteration (\d+), checkpoint written",
+        r"requeueing to resume",
+        r"restart 1,",
+        r"resuming after iteration (\d+)",
+    ]
     pos, stopped = 0, None
     for pattern in story:
         m = re.compile(pattern).search(err, pos)
@@ -236,8 +283,11 @@ def test_bad_config_task_exits_2_with_one_message_while_the_others_complete(tmp_
     jobs_dir = render(tmp_path, sweep(5, "algorithm.inner_lr = [0.05, -1.0, 0.1]"), SITE, "--no-check")
     job_id = sbatch(jobs_dir / "s.array.sbatch", tmp_path)
     records = wait_for(job_id, 3)
-    assert [(r["JobState"], r["ExitCode"]) for r in records] == \
-        [("COMPLETED", "0:0"), ("FAILED", "2:0"), ("COMPLETED", "0:0")]
+    assert [(r["JobState"], r["ExitCode"]) for r in records] == [
+        ("COMPLETED", "0:0"),
+        ("FAILED", "2:0"),
+        ("COMPLETED", "0:0"),
+    ]
     names = [t[0] for t in tasks_of(jobs_dir)]
     out, err = logs(jobs_dir, records[1])
     messages = [line for line in err.splitlines() if line.startswith("fednest-mpi: error:")]
@@ -252,8 +302,13 @@ def test_bad_config_task_exits_2_with_one_message_while_the_others_complete(tmp_
 def test_two_rank_task_in_the_allocation_equals_mpiexec_outside(tmp_path, launcher):
     jobs_dir = render(tmp_path, sweep(20, "seed = [3]", ranks=2), SITE, "--launcher", launcher)
     script = (jobs_dir / "s.array.sbatch").read_text()
-    assert re.search(r"^srun -n \"\$RANKS\" --mpi=pmi2 fednest-mpi run" if launcher == "srun"
-                     else r"^mpiexec -n \"\$RANKS\" fednest-mpi run", script, re.M)
+    assert re.search(
+        r"^srun -n \"\$RANKS\" --mpi=pmi2 fednest-mpi run"
+        if launcher == "srun"
+        else r"^mpiexec -n \"\$RANKS\" fednest-mpi run",
+        script,
+        re.M,
+    )
     job_id = sbatch(jobs_dir / "s.array.sbatch", tmp_path)
     name, ranks, *args = tasks_of(jobs_dir)[0]
     assert ranks == "2"

@@ -6,15 +6,14 @@ client's samples on every rank. Run under ``mpiexec -n 1, 2, 4`` (``make test-mp
 import numpy as np
 import pytest
 import torch
+from histories import assert_histories_match
 from mpi4py import MPI
+from shared_data import requires, small_mnist_config
+from small_configs import make_config
 
 from fednest_mpi import config
 from fednest_mpi.federation import Federation
 from fednest_mpi.runner import simulate
-
-from small_configs import make_config
-from histories import assert_histories_match
-from shared_data import requires, small_mnist_config
 
 
 @pytest.mark.mpi
@@ -39,14 +38,33 @@ def test_every_rank_gets_within_one_client_of_the_same_count(size):
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["fednest", "lfednest_nonalt"])
 def test_balanced_placement_is_rank_count_invariant(name):
-    cfg = config.from_dict({
-        "seed": 2,
-        "problem": {"name": "synthetic", "n_clients": 40, "hidden": 6, "n_inputs": 9, "n_classes": 4, "samples_per_client": 12,
-                    "size_distribution": "lognormal", "size_sigma": 0.5, "batch_size": 4, "eval_clients": 5, "eval_samples": 10},
-        "algorithm": {"name": name, "outer_iterations": 3, "clients_per_round": 7, "inner_local_steps": 3, "neumann_steps": 2},
-        "federation": {"placement": "balanced", "reduction": "ordered"},
-        "run": {"dtype": "float64"},
-    })
+    cfg = config.from_dict(
+        {
+            "seed": 2,
+            "problem": {
+                "name": "synthetic",
+                "n_clients": 40,
+                "hidden": 6,
+                "n_inputs": 9,
+                "n_classes": 4,
+                "samples_per_client": 12,
+                "size_distribution": "lognormal",
+                "size_sigma": 0.5,
+                "batch_size": 4,
+                "eval_clients": 5,
+                "eval_samples": 10,
+            },
+            "algorithm": {
+                "name": name,
+                "outer_iterations": 3,
+                "clients_per_round": 7,
+                "inner_local_steps": 3,
+                "neumann_steps": 2,
+            },
+            "federation": {"placement": "balanced", "reduction": "ordered"},
+            "run": {"dtype": "float64"},
+        }
+    )
     world, single = simulate(cfg, MPI.COMM_WORLD), simulate(cfg, MPI.COMM_SELF)
     # not bitwise: a rank's block of clients goes through one GEMM whose row results may depend on the
     # number of rows (BLAS blocking), so only rounding differs between rank counts
@@ -71,13 +89,20 @@ def test_balanced_quadratic_run_is_bitwise_the_one_rank_block_run():
 def test_balanced_mnist_run_is_rank_count_invariant(name):
     """Every rank holds all clients' images; participants are dealt evenly; training sums
     (train_eval_every) still count each client once."""
-    small = small_mnist_config(name, hidden=8) if name == "hyper_representation" else small_mnist_config(name, hidden1=8, hidden2=6)
-    cfg = config.from_dict({
-        "seed": 1, "problem": small.to_dict()["problem"],
-        "algorithm": {"outer_iterations": 2, "clients_per_round": 7, "inner_local_steps": 3, "neumann_steps": 2},
-        "federation": {"placement": "balanced", "reduction": "ordered"},
-        "run": {"dtype": "float64", "train_eval_every": 1},
-    })
+    small = (
+        small_mnist_config(name, hidden=8)
+        if name == "hyper_representation"
+        else small_mnist_config(name, hidden1=8, hidden2=6)
+    )
+    cfg = config.from_dict(
+        {
+            "seed": 1,
+            "problem": small.to_dict()["problem"],
+            "algorithm": {"outer_iterations": 2, "clients_per_round": 7, "inner_local_steps": 3, "neumann_steps": 2},
+            "federation": {"placement": "balanced", "reduction": "ordered"},
+            "run": {"dtype": "float64", "train_eval_every": 1},
+        }
+    )
     world, single = simulate(cfg, MPI.COMM_WORLD), simulate(cfg, MPI.COMM_SELF)
     torch.testing.assert_close(world.x, single.x, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(world.y, single.y, rtol=1e-10, atol=1e-12)

@@ -5,31 +5,61 @@ chunk, and with ``federation.reduction = "ordered"`` the run is bitwise the same
 
 import pytest
 import torch
+from histories import assert_histories_match
 from mpi4py import MPI
 
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
-from histories import assert_histories_match
 
-ALGORITHMS = ["fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt", "fedbio", "fedbioacc",
-              "fedavg", "fedsvrg"]
+ALGORITHMS = [
+    "fednest",
+    "fednest_sgd",
+    "lfednest",
+    "lfednest_svrg",
+    "lfednest_nonalt",
+    "fedbio",
+    "fedbioacc",
+    "fedavg",
+    "fedsvrg",
+]
 
 
 def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = "ordered") -> config.RunConfig:
     problems = {
-        "quadratic": {"name": "quadratic", "n_clients": 40, "dim_x": 3, "dim_y": 5, "gradient_noise": 0.1,
-                      "lower_level": "local" if name.startswith("fedbio") else "global"},
+        "quadratic": {
+            "name": "quadratic",
+            "n_clients": 40,
+            "dim_x": 3,
+            "dim_y": 5,
+            "gradient_noise": 0.1,
+            "lower_level": "local" if name.startswith("fedbio") else "global",
+        },
         "minimax": {"name": "minimax", "n_clients": 40, "dim": 4, "heterogeneity": 10.0},
     }
-    return config.from_dict({
-        "seed": 11, "problem": problems[problem],
-        "algorithm": config.algorithm_fields(name, {  # the fields of a union of algorithms that `name` has
-            "name": name, "outer_iterations": 3, "clients_per_round": 23, "inner_rounds": 2, "inner_local_steps": 3,
-            "inner_lr": 0.05, "outer_lr": 0.05, "outer_local_steps": 2, "neumann_steps": 3, "neumann_scale": 0.25,
-            "ihgp_mode": "randomized"}),
-        "federation": {"reduction": reduction},
-        "run": {"chunk_clients": chunk},
-    })
+    return config.from_dict(
+        {
+            "seed": 11,
+            "problem": problems[problem],
+            "algorithm": config.algorithm_fields(
+                name,
+                {  # the fields of a union of algorithms that `name` has
+                    "name": name,
+                    "outer_iterations": 3,
+                    "clients_per_round": 23,
+                    "inner_rounds": 2,
+                    "inner_local_steps": 3,
+                    "inner_lr": 0.05,
+                    "outer_lr": 0.05,
+                    "outer_local_steps": 2,
+                    "neumann_steps": 3,
+                    "neumann_scale": 0.25,
+                    "ihgp_mode": "randomized",
+                },
+            ),
+            "federation": {"reduction": reduction},
+            "run": {"chunk_clients": chunk},
+        }
+    )
 
 
 def _same(a, b) -> None:

@@ -17,12 +17,23 @@ from fednest_mpi.series import RunSeries, series_layout
 
 def _run_to_file(small_config, name, comm, path):
     """What ``fednest-mpi run`` does with its output file, on ``comm``."""
-    cfg = small_config(algorithm={"name": name, "ihgp_mode": "randomized", "outer_iterations": 4},
-                       federation={"reduction": "ordered"}, problem={"gradient_noise": 0.1, "n_clients": 11},
-                       run={"snapshot_every": 2, "output": path})
+    cfg = small_config(
+        algorithm={"name": name, "ihgp_mode": "randomized", "outer_iterations": 4},
+        federation={"reduction": "ordered"},
+        problem={"gradient_noise": 0.1, "n_clients": 11},
+        run={"snapshot_every": 2, "output": path},
+    )
     sim = Simulation(cfg, comm)
-    writer = RunWriter(path, {"mpi_size": comm.Get_size(), "config_json": cfg.to_json()}, sim.columns(),
-                       extend=series_layout(sim).create) if comm.Get_rank() == 0 else None
+    writer = (
+        RunWriter(
+            path,
+            {"mpi_size": comm.Get_size(), "config_json": cfg.to_json()},
+            sim.columns(),
+            extend=series_layout(sim).create,
+        )
+        if comm.Get_rank() == 0
+        else None
+    )
     series = RunSeries(sim, writer)
     try:
         sim.run(writer=writer, series=series)

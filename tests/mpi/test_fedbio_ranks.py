@@ -4,20 +4,34 @@ Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4`` (``make test-mpi``)."""
 
 import pytest
 import torch
+from histories import assert_histories_match
 from mpi4py import MPI
 
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
-from histories import assert_histories_match
 
 
 def _config(small_config, name, reduction):
     return small_config(
-        algorithm=config.algorithm_fields(name, {  # the fields of a union of algorithms that `name` has
-            "name": name, "outer_iterations": 6, "clients_per_round": 5, "sync_period": 3, "inner_lr": 0.2,
-            "outer_lr": 0.1, "neumann_steps": 4, "neumann_scale": 0.25, "step_schedule": "storm",
-            "ihgp_mode": "randomized", "inner_rounds": 2}),
-        problem={"lower_level": "local", "gradient_noise": 0.1}, federation={"reduction": reduction})
+        algorithm=config.algorithm_fields(
+            name,
+            {  # the fields of a union of algorithms that `name` has
+                "name": name,
+                "outer_iterations": 6,
+                "clients_per_round": 5,
+                "sync_period": 3,
+                "inner_lr": 0.2,
+                "outer_lr": 0.1,
+                "neumann_steps": 4,
+                "neumann_scale": 0.25,
+                "step_schedule": "storm",
+                "ihgp_mode": "randomized",
+                "inner_rounds": 2,
+            },
+        ),
+        problem={"lower_level": "local", "gradient_noise": 0.1},
+        federation={"reduction": reduction},
+    )
 
 
 @pytest.mark.mpi

@@ -3,11 +3,11 @@ every rank of COMM_WORLD. Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4`` (``m
 
 import pytest
 import torch
+from histories import assert_histories_match
 from mpi4py import MPI
 
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
-from histories import assert_histories_match
 
 MINIMAX = {
     "fednest": {"name": "fednest", "hypergradient": "direct"},
@@ -17,22 +17,47 @@ MINIMAX = {
 
 
 def _minimax(reduction, **algorithm):
-    return config.from_dict({
-        "seed": 5, "problem": {"name": "minimax", "n_clients": 61, "dim": 4, "heterogeneity": 10.0},
-        "algorithm": config.algorithm_fields(algorithm.get("name", "fednest"), {  # the fields the named algorithm has
-            "outer_iterations": 4, "inner_rounds": 2, "clients_per_round": 9, "inner_lr": 0.1, "outer_lr": 0.01,
-            "inner_local_steps": 5, "outer_local_steps": 3, "neumann_steps": 3, "neumann_scale": 0.5} | algorithm),
-        "federation": {"reduction": reduction},
-    })
+    return config.from_dict(
+        {
+            "seed": 5,
+            "problem": {"name": "minimax", "n_clients": 61, "dim": 4, "heterogeneity": 10.0},
+            "algorithm": config.algorithm_fields(
+                algorithm.get("name", "fednest"),
+                {  # the fields the named algorithm has
+                    "outer_iterations": 4,
+                    "inner_rounds": 2,
+                    "clients_per_round": 9,
+                    "inner_lr": 0.1,
+                    "outer_lr": 0.01,
+                    "inner_local_steps": 5,
+                    "outer_local_steps": 3,
+                    "neumann_steps": 3,
+                    "neumann_scale": 0.5,
+                }
+                | algorithm,
+            ),
+            "federation": {"reduction": reduction},
+        }
+    )
 
 
 def _compositional(reduction):
-    return config.from_dict({
-        "seed": 5, "problem": {"name": "compositional", "n_clients": 13, "dim_x": 3, "dim_y": 6},
-        "algorithm": {"outer_iterations": 4, "clients_per_round": 7, "inner_lr": 0.5, "inner_local_steps": 3,
-                      "outer_lr": 0.1, "neumann_steps": 2, "neumann_scale": 1.0},
-        "federation": {"reduction": reduction},
-    })
+    return config.from_dict(
+        {
+            "seed": 5,
+            "problem": {"name": "compositional", "n_clients": 13, "dim_x": 3, "dim_y": 6},
+            "algorithm": {
+                "outer_iterations": 4,
+                "clients_per_round": 7,
+                "inner_lr": 0.5,
+                "inner_local_steps": 3,
+                "outer_lr": 0.1,
+                "neumann_steps": 2,
+                "neumann_scale": 1.0,
+            },
+            "federation": {"reduction": reduction},
+        }
+    )
 
 
 def _check(cfg, exact):

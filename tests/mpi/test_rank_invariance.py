@@ -6,11 +6,11 @@ Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4`` (``make test-mpi``).
 import numpy as np
 import pytest
 import torch
+from histories import assert_histories_match
 from mpi4py import MPI
 
 from fednest_mpi.federation import Federation, block_range
 from fednest_mpi.runner import simulate
-from histories import assert_histories_match
 
 VARIANT_NAMES = ["fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt"]
 
@@ -22,8 +22,11 @@ def _compare(world, single, exact):
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 def test_ordered_reduction_is_bitwise_rank_count_invariant(small_config, name):
-    cfg = small_config(algorithm={"name": name, "ihgp_mode": "randomized"}, federation={"reduction": "ordered"},
-                       problem={"gradient_noise": 0.1})
+    cfg = small_config(
+        algorithm={"name": name, "ihgp_mode": "randomized"},
+        federation={"reduction": "ordered"},
+        problem={"gradient_noise": 0.1},
+    )
     world = simulate(cfg, MPI.COMM_WORLD)
     single = simulate(cfg, MPI.COMM_SELF)
     _compare(world.history, single.history, exact=True)
@@ -73,8 +76,11 @@ def test_blocks_cover_every_client_once():
 def test_ordered_reduction_is_bitwise_with_single_client_blocks(small_config):
     # 3 of 12 clients per round: on 2 or 4 ranks some rank evaluates a block of one client, whose
     # oracle rows must round exactly as inside a larger block
-    cfg = small_config(algorithm={"clients_per_round": 3, "outer_iterations": 8}, federation={"reduction": "ordered"},
-                       problem={"dim_x": 10, "dim_y": 20})
+    cfg = small_config(
+        algorithm={"clients_per_round": 3, "outer_iterations": 8},
+        federation={"reduction": "ordered"},
+        problem={"dim_x": 10, "dim_y": 20},
+    )
     world = simulate(cfg, MPI.COMM_WORLD)
     single = simulate(cfg, MPI.COMM_SELF)
     _compare(world.history, single.history, exact=True)

@@ -13,15 +13,18 @@ import tempfile
 
 import pytest
 import torch
+from histories import assert_histories_match
 from mpi4py import MPI
 
 from fednest_mpi import checkpoint
 from fednest_mpi.runner import Simulation, simulate
-from histories import assert_histories_match
 
 CASES = {
     "fednest": ({"name": "fednest", "ihgp_mode": "randomized"}, {}),
-    "fedbioacc": ({"name": "fedbioacc", "sync_period": 2, "step_schedule": "storm", "neumann_steps": 3}, {"lower_level": "local"}),
+    "fedbioacc": (
+        {"name": "fedbioacc", "sync_period": 2, "step_schedule": "storm", "neumann_steps": 3},
+        {"lower_level": "local"},
+    ),
 }
 
 
@@ -38,9 +41,15 @@ def folder():
 
 def _configs(small_config, case, reduction="ordered"):
     algorithm, problem = CASES[case]
-    common = {"problem": {"gradient_noise": 0.1} | problem, "federation": {"reduction": reduction}, "run": {"checkpoint_every": 2}}
-    return (small_config(algorithm=algorithm | {"outer_iterations": 3}, **common),
-            small_config(algorithm=algorithm | {"outer_iterations": 7}, **common))
+    common = {
+        "problem": {"gradient_noise": 0.1} | problem,
+        "federation": {"reduction": reduction},
+        "run": {"checkpoint_every": 2},
+    }
+    return (
+        small_config(algorithm=algorithm | {"outer_iterations": 3}, **common),
+        small_config(algorithm=algorithm | {"outer_iterations": 7}, **common),
+    )
 
 
 def _check(first, second, whole, exact=True):

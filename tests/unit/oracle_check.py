@@ -14,8 +14,10 @@ def assert_oracles_match_autograd(prob, ids, f_g, seed=0):
     V = torch.randn(n, prob.dim_y, dtype=torch.float64, generator=gen)
     ids = np.asarray(ids)
     got = {
-        "grad_x_outer": prob.grad_x_outer(ids, X, Y, None), "grad_y_outer": prob.grad_y_outer(ids, X, Y, None),
-        "grad_y_inner": prob.grad_y_inner(ids, X, Y, None), "hvp_yy_inner": prob.hvp_yy_inner(ids, X, Y, V, None),
+        "grad_x_outer": prob.grad_x_outer(ids, X, Y, None),
+        "grad_y_outer": prob.grad_y_outer(ids, X, Y, None),
+        "grad_y_inner": prob.grad_y_inner(ids, X, Y, None),
+        "hvp_yy_inner": prob.hvp_yy_inner(ids, X, Y, V, None),
         "jvp_xy_inner": prob.jvp_xy_inner(ids, X, Y, V, None),
     }
     values = {"f": prob.outer_value(ids, X, Y), "g": prob.inner_value(ids, X, Y)}
@@ -27,7 +29,13 @@ def assert_oracles_match_autograd(prob, ids, f_g, seed=0):
         fx, fy = torch.autograd.grad(f, (x, y), allow_unused=True, retain_graph=True)
         (gy,) = torch.autograd.grad(g, y, create_graph=True)
         hvp, jvp = torch.autograd.grad(gy @ V[b], (y, x), allow_unused=True)
-        want = {"grad_x_outer": fx, "grad_y_outer": fy, "grad_y_inner": gy.detach(), "hvp_yy_inner": hvp, "jvp_xy_inner": jvp}
+        want = {
+            "grad_x_outer": fx,
+            "grad_y_outer": fy,
+            "grad_y_inner": gy.detach(),
+            "hvp_yy_inner": hvp,
+            "jvp_xy_inner": jvp,
+        }
         for name, value in want.items():
             value = torch.zeros_like(got[name][b]) if value is None else value
             torch.testing.assert_close(got[name][b], value, rtol=1e-12, atol=1e-12, msg=name)

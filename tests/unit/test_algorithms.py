@@ -76,15 +76,24 @@ def test_hypergradient_is_exact_at_the_inner_solution(small_config):
     torch.testing.assert_close(h, prob.hypergradient(x), rtol=1e-10, atol=1e-10)
     # away from y*(x) it is the surrogate of eq. (5) evaluated at y
     y = torch.ones(cfg.problem.dim_y, dtype=torch.float64)
-    torch.testing.assert_close(alg.hypergradient(0, x, y, alg.sample_clients(2, 0)), prob.hypergradient(x, y), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        alg.hypergradient(0, x, y, alg.sample_clients(2, 0)), prob.hypergradient(x, y), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("name", VARIANT_NAMES)
 @pytest.mark.parametrize("inner_rounds,neumann_steps", [(1, 5), (2, 3), (3, 0)])
 def test_communication_rounds_per_outer_step_match_table_2(small_config, name, inner_rounds, neumann_steps):
-    cfg = small_config(algorithm={"name": name, "inner_rounds": inner_rounds, "neumann_steps": neumann_steps, "outer_iterations": 3})
-    expected = {"fednest": 2 * inner_rounds + neumann_steps + 3, "fednest_sgd": inner_rounds + neumann_steps + 3,
-                "lfednest": inner_rounds + 1, "lfednest_svrg": 2 * inner_rounds + 1, "lfednest_nonalt": inner_rounds}[name]
+    cfg = small_config(
+        algorithm={"name": name, "inner_rounds": inner_rounds, "neumann_steps": neumann_steps, "outer_iterations": 3}
+    )
+    expected = {
+        "fednest": 2 * inner_rounds + neumann_steps + 3,
+        "fednest_sgd": inner_rounds + neumann_steps + 3,
+        "lfednest": inner_rounds + 1,
+        "lfednest_svrg": 2 * inner_rounds + 1,
+        "lfednest_nonalt": inner_rounds,
+    }[name]
     assert rounds_per_iteration(name, inner_rounds, neumann_steps) == expected
     rounds = simulate(cfg, MPI.COMM_SELF).history["comm_rounds"]
     assert np.diff(rounds).tolist() == [expected] * 3
@@ -111,8 +120,14 @@ def test_randomized_ihgp_uses_at_most_n_minus_one_product_rounds(small_config):
 def _final_errors(small_config, name, **algorithm):
     cfg = small_config(
         problem={"n_clients": 20, "heterogeneity": 1.0},
-        algorithm={"name": name, "clients_per_round": 20, "outer_iterations": 150, "inner_local_steps": 20,
-                   "neumann_steps": 40, **algorithm},
+        algorithm={
+            "name": name,
+            "clients_per_round": 20,
+            "outer_iterations": 150,
+            "inner_local_steps": 20,
+            "neumann_steps": 40,
+            **algorithm,
+        },
     )
     h = simulate(cfg, MPI.COMM_SELF).history
     return h["x_error"][0], h["x_error"][-1], h["x_error"][-20]
@@ -132,15 +147,24 @@ def test_light_and_sgd_variants_stall_at_a_heterogeneity_bias(small_config, name
 
 
 def test_without_heterogeneity_lfednest_converges_too(small_config):
-    cfg = small_config(problem={"n_clients": 20, "heterogeneity": 0.0},
-                       algorithm={"name": "lfednest", "clients_per_round": 20, "outer_iterations": 150, "neumann_steps": 40,
-                                  "inner_local_steps": 20})
+    cfg = small_config(
+        problem={"n_clients": 20, "heterogeneity": 0.0},
+        algorithm={
+            "name": "lfednest",
+            "clients_per_round": 20,
+            "outer_iterations": 150,
+            "neumann_steps": 40,
+            "inner_local_steps": 20,
+        },
+    )
     h = simulate(cfg, MPI.COMM_SELF).history
     assert h["x_error"][-1] < 1e-6 * h["x_error"][0]
 
 
 def test_partial_participation_with_noise_gets_close(small_config):
-    cfg = small_config(problem={"n_clients": 40, "gradient_noise": 0.1},
-                       algorithm={"clients_per_round": 10, "outer_iterations": 120, "inner_local_steps": 20, "neumann_steps": 10})
+    cfg = small_config(
+        problem={"n_clients": 40, "gradient_noise": 0.1},
+        algorithm={"clients_per_round": 10, "outer_iterations": 120, "inner_local_steps": 20, "neumann_steps": 10},
+    )
     h = simulate(cfg, MPI.COMM_SELF).history
     assert min(h["x_error"][-20:]) < 0.25 * h["x_error"][0]

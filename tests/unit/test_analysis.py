@@ -23,16 +23,32 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _write_run(path, algorithm: str, seed: int, **algorithm_fields) -> None:
     """A real run written like `fednest-mpi run` does (1 rank, in process)."""
-    cfg = config.from_dict({
-        "seed": seed,
-        "problem": {"name": "quadratic", "n_clients": 12, "dim_x": 4, "dim_y": 6},
-        "algorithm": {"name": algorithm, "outer_iterations": ITERATIONS, "clients_per_round": 6, "inner_local_steps": 5,
-                      "inner_lr": 0.05, "outer_lr": 0.2, "neumann_steps": 4, "neumann_scale": 0.25, **algorithm_fields},
-        "run": {"output": str(path), "progress": "never"},
-    })
+    cfg = config.from_dict(
+        {
+            "seed": seed,
+            "problem": {"name": "quadratic", "n_clients": 12, "dim_x": 4, "dim_y": 6},
+            "algorithm": {
+                "name": algorithm,
+                "outer_iterations": ITERATIONS,
+                "clients_per_round": 6,
+                "inner_local_steps": 5,
+                "inner_lr": 0.05,
+                "outer_lr": 0.2,
+                "neumann_steps": 4,
+                "neumann_scale": 0.25,
+                **algorithm_fields,
+            },
+            "run": {"output": str(path), "progress": "never"},
+        }
+    )
     sim = Simulation(cfg, MPI.COMM_SELF)
-    attrs = {"mpi_size": 1, "seed": cfg.seed, "problem": cfg.problem.name, "algorithm": cfg.algorithm.name,
-             "config_json": cfg.to_json()}
+    attrs = {
+        "mpi_size": 1,
+        "seed": cfg.seed,
+        "problem": cfg.problem.name,
+        "algorithm": cfg.algorithm.name,
+        "config_json": cfg.to_json(),
+    }
     writer = RunWriter(path, attrs, sim.columns())
     try:
         sim.run(writer=writer)
@@ -57,15 +73,45 @@ def runs(tmp_path_factory):
 def other_problem_run(tmp_path_factory):
     """A run file of another (classification-like) problem, with accuracy columns and no x_error."""
     path = tmp_path_factory.mktemp("other") / "classifier.h5"
-    cols = {"iteration": ("k", "1"), "comm_rounds": ("rounds", "1"), "comm_bytes": ("bytes", "B"),
-            "wall_time": ("t", "s"), "algorithm_time": ("t", "s"), "evaluation_time": ("t", "s"),
-            "test_accuracy": ("acc", "1"), "test_loss": ("loss", "1")}
-    cfg = {"seed": 0, "problem": {"name": "classifier", "n_clients": 10}, "algorithm": {"name": "fednest", "outer_iterations": 4}}
-    writer = RunWriter(path, {"seed": 0, "problem": "classifier", "algorithm": "fednest", "mpi_size": 1,
-                              "config_json": __import__("json").dumps(cfg)}, cols)
+    cols = {
+        "iteration": ("k", "1"),
+        "comm_rounds": ("rounds", "1"),
+        "comm_bytes": ("bytes", "B"),
+        "wall_time": ("t", "s"),
+        "algorithm_time": ("t", "s"),
+        "evaluation_time": ("t", "s"),
+        "test_accuracy": ("acc", "1"),
+        "test_loss": ("loss", "1"),
+    }
+    cfg = {
+        "seed": 0,
+        "problem": {"name": "classifier", "n_clients": 10},
+        "algorithm": {"name": "fednest", "outer_iterations": 4},
+    }
+    writer = RunWriter(
+        path,
+        {
+            "seed": 0,
+            "problem": "classifier",
+            "algorithm": "fednest",
+            "mpi_size": 1,
+            "config_json": __import__("json").dumps(cfg),
+        },
+        cols,
+    )
     for k, acc in enumerate([0.1, 0.6, 0.8, 0.7, 0.75]):
-        writer.append({"iteration": k, "comm_rounds": 3 * k, "comm_bytes": 1.5e6 * k, "wall_time": 0.1 * k,
-                       "algorithm_time": 0.01, "evaluation_time": 0.002, "test_accuracy": acc, "test_loss": 2.0 - acc})
+        writer.append(
+            {
+                "iteration": k,
+                "comm_rounds": 3 * k,
+                "comm_bytes": 1.5e6 * k,
+                "wall_time": 0.1 * k,
+                "algorithm_time": 0.01,
+                "evaluation_time": 0.002,
+                "test_accuracy": acc,
+                "test_loss": 2.0 - acc,
+            }
+        )
     writer.close()
     return path
 
@@ -88,7 +134,9 @@ def test_load_run_round_trips_read_run(runs):
 
 
 def test_flatten_config_dotted_names():
-    flat = post.flatten_config({"seed": 1, "algorithm": {"outer_lr": 0.2, "name": "fednest"}, "x": {"y": {"z": [1, 2]}}})
+    flat = post.flatten_config(
+        {"seed": 1, "algorithm": {"outer_lr": 0.2, "name": "fednest"}, "x": {"y": {"z": [1, 2]}}}
+    )
     assert flat == {"seed": 1, "algorithm.outer_lr": 0.2, "algorithm.name": "fednest", "x.y.z": (1, 2)}
 
 
@@ -160,7 +208,7 @@ def test_report_explicit_metrics_and_accuracy_best_is_max(other_problem_run):
     text = post.report([other_problem_run], metrics=["test_accuracy", "test_loss"])
     cells = _row(text, "classifier")
     # final 0.75, best accuracy 0.8 (max), best loss 1.2 (min)
-    assert cells[cells.index("0.75"):cells.index("0.75") + 4] == ["0.75", "0.8", "1.25", "1.2"]
+    assert cells[cells.index("0.75") : cells.index("0.75") + 4] == ["0.75", "0.8", "1.25", "1.2"]
     assert "6 MB" in text and "12" in cells
 
 
@@ -240,7 +288,9 @@ def test_auto_log_scale_only_for_errors_spanning_decades():
 
 
 def test_unknown_metric_lists_available_and_suggests(runs, tmp_path):
-    with pytest.raises(UsageError, match=r"'x_eror' is not recorded.*did you mean 'x_error'.*available: .*outer_objective"):
+    with pytest.raises(
+        UsageError, match=r"'x_eror' is not recorded.*did you mean 'x_error'.*available: .*outer_objective"
+    ):
         post.plot(runs, tmp_path / "x.png", metric="x_eror")
     with pytest.raises(UsageError, match="did you mean 'hypergradient_norm'"):
         post.report(runs, metrics=["hypergradient_nrm"])
@@ -249,7 +299,9 @@ def test_unknown_metric_lists_available_and_suggests(runs, tmp_path):
 
 
 def test_unknown_group_by_field(runs, tmp_path):
-    with pytest.raises(UsageError, match=r"group_by 'algorithm.nme' .*did you mean 'algorithm.name'.*differ.*algorithm.name, seed"):
+    with pytest.raises(
+        UsageError, match=r"group_by 'algorithm.nme' .*did you mean 'algorithm.name'.*differ.*algorithm.name, seed"
+    ):
         post.plot(runs, tmp_path / "x.png", group_by="algorithm.nme")
     assert not (tmp_path / "x.png").exists()
 
@@ -265,7 +317,10 @@ def test_empty_paths_and_missing_file(tmp_path):
 
 
 def test_mixed_problems_with_metric_only_one_has(runs, other_problem_run, tmp_path):
-    with pytest.raises(UsageError, match=r"'x_error' is recorded by fednest_s0 \[quadratic\] but not by classifier \[classifier\].*mix problems"):
+    with pytest.raises(
+        UsageError,
+        match=r"'x_error' is recorded by fednest_s0 \[quadratic\] but not by classifier \[classifier\].*mix problems",
+    ):
         post.plot([runs[0], other_problem_run], tmp_path / "x.png", metric="x_error")
     with pytest.raises(UsageError, match="not by classifier"):
         post.report([runs[0], other_problem_run], metrics=["x_error"])
@@ -286,11 +341,19 @@ def test_import_is_cheap_and_apart_from_the_run_path(runs):
     import subprocess
     import sys
 
-    run_path = ("torch", "mpi4py.MPI", "fednest_mpi.runner", "fednest_mpi.federation", "fednest_mpi.algorithms",
-                "fednest_mpi.problems")
-    code = (f"import sys, fednest_mpi.post as post; print([m for m in {run_path + ('pandas', 'matplotlib')!r} "
-            f"if m in sys.modules]); post.load_run({str(runs[0])!r}); post.report({[str(p) for p in runs]!r}); "
-            f"print([m for m in {run_path!r} if m in sys.modules])")
+    run_path = (
+        "torch",
+        "mpi4py.MPI",
+        "fednest_mpi.runner",
+        "fednest_mpi.federation",
+        "fednest_mpi.algorithms",
+        "fednest_mpi.problems",
+    )
+    code = (
+        f"import sys, fednest_mpi.post as post; print([m for m in {run_path + ('pandas', 'matplotlib')!r} "
+        f"if m in sys.modules]); post.load_run({str(runs[0])!r}); post.report({[str(p) for p in runs]!r}); "
+        f"print([m for m in {run_path!r} if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[:2] == ["[]", "[]"]
     code = "import sys, fednest_mpi.runner, fednest_mpi.cli; print([m for m in sys.modules if 'fednest_mpi.post' in m])"
@@ -341,13 +404,36 @@ def test_plot_joins_a_sparsely_recorded_metric_into_one_line(tmp_path, group_by)
     """A metric recorded every 3rd iteration (NaN between, as run.train_eval_every writes it) is one
     connected line: in the SVG one path with a single move-to, not a dash per recorded value."""
     path = tmp_path / "sparse.h5"
-    cols = {"iteration": ("k", "1"), "comm_rounds": ("rounds", "1"), "wall_time": ("t", "s"), "inner_loss": ("loss", "1")}
+    cols = {
+        "iteration": ("k", "1"),
+        "comm_rounds": ("rounds", "1"),
+        "wall_time": ("t", "s"),
+        "inner_loss": ("loss", "1"),
+    }
     cfg = {"seed": 0, "problem": {"name": "classifier"}, "algorithm": {"name": "fedavg"}}
-    writer = RunWriter(path, {"seed": 0, "problem": "classifier", "algorithm": "fedavg", "mpi_size": 1,
-                              "config_json": __import__("json").dumps(cfg)}, cols)
+    writer = RunWriter(
+        path,
+        {
+            "seed": 0,
+            "problem": "classifier",
+            "algorithm": "fedavg",
+            "mpi_size": 1,
+            "config_json": __import__("json").dumps(cfg),
+        },
+        cols,
+    )
     for k in range(10):
-        writer.append({"iteration": k, "comm_rounds": k, "wall_time": 0.1 * k, "inner_loss": 2.0 / (k + 1) if k % 3 == 0 else np.nan})
+        writer.append(
+            {
+                "iteration": k,
+                "comm_rounds": k,
+                "wall_time": 0.1 * k,
+                "inner_loss": 2.0 / (k + 1) if k % 3 == 0 else np.nan,
+            }
+        )
     writer.close()
     svg = post.plot([path], tmp_path / "sparse.svg", metric="inner_loss", group_by=group_by, smooth=1).read_text()
-    data_line = re.findall(r'<path d="([^"]+)"[^>]*style="fill: none; stroke: #1f77b4', svg, flags=re.S)[0]  # then the legend's
+    data_line = re.findall(r'<path d="([^"]+)"[^>]*style="fill: none; stroke: #1f77b4', svg, flags=re.S)[
+        0
+    ]  # then the legend's
     assert data_line.count("M") == 1 and data_line.count("L") == 3  # 4 recorded values (k = 0, 3, 6, 9), joined

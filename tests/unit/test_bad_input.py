@@ -99,7 +99,7 @@ BAD_FILES = [
     ('base = "b.toml"\n', "b.toml' does not exist"),
     ('base = "c.toml"\n[problem]\nname = "quadratic"\n', "leads back to itself; remove the cycle"),
     ("base = 3\n", "base: expected the path of a config file, got 3"),
-    ('seed = 1\nseed = 2\n', "is not valid TOML"),
+    ("seed = 1\nseed = 2\n", "is not valid TOML"),
     ('[problem]\nname = "quadratic"\nn_clients = "many"\n', "problem.n_clients: expected an integer, got 'many'"),
     ('problem = "quadratic"\n', "problem: expected a table of fields, got 'quadratic'"),
 ]
@@ -111,28 +111,40 @@ BAD_FILES = [
 
 def _output_under_a_file(tmp):
     (tmp / "plain").write_text("x")
-    return ["--output", str(tmp / "plain" / "out.h5")], "run.output: '" + str(tmp / "plain") + "' is a file, not a folder"
+    return ["--output", str(tmp / "plain" / "out.h5")], "run.output: '" + str(
+        tmp / "plain"
+    ) + "' is a file, not a folder"
 
 
 def _output_is_a_folder(tmp):
     (tmp / "folder.h5").mkdir()
-    return ["--output", str(tmp / "folder.h5"), "--overwrite"], "run.output: '" + str(tmp / "folder.h5") + "' is a folder"
+    return ["--output", str(tmp / "folder.h5"), "--overwrite"], "run.output: '" + str(
+        tmp / "folder.h5"
+    ) + "' is a folder"
 
 
 def _checkpoint_under_a_file(tmp):
     (tmp / "plain").write_text("x")
-    return ["--set", f"run.checkpoint_dir='{tmp / 'plain' / 'ck'}'"], "run.checkpoint_dir: '" + str(tmp / "plain") + "' is a file"
+    return ["--set", f"run.checkpoint_dir='{tmp / 'plain' / 'ck'}'"], "run.checkpoint_dir: '" + str(
+        tmp / "plain"
+    ) + "' is a file"
 
 
 def _disk_full(tmp, monkeypatch):
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: namedtuple("Usage", "total used free")(10**9, 10**9 - 4096, 4096))
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: namedtuple("Usage", "total used free")(10**9, 10**9 - 4096, 4096)
+    )
     return [], "is full (4096 bytes free"
 
 
 def _not_writable(tmp, monkeypatch):
     (tmp / "locked").mkdir()
-    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp / "locked")  # as root, chmod would not stop us
-    return ["--output", str(tmp / "locked" / "sub" / "out.h5")], "run.output: directory '" + str(tmp / "locked") + "' is not writable"
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: Path(path) != tmp / "locked"
+    )  # as root, chmod would not stop us
+    return ["--output", str(tmp / "locked" / "sub" / "out.h5")], "run.output: directory '" + str(
+        tmp / "locked"
+    ) + "' is not writable"
 
 
 BAD_PATHS = [_output_under_a_file, _output_is_a_folder, _checkpoint_under_a_file, _disk_full, _not_writable]
@@ -151,7 +163,9 @@ def write_tiny_mnist(folder, n_train=200, n_test=50):
     folder.mkdir(parents=True, exist_ok=True)
     gen = np.random.default_rng(0)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
-        (folder / f"{prefix}-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx(2051, gen.integers(0, 256, (n, 28, 28)))))
+        (folder / f"{prefix}-images-idx3-ubyte.gz").write_bytes(
+            gzip.compress(idx(2051, gen.integers(0, 256, (n, 28, 28))))
+        )
         (folder / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx(2049, np.arange(n) % 10)))
     return folder
 
@@ -163,41 +177,97 @@ def _gz(folder, name, raw):
 BAD_DATA = [
     # (id, damage(folder) -> None, extra problem fields, message)
     ("missing folder", lambda f: shutil.rmtree(f), "", "does not exist or is not a folder"),
-    ("missing file", lambda f: (f / "train-labels-idx1-ubyte.gz").unlink(), "", "train-labels-idx1-ubyte.gz' not found"),
-    ("bad magic", lambda f: _gz(f, "train-images-idx3-ubyte", idx(2049, np.zeros(5))), "", "magic number 2049, expected 2051"),
-    ("labels magic", lambda f: _gz(f, "t10k-labels-idx1-ubyte", idx(2051, np.zeros((1, 28, 28)))), "",
-     "magic number 2051, expected 2049"),
+    (
+        "missing file",
+        lambda f: (f / "train-labels-idx1-ubyte.gz").unlink(),
+        "",
+        "train-labels-idx1-ubyte.gz' not found",
+    ),
+    (
+        "bad magic",
+        lambda f: _gz(f, "train-images-idx3-ubyte", idx(2049, np.zeros(5))),
+        "",
+        "magic number 2049, expected 2051",
+    ),
+    (
+        "labels magic",
+        lambda f: _gz(f, "t10k-labels-idx1-ubyte", idx(2051, np.zeros((1, 28, 28)))),
+        "",
+        "magic number 2051, expected 2049",
+    ),
     ("empty file", lambda f: _gz(f, "t10k-images-idx3-ubyte", b""), "", "magic number None, expected 2051"),
-    ("truncated payload", lambda f: _gz(f, "train-images-idx3-ubyte", idx(2051, np.zeros((200, 28, 28)))[:-784]), "",
-     "is truncated: its header announces shape (200, 28, 28)"),
-    ("too long", lambda f: _gz(f, "train-labels-idx1-ubyte", idx(2049, np.zeros(200)) + b"\0\0"), "",
-     "is too long: its header announces shape (200,)"),
-    ("short header", lambda f: _gz(f, "train-images-idx3-ubyte", struct.pack(">II", 2051, 200)), "",
-     "shorter than its 16-byte IDX header"),
-    ("not gzip", lambda f: (f / "train-labels-idx1-ubyte.gz").write_bytes(b"plain bytes"), "", "is not a valid gzip file"),
-    ("cut gzip", lambda f: (f / "t10k-images-idx3-ubyte.gz").write_bytes((f / "t10k-images-idx3-ubyte.gz").read_bytes()[:-40]),
-     "", "is not a valid gzip file"),
-    ("label out of range", lambda f: _gz(f, "train-labels-idx1-ubyte", idx(2049, np.full(200, 11))), "",
-     "has label 11 at index 0; labels must be in 0..9"),
-    ("count mismatch", lambda f: _gz(f, "t10k-labels-idx1-ubyte", idx(2049, np.zeros(49))), "",
-     "holds 50 images but"),
-    ("wrong image size", lambda f: _gz(f, "t10k-images-idx3-ubyte", idx(2051, np.zeros((50, 14, 14)))), "",
-     "holds images of 14x14 pixels, expected 28x28"),
+    (
+        "truncated payload",
+        lambda f: _gz(f, "train-images-idx3-ubyte", idx(2051, np.zeros((200, 28, 28)))[:-784]),
+        "",
+        "is truncated: its header announces shape (200, 28, 28)",
+    ),
+    (
+        "too long",
+        lambda f: _gz(f, "train-labels-idx1-ubyte", idx(2049, np.zeros(200)) + b"\0\0"),
+        "",
+        "is too long: its header announces shape (200,)",
+    ),
+    (
+        "short header",
+        lambda f: _gz(f, "train-images-idx3-ubyte", struct.pack(">II", 2051, 200)),
+        "",
+        "shorter than its 16-byte IDX header",
+    ),
+    (
+        "not gzip",
+        lambda f: (f / "train-labels-idx1-ubyte.gz").write_bytes(b"plain bytes"),
+        "",
+        "is not a valid gzip file",
+    ),
+    (
+        "cut gzip",
+        lambda f: (f / "t10k-images-idx3-ubyte.gz").write_bytes((f / "t10k-images-idx3-ubyte.gz").read_bytes()[:-40]),
+        "",
+        "is not a valid gzip file",
+    ),
+    (
+        "label out of range",
+        lambda f: _gz(f, "train-labels-idx1-ubyte", idx(2049, np.full(200, 11))),
+        "",
+        "has label 11 at index 0; labels must be in 0..9",
+    ),
+    ("count mismatch", lambda f: _gz(f, "t10k-labels-idx1-ubyte", idx(2049, np.zeros(49))), "", "holds 50 images but"),
+    (
+        "wrong image size",
+        lambda f: _gz(f, "t10k-images-idx3-ubyte", idx(2051, np.zeros((50, 14, 14)))),
+        "",
+        "holds images of 14x14 pixels, expected 28x28",
+    ),
     ("md5 mismatch", lambda f: (f / "MD5SUMS").write_text("0" * 32 + "  train-labels-idx1-ubyte.gz\n"), "", "has md5"),
     ("bad MD5SUMS", lambda f: (f / "MD5SUMS").write_text("not a checksum line\n"), "", "is not `MD5  FILENAME`"),
-    ("batch > smallest client", lambda f: None, "batch_size = 41",
-     "problem.batch_size: 41 is more than the 40 inner (training) samples of the smallest client"),
-    ("hypergradient batch > smallest client", lambda f: None, "batch_size = 8\nhypergradient_batch_size = 11",
-     "problem.hypergradient_batch_size: 11 is more than the 10 outer (validation) samples"),
-    ("loss tuning, missing file", lambda f: (f / "t10k-images-idx3-ubyte.gz").unlink(), "loss_tuning",
-     "t10k-images-idx3-ubyte.gz' not found"),
+    (
+        "batch > smallest client",
+        lambda f: None,
+        "batch_size = 41",
+        "problem.batch_size: 41 is more than the 40 inner (training) samples of the smallest client",
+    ),
+    (
+        "hypergradient batch > smallest client",
+        lambda f: None,
+        "batch_size = 8\nhypergradient_batch_size = 11",
+        "problem.hypergradient_batch_size: 11 is more than the 10 outer (validation) samples",
+    ),
+    (
+        "loss tuning, missing file",
+        lambda f: (f / "t10k-images-idx3-ubyte.gz").unlink(),
+        "loss_tuning",
+        "t10k-images-idx3-ubyte.gz' not found",
+    ),
 ]
 
 
 def _image_config(tmp, data, extra):
     name = "loss_tuning" if extra == "loss_tuning" else "hyper_representation"
     path = tmp / "images.toml"
-    path.write_text(IMAGES.format(name=name, data=data, extra="batch_size = 8" if extra in ("", "loss_tuning") else extra))
+    path.write_text(
+        IMAGES.format(name=name, data=data, extra="batch_size = 8" if extra in ("", "loss_tuning") else extra)
+    )
     return path
 
 

@@ -24,10 +24,25 @@ from fednest_mpi.problems.base import Sample  # noqa: E402
 
 @pytest.fixture(scope="module")
 def problems():
-    cfg = config.from_dict({"problem": {"name": "synthetic", "n_clients": 30, "hidden": 5, "n_inputs": 8, "n_classes": 4,
-                                        "samples_per_client": 20, "size_distribution": "lognormal", "size_sigma": 0.5,
-                                        "batch_size": 6, "eval_clients": 3, "eval_samples": 5},
-                            "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
+    cfg = config.from_dict(
+        {
+            "problem": {
+                "name": "synthetic",
+                "n_clients": 30,
+                "hidden": 5,
+                "n_inputs": 8,
+                "n_classes": 4,
+                "samples_per_client": 20,
+                "size_distribution": "lognormal",
+                "size_sigma": 0.5,
+                "batch_size": 6,
+                "eval_clients": 3,
+                "eval_samples": 5,
+            },
+            "algorithm": {"clients_per_round": 5},
+            "run": {"dtype": "float64"},
+        }
+    )
     batched = build_problem(cfg.problem, 1, range(0), dtype=torch.float64)
     return batched, SequentialProblem(batched)
 
@@ -37,12 +52,18 @@ def test_sequential_baseline_matches_the_batched_oracles(problems, sample):
     batched, seq = problems
     ids = np.array([2, 9, 21])
     gen = torch.Generator().manual_seed(1)
-    X, Y, V = (scale * torch.randn(3, dim, dtype=torch.float64, generator=gen)
-               for scale, dim in ((0.3, batched.dim_x), (0.3, batched.dim_y), (1.0, batched.dim_y)))
+    X, Y, V = (
+        scale * torch.randn(3, dim, dtype=torch.float64, generator=gen)
+        for scale, dim in ((0.3, batched.dim_x), (0.3, batched.dim_y), (1.0, batched.dim_y))
+    )
     for name in ("grad_x_outer", "grad_y_outer", "grad_y_inner"):
-        torch.testing.assert_close(getattr(seq, name)(ids, X, Y, sample), getattr(batched, name)(ids, X, Y, sample), msg=name)
+        torch.testing.assert_close(
+            getattr(seq, name)(ids, X, Y, sample), getattr(batched, name)(ids, X, Y, sample), msg=name
+        )
     for name in ("hvp_yy_inner", "jvp_xy_inner"):
-        torch.testing.assert_close(getattr(seq, name)(ids, X, Y, V, sample), getattr(batched, name)(ids, X, Y, V, sample), msg=name)
+        torch.testing.assert_close(
+            getattr(seq, name)(ids, X, Y, V, sample), getattr(batched, name)(ids, X, Y, V, sample), msg=name
+        )
 
 
 def test_harness_smoke_run_writes_its_table(tmp_path, capsys):
@@ -53,7 +74,7 @@ def test_harness_smoke_run_writes_its_table(tmp_path, capsys):
     spec.write_text(f'''
 iterations = 1
 warmup = 0
-output = "{tmp_path / 'tiny.h5'}"
+output = "{tmp_path / "tiny.h5"}"
 copy_mib = 8
 sequential_max_clients = 3
 [[case]]
@@ -88,8 +109,17 @@ neumann_steps = 1
 
 # -- the floors: hand-counted FLOP and bytes ------------------------------------------------------
 def test_fedavg_floor_is_the_hand_count():
-    s = floors.RoundShape(algorithm="fedavg", clients=1000, widths=(784, 200, 10), x_layers=0, dim_x=20,
-                          n_inner=4.0, n_outer=1.0, batch=4, tau=5)
+    s = floors.RoundShape(
+        algorithm="fedavg",
+        clients=1000,
+        widths=(784, 200, 10),
+        x_layers=0,
+        dim_x=20,
+        n_inner=4.0,
+        n_outer=1.0,
+        batch=4,
+        tau=5,
+    )
     gemm0, gemm1 = 2 * 4 * 784 * 200, 2 * 4 * 200 * 10
     per_step = 2 * (gemm0 + gemm1) + gemm1  # fwd + weight gradients + the input gradient of layer 2 only
     flop, traffic = floors.floors(s)
@@ -99,8 +129,19 @@ def test_fedavg_floor_is_the_hand_count():
 
 
 def test_loss_tuning_floor_counts_every_fednest_oracle():
-    s = floors.RoundShape(algorithm="fednest", clients=1, widths=(784, 200, 100, 10), x_layers=0, dim_x=20,
-                          n_inner=4.0, n_outer=1.0, batch=3, tau=5, neumann=5, x_in_outer=False)
+    s = floors.RoundShape(
+        algorithm="fednest",
+        clients=1,
+        widths=(784, 200, 100, 10),
+        x_layers=0,
+        dim_x=20,
+        n_inner=4.0,
+        n_outer=1.0,
+        batch=3,
+        tau=5,
+        neumann=5,
+        x_in_outer=False,
+    )
     g = lambda r: r * (2 * 2 * (784 * 200 + 200 * 100 + 100 * 10) + 2 * (200 * 100 + 100 * 10))  # noqa: E731
     expected = g(4) + 2 * 5 * g(3) + g(1) + 5 * 2 * g(4) + 2 * g(4)  # anchor, SVRG pairs, nabla_y f, N HVPs, Jacobian
     assert floors.flop_per_client(s) == expected
@@ -110,8 +151,18 @@ def test_loss_tuning_floor_counts_every_fednest_oracle():
 
 
 def test_hyperrep_floor_forms_the_features_once_per_client_and_split():
-    kw = dict(algorithm="fednest_sgd", clients=1, widths=(784, 200, 10), x_layers=1, dim_x=784 * 200 + 200,
-              n_inner=4.0, n_outer=2.0, batch=3, tau=5, neumann=0)
+    kw = dict(
+        algorithm="fednest_sgd",
+        clients=1,
+        widths=(784, 200, 10),
+        x_layers=1,
+        dim_x=784 * 200 + 200,
+        n_inner=4.0,
+        n_outer=2.0,
+        batch=3,
+        tau=5,
+        neumann=0,
+    )
     wide, narrow = floors.RoundShape(**kw), floors.RoundShape(**{**kw, "tau": 50})
     head = 2 * 2 * 3 * 200 * 10  # one head gradient on 3 rows: fwd + weight gradient, no pass through the features
     assert floors.flop_per_client(narrow) - floors.flop_per_client(wide) == 45 * head
@@ -120,7 +171,7 @@ def test_hyperrep_floor_forms_the_features_once_per_client_and_split():
 
 # -- the cost model on synthetic numbers ------------------------------------------------------------
 def test_alpha_beta_fit_recovers_the_constants():
-    n = np.array([4.0 ** k for k in range(1, 12)])
+    n = np.array([4.0**k for k in range(1, 12)])
     net = model.fit_alpha_beta(n, 2e-6 + 5e-10 * n)
     assert net.alpha == pytest.approx(2e-6, rel=1e-6) and net.beta == pytest.approx(5e-10, rel=1e-6)
     assert net.allreduce(1, 10, 1e6) == 0.0
@@ -133,11 +184,28 @@ def test_model_fit_predicts_rows_made_by_a_known_model():
     rows = []
     for clients, ranks in ((100, 1), (1000, 1), (10000, 1), (1000, 2), (10000, 2)):
         t = 0.05 + 2e-3 * -(-clients // ranks) + net.allreduce(ranks, 7, 4e5)
-        rows.append({"case": "c", "mode": "single" if ranks == 1 else "strong", "ranks": ranks,
-                     "clients_per_round": clients,
-                     "alg_s": t, "allreduce_calls": 7.0, "allreduce_bytes": 4e5})
-    rows.append({"case": "c", "mode": "plain", "ranks": 1, "clients_per_round": 100, "alg_s": 0.3,
-                 "allreduce_calls": float("nan"), "allreduce_bytes": float("nan")})
+        rows.append(
+            {
+                "case": "c",
+                "mode": "single" if ranks == 1 else "strong",
+                "ranks": ranks,
+                "clients_per_round": clients,
+                "alg_s": t,
+                "allreduce_calls": 7.0,
+                "allreduce_bytes": 4e5,
+            }
+        )
+    rows.append(
+        {
+            "case": "c",
+            "mode": "plain",
+            "ranks": 1,
+            "clients_per_round": 100,
+            "alg_s": 0.3,
+            "allreduce_calls": float("nan"),
+            "allreduce_bytes": float("nan"),
+        }
+    )
     m = model.fit(rows, net)
     assert m.compute[("c", "project")].a == pytest.approx(0.05) and m.compute[("c", "project")].b == pytest.approx(2e-3)
     assert m.compute[("c", "plain")] == model.Compute(0.0, 0.003, 1)
@@ -154,12 +222,23 @@ def test_model_command_refuses_a_bad_argument(tmp_path, capsys):
 # -- the plain loop does the algorithm's math -------------------------------------------------------
 @pytest.fixture(scope="module")
 def plain_cfg():
-    problem = {"name": "synthetic", "n_clients": 6, "hidden": 4, "n_inputs": 5, "n_classes": 3,
-               "samples_per_client": 10, "batch_size": 8}
-    return config.from_dict({"seed": 3, "problem": problem,
-                             "algorithm": {"name": "fedavg", "clients_per_round": 6, "inner_local_steps": 1,
-                                           "inner_lr": 0.1},
-                             "run": {"dtype": "float64"}})
+    problem = {
+        "name": "synthetic",
+        "n_clients": 6,
+        "hidden": 4,
+        "n_inputs": 5,
+        "n_classes": 3,
+        "samples_per_client": 10,
+        "batch_size": 8,
+    }
+    return config.from_dict(
+        {
+            "seed": 3,
+            "problem": problem,
+            "algorithm": {"name": "fedavg", "clients_per_round": 6, "inner_local_steps": 1, "inner_lr": 0.1},
+            "run": {"dtype": "float64"},
+        }
+    )
 
 
 def test_plain_fedavg_round_is_one_averaged_sgd_step(plain_cfg):
@@ -194,6 +273,7 @@ def test_plain_hessian_product_is_the_hessian(plain_cfg):
     def g(v):
         parts = list(torch.split(v, [s.numel() for s in shapes]))
         return loop.inner_loss(loop.x, [p.reshape(s) for p, s in zip(parts, shapes)], A, t)
+
     H = torch.autograd.functional.hessian(g, flat)
     rv = torch.cat([w.reshape(-1) for w in r])
     torch.testing.assert_close(torch.cat([o.reshape(-1) for o in out]), rv - loop.a.neumann_scale * H @ rv)

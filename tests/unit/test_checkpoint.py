@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from histories import assert_histories_match
 from mpi4py import MPI
 
 from fednest_mpi import checkpoint, config
@@ -25,7 +26,6 @@ from fednest_mpi.cli import main
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.h5 import RunWriter, read_run
 from fednest_mpi.runner import Simulation, simulate
-from histories import assert_histories_match
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -102,9 +102,20 @@ def test_checkpoint_round_trip_and_client_rows_found_by_id(tmp_path, small_confi
     cfg = small_config()
     ids = np.arange(12)
     rows = torch.arange(24, dtype=torch.float64).reshape(12, 2)
-    ck = checkpoint.Checkpoint(iteration=4, x=torch.ones(4), y=torch.zeros(6), comm_rounds=7, comm_bytes=70, comm_seconds=0.5,
-                               oracle_totals=torch.arange(5.0), wall_time=1.5, output_rows=5, config_json=cfg.to_json(),
-                               mpi_size=1, algorithm_state={"m": torch.full((3,), 2.0)})
+    ck = checkpoint.Checkpoint(
+        iteration=4,
+        x=torch.ones(4),
+        y=torch.zeros(6),
+        comm_rounds=7,
+        comm_bytes=70,
+        comm_seconds=0.5,
+        oracle_totals=torch.arange(5.0),
+        wall_time=1.5,
+        output_rows=5,
+        config_json=cfg.to_json(),
+        mpi_size=1,
+        algorithm_state={"m": torch.full((3,), 2.0)},
+    )
     checkpoint.save(MPI.COMM_SELF, tmp_path, ck, {"s": (ids, rows)})
     back = checkpoint.load(tmp_path)
     assert back.iteration == 4 and back.output_rows == 5 and back.comm_rounds == 7 and back.wall_time == 1.5
@@ -118,9 +129,19 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, small_con
     cfg = small_config()
 
     def ck(k):
-        return checkpoint.Checkpoint(iteration=k, x=torch.full((4,), float(k)), y=torch.zeros(6), comm_rounds=k, comm_bytes=0,
-                                     comm_seconds=0.0, oracle_totals=torch.zeros(5), wall_time=0.0, output_rows=k + 1,
-                                     config_json=cfg.to_json(), mpi_size=1)
+        return checkpoint.Checkpoint(
+            iteration=k,
+            x=torch.full((4,), float(k)),
+            y=torch.zeros(6),
+            comm_rounds=k,
+            comm_bytes=0,
+            comm_seconds=0.0,
+            oracle_totals=torch.zeros(5),
+            wall_time=0.0,
+            output_rows=k + 1,
+            config_json=cfg.to_json(),
+            mpi_size=1,
+        )
 
     checkpoint.save(MPI.COMM_SELF, tmp_path, ck(3), {"s": (np.arange(2), torch.ones(2, 1))})
     real_save = torch.save
@@ -142,9 +163,22 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, small_con
 
 def test_resume_checks_name_the_config_difference(tmp_path, small_config):
     cfg = small_config()
-    ck = checkpoint.Checkpoint(iteration=5, x=torch.ones(4), y=torch.zeros(6), comm_rounds=0, comm_bytes=0, comm_seconds=0.0,
-                               oracle_totals=torch.zeros(5), wall_time=0.0, output_rows=6, config_json=cfg.to_json(), mpi_size=2)
-    checkpoint.check_resumable(ck, small_config(algorithm={"outer_iterations": 9}, run={"log_every": 3, "checkpoint_every": 2}))
+    ck = checkpoint.Checkpoint(
+        iteration=5,
+        x=torch.ones(4),
+        y=torch.zeros(6),
+        comm_rounds=0,
+        comm_bytes=0,
+        comm_seconds=0.0,
+        oracle_totals=torch.zeros(5),
+        wall_time=0.0,
+        output_rows=6,
+        config_json=cfg.to_json(),
+        mpi_size=2,
+    )
+    checkpoint.check_resumable(
+        ck, small_config(algorithm={"outer_iterations": 9}, run={"log_every": 3, "checkpoint_every": 2})
+    )
     with pytest.raises(UsageError, match=r"algorithm.inner_lr: checkpoint 0.05, now 0.06"):
         checkpoint.check_resumable(ck, small_config(algorithm={"inner_lr": 0.06}))
     with pytest.raises(UsageError, match="checkpoint is at iteration 5, beyond algorithm.outer_iterations = 4"):
@@ -179,8 +213,12 @@ def test_writer_resume_keeps_the_checkpoint_rows_and_replaces_the_file(tmp_path)
 
 @pytest.mark.parametrize("stop_at", [0, 3, 7])
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, small_config, stop_at):
-    cfg = small_config(algorithm={"outer_iterations": 7, "ihgp_mode": "randomized"}, problem={"gradient_noise": 0.1},
-                       federation={"reduction": "ordered"}, run={"checkpoint_every": 2})
+    cfg = small_config(
+        algorithm={"outer_iterations": 7, "ihgp_mode": "randomized"},
+        problem={"gradient_noise": 0.1},
+        federation={"reduction": "ordered"},
+        run={"checkpoint_every": 2},
+    )
     whole = _sim(cfg, MPI.COMM_SELF)
     full = whole.run()
     stop = StopAt(stop_at)
@@ -245,7 +283,7 @@ ihgp_mode = "randomized"
 [federation]
 reduction = "ordered"
 [run]
-output = "{tmp_path / 'out.h5'}"
+output = "{tmp_path / "out.h5"}"
 checkpoint_every = {every}
 """)
     return path
@@ -289,8 +327,13 @@ def test_sigterm_from_outside_under_mpiexec(tmp_path):
     """A real signal to mpiexec (which passes it to the ranks), at a moment the test does not choose."""
     cfg = _cli_config(tmp_path, iterations=100000, every=0)
     env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, "-m", "fednest_mpi", "run", str(cfg), "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [str(MPIEXEC), "-n", "2", sys.executable, "-m", "fednest_mpi", "run", str(cfg), "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -323,7 +366,8 @@ def test_four_rank_run_resumed_on_two_ranks_gives_the_same_file(tmp_path):
     assert_file_equals(tmp_path / "out.h5", _reference(cfg))
     attrs, _ = read_run(tmp_path / "out.h5")
     assert attrs["mpi_size"] == 4 and json.loads(attrs["resumes"]) == [
-        {"iteration": 5, "mpi_size": 2, "utc": json.loads(attrs["resumes"])[0]["utc"]}]
+        {"iteration": 5, "mpi_size": 2, "utc": json.loads(attrs["resumes"])[0]["utc"]}
+    ]
 
 
 def test_nan_on_one_rank_stops_every_rank_with_the_iteration(tmp_path):

@@ -38,9 +38,22 @@ def test_usage_error_of_argparse_exits_2():
 @pytest.mark.parametrize("ranks,iterations,reduction", [(1, 60, 1e-6), (2, 60, 1e-6), (4, 20, 1e-1)])
 def test_run_writes_hdf5_with_table_2_counts_and_converges(tmp_path, ranks, iterations, reduction):
     out = tmp_path / "q.h5"
-    res = run_cli("run", CONFIG, "--output", out, "--quiet", "--set", "problem.n_clients=20",
-                  "--set", "algorithm.clients_per_round=20", "--set", f"algorithm.outer_iterations={iterations}",
-                  "--set", "algorithm.neumann_steps=30", ranks=ranks)
+    res = run_cli(
+        "run",
+        CONFIG,
+        "--output",
+        out,
+        "--quiet",
+        "--set",
+        "problem.n_clients=20",
+        "--set",
+        "algorithm.clients_per_round=20",
+        "--set",
+        f"algorithm.outer_iterations={iterations}",
+        "--set",
+        "algorithm.neumann_steps=30",
+        ranks=ranks,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().endswith(f"output: {out}")
     attrs, data = read_run(out)
@@ -59,8 +72,17 @@ def test_bad_config_exits_2_with_one_message_on_all_ranks(tmp_path):
 
 
 def test_more_ranks_than_clients_exits_2(tmp_path):
-    res = run_cli("run", CONFIG, "--set", "problem.n_clients=3", "--set", "algorithm.clients_per_round=2",
-                  "--output", tmp_path / "x.h5", ranks=4)
+    res = run_cli(
+        "run",
+        CONFIG,
+        "--set",
+        "problem.n_clients=3",
+        "--set",
+        "algorithm.clients_per_round=2",
+        "--output",
+        tmp_path / "x.h5",
+        ranks=4,
+    )
     assert res.returncode == 2 and "3 clients cannot fill 4 MPI ranks" in res.stderr
     assert res.stderr.count("fednest-mpi: error:") == 1
 
@@ -70,7 +92,9 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path):
     out.write_bytes(b"precious")
     res = run_cli("run", CONFIG, "--output", out, "--set", "algorithm.outer_iterations=1", ranks=2)
     assert res.returncode == 2 and "already exists" in res.stderr and out.read_bytes() == b"precious"
-    res = run_cli("run", CONFIG, "--output", out, "--set", "algorithm.outer_iterations=1", "--overwrite", "--quiet", ranks=2)
+    res = run_cli(
+        "run", CONFIG, "--output", out, "--set", "algorithm.outer_iterations=1", "--overwrite", "--quiet", ranks=2
+    )
     assert res.returncode == 0 and read_run(out)[1]["iteration"].tolist() == [0, 1]
 
 
@@ -82,8 +106,19 @@ def test_missing_config_file_exits_2(tmp_path):
 def test_exception_on_one_rank_ends_the_whole_job_quickly(tmp_path):
     # timed from the failing rank's message, not from the launch: starting 4 Python ranks that
     # import torch can itself take longer than 10 s on a loaded 2-core machine
-    cmd = [str(MPIEXEC), "-n", "4", sys.executable, "-m", "fednest_mpi", "run", str(CONFIG), "--output",
-           str(tmp_path / "x.h5"), "--quiet"]
+    cmd = [
+        str(MPIEXEC),
+        "-n",
+        "4",
+        sys.executable,
+        "-m",
+        "fednest_mpi",
+        "run",
+        str(CONFIG),
+        "--output",
+        str(tmp_path / "x.h5"),
+        "--quiet",
+    ]
     env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "FEDNEST_MPI_INJECT_FAULT": "2:3"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines, fault_seen = [], None
@@ -110,7 +145,16 @@ def test_divergence_stops_with_the_iteration(tmp_path):
 def test_jobs_render_and_list(tmp_path):
     res = run_cli("jobs", "list", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml")
     assert res.returncode == 0 and "fednest_seed0" in res.stdout
-    res = run_cli("jobs", "render", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml", "--site", "local",
-                  "--out-dir", tmp_path, "--workdir", ROOT)
+    res = run_cli(
+        "jobs",
+        "render",
+        ROOT / "jobs" / "sweeps" / "quadratic_variants.toml",
+        "--site",
+        "local",
+        "--out-dir",
+        tmp_path,
+        "--workdir",
+        ROOT,
+    )
     assert res.returncode == 0 and "submit: sbatch" in res.stdout
     assert run_cli("jobs", "list", tmp_path / "missing.toml").returncode == 2

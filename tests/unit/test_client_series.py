@@ -10,18 +10,25 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from shared_data import DATA, requires
+from test_checkpoint import _cli_config, run_cli  # the small CLI run of the checkpoint tests (bitwise on 1, 2, 4 ranks)
 
 from fednest_mpi.cli import main
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
-from fednest_mpi.io.clients import ClientFile, SeriesLayout, read_clients, read_ranks, read_snapshots, truncate_client_files
+from fednest_mpi.io.clients import (
+    ClientFile,
+    SeriesLayout,
+    read_clients,
+    read_ranks,
+    read_snapshots,
+    truncate_client_files,
+)
 from fednest_mpi.io.h5 import RunWriter
 from fednest_mpi.problems import build_problem
 from fednest_mpi.recorder import IHGP, INNER, OFF, OUTER, ClientRecorder, phase_times
 from fednest_mpi.runner import Simulation
 from fednest_mpi.series import RunSeries, series_layout
-from shared_data import DATA, requires
-from test_checkpoint import _cli_config, run_cli  # the small CLI run of the checkpoint tests (bitwise on 1, 2, 4 ranks)
 
 COLUMNS = {"iteration": ("k", "1"), "x_error": ("||x - x*||", "1")}
 
@@ -50,8 +57,7 @@ def test_off_recorder_does_not_compute():
 
 def test_phase_times_split_waiting_from_transfer():
     # rank 0 enters rounds at 1.0 and 5.0, rank 1 at 3.0 and 4.0; both leave at 3.5 and 5.5
-    table = np.array([[6.0, 1.0, 5.0, 3.5, 5.5],
-                      [6.0, 3.0, 4.0, 3.5, 5.5]])
+    table = np.array([[6.0, 1.0, 5.0, 3.5, 5.5], [6.0, 3.0, 4.0, 3.5, 5.5]])
     p = phase_times(table)
     np.testing.assert_allclose(p["wait_seconds"], [2.0, 1.0])  # (3 - 1) + 0 ; 0 + (5 - 4)
     np.testing.assert_allclose(p["transfer_seconds"], [0.5 + 0.5, 0.5 + 0.5])
@@ -62,8 +68,10 @@ def test_phase_times_split_waiting_from_transfer():
 # -- value oracles ----------------------------------------------------------------------------------
 def _rows(prob, n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (0.3 * torch.randn(n, prob.dim_x, dtype=torch.float64, generator=g),
-            0.3 * torch.randn(n, prob.dim_y, dtype=torch.float64, generator=g))
+    return (
+        0.3 * torch.randn(n, prob.dim_x, dtype=torch.float64, generator=g),
+        0.3 * torch.randn(n, prob.dim_y, dtype=torch.float64, generator=g),
+    )
 
 
 def _check_values(prob, ids):
@@ -72,7 +80,7 @@ def _check_values(prob, ids):
     for value, grad in ((prob.inner_value, prob.grad_y_inner), (prob.outer_value, prob.grad_y_outer)):
         full = value(ids, X, Y)
         assert full.shape == (len(ids),)
-        alone = torch.cat([value(ids[i:i + 1], X[i:i + 1], Y[i:i + 1]) for i in range(len(ids))])
+        alone = torch.cat([value(ids[i : i + 1], X[i : i + 1], Y[i : i + 1]) for i in range(len(ids))])
         torch.testing.assert_close(full, alone, rtol=1e-13, atol=0)  # up to the padding of a block's widest client
         Yl = Y.clone().requires_grad_(True)
         (gy,) = torch.autograd.grad(value(ids, X, Yl).sum(), Yl)
@@ -85,8 +93,12 @@ def test_quadratic_values_average_to_the_global_objectives(small_config):
     ids = np.arange(12)
     x, y = _rows(prob, 1, seed=3)
     X, Y = x.expand(12, -1), y.expand(12, -1)
-    assert float(prob.inner_value(ids, X, Y).mean()) == pytest.approx(float(prob.inner_objective(x[0], y[0])), rel=1e-12)
-    assert float(prob.outer_value(ids, X, Y).mean()) == pytest.approx(float(prob.outer_objective(x[0], y[0])), rel=1e-12)
+    assert float(prob.inner_value(ids, X, Y).mean()) == pytest.approx(
+        float(prob.inner_objective(x[0], y[0])), rel=1e-12
+    )
+    assert float(prob.outer_value(ids, X, Y).mean()) == pytest.approx(
+        float(prob.outer_objective(x[0], y[0])), rel=1e-12
+    )
     assert sum(prob.oracle_counts.values()) == 0  # values are diagnostics, not counted oracle calls
     _check_values(prob, np.array([1, 4, 9]))
 
@@ -94,20 +106,40 @@ def test_quadratic_values_average_to_the_global_objectives(small_config):
 def test_representation_values_match_the_gradient_oracles():
     from fednest_mpi import config
 
-    cfg = config.from_dict({"problem": {"name": "synthetic", "n_clients": 20, "hidden": 5, "n_inputs": 7, "n_classes": 4,
-                                        "samples_per_client": 30, "eval_clients": 5, "eval_samples": 10},
-                            "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
+    cfg = config.from_dict(
+        {
+            "problem": {
+                "name": "synthetic",
+                "n_clients": 20,
+                "hidden": 5,
+                "n_inputs": 7,
+                "n_classes": 4,
+                "samples_per_client": 30,
+                "eval_clients": 5,
+                "eval_samples": 10,
+            },
+            "algorithm": {"clients_per_round": 5},
+            "run": {"dtype": "float64"},
+        }
+    )
     prob = build_problem(cfg.problem, 0, range(0, 20), dtype=torch.float64)
     _check_values(prob, np.array([2, 3, 17]))
 
 
 @requires("mnist")
-@pytest.mark.parametrize("problem", [{"name": "hyper_representation", "hidden": 6}, {"name": "loss_tuning", "hidden1": 7, "hidden2": 5}])
+@pytest.mark.parametrize(
+    "problem", [{"name": "hyper_representation", "hidden": 6}, {"name": "loss_tuning", "hidden1": 7, "hidden2": 5}]
+)
 def test_mnist_values_match_the_gradient_oracles(problem):
     from fednest_mpi import config
 
-    cfg = config.from_dict({"problem": {"data_dir": str(DATA), "n_clients": 20, "partition": "shards", **problem},
-                            "algorithm": {"clients_per_round": 5}, "run": {"dtype": "float64"}})
+    cfg = config.from_dict(
+        {
+            "problem": {"data_dir": str(DATA), "n_clients": 20, "partition": "shards", **problem},
+            "algorithm": {"clients_per_round": 5},
+            "run": {"dtype": "float64"},
+        }
+    )
     prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
     _check_values(prob, np.array([4, 7, 11]))
 
@@ -116,7 +148,9 @@ def test_mnist_values_match_the_gradient_oracles(problem):
 def _simulate_to_file(small_config, path, **run):
     cfg = small_config(run={"output": str(path), **run}, algorithm={"outer_iterations": 5})
     sim = Simulation(cfg, MPI.COMM_SELF)
-    writer = RunWriter(path, {"mpi_size": 1, "config_json": cfg.to_json()}, sim.columns(), extend=series_layout(sim).create)
+    writer = RunWriter(
+        path, {"mpi_size": 1, "config_json": cfg.to_json()}, sim.columns(), extend=series_layout(sim).create
+    )
     series = RunSeries(sim, writer)
     sim.run(writer=writer, series=series)
     series.close()
@@ -130,14 +164,19 @@ def test_round_trip_of_the_two_dimensional_series(small_config, tmp_path):
     c, snaps = read_clients(path), read_snapshots(path)
     K, M, per_round = 5, 12, 6
     assert {k: (v.shape, v.dtype.name) for k, v in c.items()} == {
-        name: ((M, K + 1), dtype) for name, (dtype, *_rest) in S.CLIENT_SERIES.items()}
+        name: ((M, K + 1), dtype) for name, (dtype, *_rest) in S.CLIENT_SERIES.items()
+    }
     roles = c["participation"]
     assert not roles[:, 0].any()  # the initial point has no rounds
     assert ((roles[:, 1:] & INNER) > 0).sum(0).tolist() == [per_round] * K  # T = 1 FedInn set per iteration
     assert ((roles[:, 1:] & OUTER) > 0).sum(0).tolist() == [per_round] * K
     assert (((roles[:, 1:] & IHGP) > 0).sum(0) >= per_round).all()  # N + 1 resampled FedIHGP sets
-    for name, role in (("inner_loss", INNER), ("inner_gradient_norm", INNER), ("outer_loss", OUTER),
-                       ("local_hypergradient_norm", OUTER)):
+    for name, role in (
+        ("inner_loss", INNER),
+        ("inner_gradient_norm", INNER),
+        ("outer_loss", OUTER),
+        ("local_hypergradient_norm", OUTER),
+    ):
         np.testing.assert_array_equal(np.isfinite(c[name]), (roles & role) > 0, err_msg=name)
     # closed forms at the iterates: FedInn of iteration k gets (x_{k-1}, y_{k-1}), FedOut (x_{k-1}, y_k)
     prob = sim.problem
@@ -161,8 +200,11 @@ def test_round_trip_of_the_two_dimensional_series(small_config, tmp_path):
             for name in names:
                 d = f[group][name]
                 assert d.attrs["description"] and d.attrs["units"], name
-                assert d.dims[0][0].name in (f"/{S.CLIENTS}/{S.CLIENT_SCALE}", f"/{S.RANKS}/{S.RANK_SCALE}",
-                                             f"/{S.SNAPSHOTS}/{S.SNAPSHOT_SCALE}")
+                assert d.dims[0][0].name in (
+                    f"/{S.CLIENTS}/{S.CLIENT_SCALE}",
+                    f"/{S.RANKS}/{S.RANK_SCALE}",
+                    f"/{S.SNAPSHOTS}/{S.SNAPSHOT_SCALE}",
+                )
         assert f[S.CLIENTS]["outer_loss"].is_virtual
         assert f[S.CLIENTS]["outer_loss"].dims[1][0].name == f"/{S.GROUP}/{S.SCALE}"
         assert f[S.CLIENTS][S.CLIENT_SCALE][:].tolist() == list(range(M))
@@ -190,8 +232,16 @@ def test_other_schema_versions_are_refused_by_the_series_readers(small_config, t
 
 
 def _layout(path, blocks, n_clients):
-    return SeriesLayout(run_path=path, n_clients=n_clients, blocks=blocks, client_series=True, snapshot_every=0,
-                        dim_x=1, dim_y=1, dtype="float64")
+    return SeriesLayout(
+        run_path=path,
+        n_clients=n_clients,
+        blocks=blocks,
+        client_series=True,
+        snapshot_every=0,
+        dim_x=1,
+        dim_y=1,
+        dtype="float64",
+    )
 
 
 def _write_rank_files(path, blocks, K):
@@ -200,8 +250,18 @@ def _write_rank_files(path, blocks, K):
         f = ClientFile(path, rank, rows)
         ids = np.arange(rows.start, rows.stop)
         for k in range(K):
-            f.append(k, {"participation": np.ones(len(ids), np.uint8), "inner_loss": 100.0 * ids + k,
-                         **{n: np.full(len(ids), np.nan) for n in S.CLIENT_SERIES if n not in ("participation", "inner_loss")}})
+            f.append(
+                k,
+                {
+                    "participation": np.ones(len(ids), np.uint8),
+                    "inner_loss": 100.0 * ids + k,
+                    **{
+                        n: np.full(len(ids), np.nan)
+                        for n in S.CLIENT_SERIES
+                        if n not in ("participation", "inner_loss")
+                    },
+                },
+            )
         f.close()
 
 
@@ -210,12 +270,25 @@ def test_a_reader_sees_the_per_rank_rows_through_the_run_file_while_they_are_wri
     blocks = (range(0, 2), range(2, 5))
     writer = RunWriter(path, {"config_json": json.dumps({})}, COLUMNS, extend=_layout(path, blocks, 5).create)
     files = [ClientFile(path, r, b) for r, b in enumerate(blocks)]
-    reader = "import sys; from fednest_mpi.io.clients import read_clients; print(read_clients(sys.argv[1])['inner_loss'].tolist())"
+    reader = (
+        "import sys; from fednest_mpi.io.clients import read_clients; "
+        "print(read_clients(sys.argv[1])['inner_loss'].tolist())"
+    )
     for k in range(2):
         for f, rows in zip(files, blocks):
             ids = np.arange(rows.start, rows.stop)
-            f.append(k, {"participation": np.ones(len(ids), np.uint8), "inner_loss": 100.0 * ids + k,
-                         **{n: np.full(len(ids), np.nan) for n in S.CLIENT_SERIES if n not in ("participation", "inner_loss")}})
+            f.append(
+                k,
+                {
+                    "participation": np.ones(len(ids), np.uint8),
+                    "inner_loss": 100.0 * ids + k,
+                    **{
+                        n: np.full(len(ids), np.nan)
+                        for n in S.CLIENT_SERIES
+                        if n not in ("participation", "inner_loss")
+                    },
+                },
+            )
         writer.append({"iteration": k, "x_error": 1.0})
         seen = subprocess.run([sys.executable, "-c", reader, str(path)], capture_output=True, text=True, timeout=60)
         assert json.loads(seen.stdout) == [[100.0 * i + j for j in range(k + 1)] for i in range(5)], seen.stderr
@@ -224,7 +297,9 @@ def test_a_reader_sees_the_per_rank_rows_through_the_run_file_while_they_are_wri
     writer.close()
 
 
-@pytest.mark.parametrize("new_blocks", [(range(0, 2), range(2, 5)), (range(0, 1), range(1, 3), range(3, 5)), (range(0, 5),)])
+@pytest.mark.parametrize(
+    "new_blocks", [(range(0, 2), range(2, 5)), (range(0, 1), range(1, 3), range(3, 5)), (range(0, 5),)]
+)
 def test_truncation_keeps_the_first_iterations_for_any_number_of_ranks(tmp_path, new_blocks):
     path = tmp_path / "r.h5"
     _write_rank_files(path, (range(0, 2), range(2, 5)), K=4)

@@ -5,17 +5,19 @@ import subprocess
 import sys
 
 import torch
+from histories import assert_histories_match
 
 from fednest_mpi.comm import SerialComm
 from fednest_mpi.runner import simulate
-from histories import assert_histories_match
 
 
 def test_importing_the_library_does_not_start_mpi():
-    code = ("import sys\n"
-            "import fednest_mpi.algorithms, fednest_mpi.problems, fednest_mpi.runner, fednest_mpi.series\n"
-            "import fednest_mpi.post, fednest_mpi.checkpoint, fednest_mpi.federation, fednest_mpi.io.h5\n"
-            "print('mpi4py.MPI' in sys.modules)")
+    code = (
+        "import sys\n"
+        "import fednest_mpi.algorithms, fednest_mpi.problems, fednest_mpi.runner, fednest_mpi.series\n"
+        "import fednest_mpi.post, fednest_mpi.checkpoint, fednest_mpi.federation, fednest_mpi.io.h5\n"
+        "print('mpi4py.MPI' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
 

@@ -16,10 +16,25 @@ from fednest_mpi.runner import simulate
 
 
 def _config(**algorithm):
-    algo = {"name": "fednest", "outer_iterations": 200, "inner_rounds": 1, "clients_per_round": 8, "inner_lr": 0.5,
-            "inner_local_steps": 3, "outer_lr": 0.1, "outer_local_steps": 1, "neumann_steps": 2, "neumann_scale": 1.0}
-    return config.from_dict({"seed": 2, "problem": {"name": "compositional", "n_clients": 8, "dim_x": 3, "dim_y": 12,
-                                                    "heterogeneity": 1.0}, "algorithm": algo | algorithm})
+    algo = {
+        "name": "fednest",
+        "outer_iterations": 200,
+        "inner_rounds": 1,
+        "clients_per_round": 8,
+        "inner_lr": 0.5,
+        "inner_local_steps": 3,
+        "outer_lr": 0.1,
+        "outer_local_steps": 1,
+        "neumann_steps": 2,
+        "neumann_scale": 1.0,
+    }
+    return config.from_dict(
+        {
+            "seed": 2,
+            "problem": {"name": "compositional", "n_clients": 8, "dim_x": 3, "dim_y": 12, "heterogeneity": 1.0},
+            "algorithm": algo | algorithm,
+        }
+    )
 
 
 def _problem(cfg, clients=None):
@@ -63,7 +78,9 @@ def test_closed_forms_y_star_hypergradient_and_x_star():
     for direction in torch.eye(3, dtype=torch.float64):
         assert float(prob.outer_loss(prob.inner_solution(prob.x_star + 0.1 * direction))) > f_star
     # the mean of the local outer objectives, written out
-    f_mean = np.mean([0.5 * float((prob._data["p"][i] * (y - prob._data["a"][i])) @ (y - prob._data["a"][i])) for i in ids])
+    f_mean = np.mean(
+        [0.5 * float((prob._data["p"][i] * (y - prob._data["a"][i])) @ (y - prob._data["a"][i])) for i in ids]
+    )
     assert float(prob.outer_loss(y)) == pytest.approx(f_mean, rel=1e-12)
 
 
@@ -91,4 +108,6 @@ def test_fednest_with_one_inner_round_converges_to_the_solution(heterogeneity):
 
 def test_config_requires_dim_y_at_least_dim_x():
     with pytest.raises(ConfigError, match="problem.dim_y"):
-        config.from_dict({"problem": {"name": "compositional", "dim_x": 4, "dim_y": 3}, "algorithm": {"clients_per_round": 5}})
+        config.from_dict(
+            {"problem": {"name": "compositional", "dim_x": 4, "dim_y": 3}, "algorithm": {"clients_per_round": 5}}
+        )

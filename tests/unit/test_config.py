@@ -20,7 +20,10 @@ BAD = [
     ({"algorithm": {"ihgp_mode": "random"}}, "algorithm.ihgp_mode: 'random' is not one of"),
     ({"algorithm": {"ihgp_mode": "randomized", "neumann_steps": 0}}, "algorithm.neumann_steps: the randomized FedIHGP"),
     ({"algorithm": {"ihgp_resample_clients": "yes"}}, "algorithm.ihgp_resample_clients: expected true or false"),
-    ({"algorithm": {"clients_per_round": 200}}, "algorithm.clients_per_round: 200 is more than problem.n_clients = 100"),
+    (
+        {"algorithm": {"clients_per_round": 200}},
+        "algorithm.clients_per_round: 200 is more than problem.n_clients = 100",
+    ),
     ({"problem": {"name": "quadratc"}}, "problem.name: unknown problem 'quadratc' (did you mean 'quadratic'?)"),
     ({"problem": {"n_clients": 0}}, "problem.n_clients: must be >= 1"),
     ({"problem": {"dim_y": "20"}}, "problem.dim_y: expected an integer, got '20'"),
@@ -58,11 +61,14 @@ def test_overrides_parse_toml_values_and_bare_words(tmp_path):
     assert cfg.algorithm.outer_lr == 0.5 and cfg.algorithm.name == "fednest_sgd" and cfg.run.overwrite and cfg.seed == 4
 
 
-@pytest.mark.parametrize("override,message", [
-    ("algorithm.outer_lr", "expected section.field=value"),
-    ("algorithm..x=1", "empty field name"),
-    ("seed.x=1", "'seed' is a field, not a section"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("algorithm.outer_lr", "expected section.field=value"),
+        ("algorithm..x=1", "empty field name"),
+        ("seed.x=1", "'seed' is a field, not a section"),
+    ],
+)
 def test_bad_overrides(override, message):
     with pytest.raises(ConfigError, match=message):
         config.apply_overrides({"seed": 1}, [override])
@@ -86,12 +92,18 @@ def test_more_ranks_than_clients_is_refused():
 
 def test_reference_lists_every_field():
     text = config.reference_markdown()
-    for cls in [config.QuadraticConfig, *(s.params for s in config.ALGORITHMS.values()), config.FederationConfig,
-                config.RunSection]:
+    for cls in [
+        config.QuadraticConfig,
+        *(s.params for s in config.ALGORITHMS.values()),
+        config.FederationConfig,
+        config.RunSection,
+    ]:
         for f in __import__("dataclasses").fields(cls):
             assert f"`{f.name}`" in text
 
 
 def test_docs_config_md_is_generated_from_the_definitions():
     path = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "config.md"
-    assert path.read_text().strip() == config.reference_markdown().strip(), "run `make docs` to regenerate docs/config.md"
+    assert path.read_text().strip() == config.reference_markdown().strip(), (
+        "run `make docs` to regenerate docs/config.md"
+    )

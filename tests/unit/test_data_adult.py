@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import DATA as SHARED
+from shared_data import need
 
 from fednest_mpi.data import load_adult
 from fednest_mpi.data.adult import CATEGORICAL, NUMERIC, RACES
 from fednest_mpi.errors import DataError
-
-from shared_data import DATA as SHARED
-from shared_data import need
 
 TRAIN = """\
 39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K
@@ -63,11 +62,11 @@ def test_real_adult_rows_labels_and_groups(adult):
 
 
 def test_real_adult_features_are_standardised_and_one_hot(adult):
-    numeric = adult.train_x[:, :len(NUMERIC)].double()
-    assert adult.feature_names[:len(NUMERIC)] == NUMERIC
+    numeric = adult.train_x[:, : len(NUMERIC)].double()
+    assert adult.feature_names[: len(NUMERIC)] == NUMERIC
     assert torch.allclose(numeric.mean(0), torch.zeros(len(NUMERIC), dtype=torch.float64), atol=1e-5)
     assert torch.allclose(numeric.std(0), torch.ones(len(NUMERIC), dtype=torch.float64), atol=1e-3)
-    one_hot = adult.train_x[:, len(NUMERIC):]
+    one_hot = adult.train_x[:, len(NUMERIC) :]
     assert set(one_hot.unique().tolist()) == {0.0, 1.0}
     assert torch.all(one_hot.sum(1) == len(CATEGORICAL))  # one category per column in train
     assert "workclass=missing" in adult.feature_names and "native-country=missing" in adult.feature_names
@@ -90,14 +89,21 @@ def test_small_files(tmp_path, gz):
     assert np.allclose(column(data, data.test_x, "age").numpy(), age, atol=1e-6)
 
 
-@pytest.mark.parametrize("name, train, test, pattern", [
-    ("adult.data", TRAIN.replace("40, Cuba, ", "40, "), TEST,
-     "line 3: expected 15 comma-separated fields, found 14"),
-    ("adult.test", TRAIN, TEST.replace(">50K.", "maybe."), "line 2: income 'maybe' is neither"),
-    ("adult.data", TRAIN.replace("39,", "old,"), TEST, "data row 1: age is 'old', not a number"),
-    ("adult.test", TRAIN, TEST.replace("Female", "F"), "sex value 'F' is not one of Female, Male"),
-    ("adult.data", "", TEST, "holds no data rows"),
-])
+@pytest.mark.parametrize(
+    "name, train, test, pattern",
+    [
+        (
+            "adult.data",
+            TRAIN.replace("40, Cuba, ", "40, "),
+            TEST,
+            "line 3: expected 15 comma-separated fields, found 14",
+        ),
+        ("adult.test", TRAIN, TEST.replace(">50K.", "maybe."), "line 2: income 'maybe' is neither"),
+        ("adult.data", TRAIN.replace("39,", "old,"), TEST, "data row 1: age is 'old', not a number"),
+        ("adult.test", TRAIN, TEST.replace("Female", "F"), "sex value 'F' is not one of Female, Male"),
+        ("adult.data", "", TEST, "holds no data rows"),
+    ],
+)
 def test_malformed_rows(tmp_path, name, train, test, pattern):
     folder = write_files(tmp_path / "adult", train, test)
     with pytest.raises(DataError, match=pattern) as info:

@@ -6,14 +6,13 @@ import gzip
 import shutil
 
 import pytest
+from shared_data import DATA as SHARED
+from shared_data import need
 
 from fednest_mpi.data import download, resolve_data_dir
 from fednest_mpi.data.download import SOURCES
 from fednest_mpi.data.files import read_md5sums
 from fednest_mpi.errors import DataError
-
-from shared_data import DATA as SHARED
-from shared_data import need
 
 
 @pytest.fixture
@@ -37,8 +36,9 @@ def test_download_mnist_and_adult(tmp_path, mirror):
         assert folder == dest / dataset == resolve_data_dir(str(dest), dataset)
         assert sorted(read_md5sums(folder)) == sorted(SOURCES[dataset][1])
         assert not list(folder.glob(".partial-*"))
-    assert (dest / "mnist" / "train-images-idx3-ubyte.gz").read_bytes() == \
-        (SHARED / "mnist" / "train-images-idx3-ubyte.gz").read_bytes()
+    assert (dest / "mnist" / "train-images-idx3-ubyte.gz").read_bytes() == (
+        SHARED / "mnist" / "train-images-idx3-ubyte.gz"
+    ).read_bytes()
     # files already there with the right content are kept: an empty mirror is not even asked
     empty = tmp_path / "empty"
     empty.mkdir()

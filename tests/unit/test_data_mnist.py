@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import DATA as SHARED
+from shared_data import need
 
 from fednest_mpi.data import files, load_mnist, read_idx, resolve_data_dir
 from fednest_mpi.data.mnist import IMAGES_MAGIC, LABELS_MAGIC
 from fednest_mpi.errors import DataError
 
-from shared_data import DATA as SHARED
-from shared_data import need
 TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 
 
@@ -35,8 +35,10 @@ def write_set(folder: Path, gz: bool = True, n_train: int = 12, n_test: int = 5)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
         labels = np.arange(n) % 10
         images = np.broadcast_to(20 * labels[:, None, None], (n, 28, 28))
-        for name, magic, array in ((f"{prefix}-images-idx3-ubyte", IMAGES_MAGIC, images),
-                                   (f"{prefix}-labels-idx1-ubyte", LABELS_MAGIC, labels)):
+        for name, magic, array in (
+            (f"{prefix}-images-idx3-ubyte", IMAGES_MAGIC, images),
+            (f"{prefix}-labels-idx1-ubyte", LABELS_MAGIC, labels),
+        ):
             raw = idx_bytes(magic, array)
             if gz:
                 (folder / f"{name}.gz").write_bytes(gzip.compress(raw))
@@ -132,8 +134,20 @@ def _truncated_gzip(folder):
     return "train-images-idx3-ubyte.gz", "is not a valid gzip file"
 
 
-@pytest.mark.parametrize("damage", [_bad_magic, _truncated, _short_header, _label_out_of_range,
-                                    _count_mismatch, _wrong_size, _missing, _not_gzip, _truncated_gzip])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _bad_magic,
+        _truncated,
+        _short_header,
+        _label_out_of_range,
+        _count_mismatch,
+        _wrong_size,
+        _missing,
+        _not_gzip,
+        _truncated_gzip,
+    ],
+)
 def test_damaged_files_raise_data_error_naming_the_file(tmp_path, damage):
     folder = write_set(tmp_path / "mnist")
     name, pattern = damage(folder)

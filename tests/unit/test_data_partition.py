@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
-from fednest_mpi.data import (dirichlet_partition, iid_partition, long_tail_indices, read_idx,
-                              shard_partition, split_inner_outer)
-from fednest_mpi.data.mnist import LABELS_MAGIC
-
 from shared_data import DATA as SHARED
 from shared_data import need
+
+from fednest_mpi.data import (
+    dirichlet_partition,
+    iid_partition,
+    long_tail_indices,
+    read_idx,
+    shard_partition,
+    split_inner_outer,
+)
+from fednest_mpi.data.mnist import LABELS_MAGIC
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from oracle_check import assert_oracles_match_autograd
+from shared_data import DATA, requires
 
 from fednest_mpi import config
 from fednest_mpi.errors import ConfigError
@@ -11,25 +13,46 @@ from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.fairness import FairnessProblem
 from fednest_mpi.runner import simulate
 
-from oracle_check import assert_oracles_match_autograd
-from shared_data import DATA, requires
-
 pytestmark = requires("adult")
 
 
 def _cfg(problem=None, **algorithm):
-    return config.from_dict({
-        "seed": 1, "problem": {"name": "fairness", "n_clients": 6, "data_dir": str(DATA), "val_per_cell": 30, "weight_cells": "group_label",
-                               "hypergradient_batch_size": 64} | (problem or {}),
-        "algorithm": config.algorithm_fields(algorithm.get("name", "fedbio"), {  # the fields the named algorithm has
-            "name": "fedbio", "outer_iterations": 2, "clients_per_round": 6, "inner_lr": 0.5, "outer_lr": 1.0,
-            "neumann_steps": 3, "neumann_scale": 0.5, "sync_period": 2, "inner_local_steps": 3} | algorithm),
-        "run": {"output": "unused.h5"},
-    })
+    return config.from_dict(
+        {
+            "seed": 1,
+            "problem": {
+                "name": "fairness",
+                "n_clients": 6,
+                "data_dir": str(DATA),
+                "val_per_cell": 30,
+                "weight_cells": "group_label",
+                "hypergradient_batch_size": 64,
+            }
+            | (problem or {}),
+            "algorithm": config.algorithm_fields(
+                algorithm.get("name", "fedbio"),
+                {  # the fields the named algorithm has
+                    "name": "fedbio",
+                    "outer_iterations": 2,
+                    "clients_per_round": 6,
+                    "inner_lr": 0.5,
+                    "outer_lr": 1.0,
+                    "neumann_steps": 3,
+                    "neumann_scale": 0.5,
+                    "sync_period": 2,
+                    "inner_local_steps": 3,
+                }
+                | algorithm,
+            ),
+            "run": {"output": "unused.h5"},
+        }
+    )
 
 
 def _problem(**problem):
-    cfg = _cfg(problem, name="fednest")  # the problem does not depend on the algorithm; FedOut allows every outer objective
+    cfg = _cfg(
+        problem, name="fednest"
+    )  # the problem does not depend on the algorithm; FedOut allows every outer objective
     return build_problem(cfg.problem, cfg.seed, range(cfg.problem.n_clients))
 
 
@@ -38,8 +61,14 @@ def _client_data(prob: FairnessProblem, i, split):
     return prob.inputs[pos], prob.targets[pos], prob.inv_size[pos]
 
 
-@pytest.mark.parametrize("problem", [{"weight_cells": "group_label"}, {"weight_cells": "group", "sensitive": "race", "model": "mlp", "hidden": 3},
-                                     {"sensitive": "race", "outer_objective": "worst_group", "worst_group_temperature": 0.1}])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        {"weight_cells": "group_label"},
+        {"weight_cells": "group", "sensitive": "race", "model": "mlp", "hidden": 3},
+        {"sensitive": "race", "outer_objective": "worst_group", "worst_group_temperature": 0.1},
+    ],
+)
 def test_oracles_match_autograd_of_the_written_out_losses(problem):
     prob = _problem(**problem)
     mu = prob.cfg.inner_regularization
@@ -56,7 +85,9 @@ def test_oracles_match_autograd_of_the_written_out_losses(problem):
         z = prob._logits(A[None], y[None])[0]
         lab = (t % 2).to(z.dtype)
         loss = -(lab * torch.nn.functional.logsigmoid(z) + (1 - lab) * torch.nn.functional.logsigmoid(-z))
-        if prob.cfg.outer_objective == "worst_group":  # tau log sum_s exp(mean loss of cell s / tau), cells present only
+        if (
+            prob.cfg.outer_objective == "worst_group"
+        ):  # tau log sum_s exp(mean loss of cell s / tau), cells present only
             tau, cell = prob.cfg.worst_group_temperature, (t if prob.by_label else t // 2)
             cell_means = torch.stack([loss[cell == s].mean() for s in range(prob.dim_x) if bool((cell == s).any())])
             return tau * torch.log(torch.exp(cell_means / tau).sum()), g
@@ -79,8 +110,12 @@ def test_validation_pool_is_cell_balanced_and_disjoint_from_training():
     np.testing.assert_array_equal(cells_seen, [30, 30, 30, 30])
     assert n_val + n_train == 32561
     # the Dirichlet split gives the clients different (group, label) mixes
-    shares = np.array([np.bincount(_client_data(prob, i, prob.inner)[1].numpy(), minlength=4) / prob.inner.count[i]
-                       for i in range(prob.n_clients)])
+    shares = np.array(
+        [
+            np.bincount(_client_data(prob, i, prob.inner)[1].numpy(), minlength=4) / prob.inner.count[i]
+            for i in range(prob.n_clients)
+        ]
+    )
     assert np.ptp(shares, axis=0).max() > 0.2
 
 
@@ -146,7 +181,9 @@ def test_batch_larger_than_a_client_is_a_config_error():
 def test_pooled_worst_group_gradient_is_the_gradient_of_the_pooled_smooth_maximum(weight_cells):
     """Inside outer_linearised(mean of outer_statistics over S), mean_S grad_y f_i equals the autograd
     gradient of tau logsumexp_s(L_s / tau), L_s the mean loss of weighted cell s over the pooled validation set of S."""
-    prob = _problem(sensitive="race", weight_cells=weight_cells, outer_objective="worst_group", worst_group_temperature=0.1)
+    prob = _problem(
+        sensitive="race", weight_cells=weight_cells, outer_objective="worst_group", worst_group_temperature=0.1
+    )
     tau = prob.cfg.worst_group_temperature
     S = np.array([0, 2, 3, 5])
     x = torch.zeros(len(S), prob.dim_x, dtype=torch.float64)
@@ -159,7 +196,9 @@ def test_pooled_worst_group_gradient_is_the_gradient_of_the_pooled_smooth_maximu
     A = torch.cat([_client_data(prob, i, prob.outer)[0] for i in S])
     t = torch.cat([_client_data(prob, i, prob.outer)[1] for i in S])
     yy = y.clone().requires_grad_(True)
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(prob._logits(A[None], yy[None])[0], (t % 2).to(torch.float64), reduction="none")
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        prob._logits(A[None], yy[None])[0], (t % 2).to(torch.float64), reduction="none"
+    )
     cell = t if prob.by_label else t // 2
     present = [s for s in range(prob.dim_x) if bool((cell == s).any())]
     smooth_max = tau * torch.logsumexp(torch.stack([loss[cell == s].mean() for s in present]) / tau, 0)
@@ -169,7 +208,10 @@ def test_pooled_worst_group_gradient_is_the_gradient_of_the_pooled_smooth_maximu
 
 def test_worst_group_run_pools_once_per_outer_iteration():
     base = simulate(_cfg({"sensitive": "race", "weight_cells": "group"}, name="fednest"), MPI.COMM_SELF).history
-    pooled = simulate(_cfg({"sensitive": "race", "weight_cells": "group", "outer_objective": "worst_group"}, name="fednest"), MPI.COMM_SELF).history
+    pooled = simulate(
+        _cfg({"sensitive": "race", "weight_cells": "group", "outer_objective": "worst_group"}, name="fednest"),
+        MPI.COMM_SELF,
+    ).history
     assert np.diff(pooled["comm_rounds"]).tolist() == (np.diff(base["comm_rounds"]) + 1).tolist()
     assert all(np.isfinite(pooled["worst_group_test_loss"]))
     assert any(abs(pooled[f"weight_{c}"][-1] - 1.0) > 1e-6 for c in ("White", "Black"))
@@ -185,7 +227,10 @@ def test_initial_weights_set_x0_and_bad_names_or_values_are_config_errors():
     prob = _problem(sensitive="race", weight_cells="group", initial_weights="White=0.5, Asian-Pac-Islander=2")
     x, _ = prob.initial_point()
     w = prob.cell_weights(x)
-    expected = torch.tensor([0.5 if n == "White" else 2.0 if n == "Asian-Pac-Islander" else 1.0 for n in prob.cell_names()], dtype=torch.float64)
+    expected = torch.tensor(
+        [0.5 if n == "White" else 2.0 if n == "Asian-Pac-Islander" else 1.0 for n in prob.cell_names()],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(w, expected / expected.mean())
     with pytest.raises(ConfigError, match="problem.initial_weights: 'Whte' is not a cell"):
         _problem(sensitive="race", weight_cells="group", initial_weights="Whte=2")

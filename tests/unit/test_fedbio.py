@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from shared_data import DATA, requires
 
 from fednest_mpi import config
 from fednest_mpi.algorithms import build_algorithm
@@ -11,14 +12,21 @@ from fednest_mpi.errors import ConfigError
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems import build_problem
 from fednest_mpi.runner import simulate
-from shared_data import DATA, requires
 
 NAMES = ["fedbio", "fedbioacc"]
 
 
 def _config(small_config, problem=None, **algorithm):
-    base = {"name": "fedbio", "clients_per_round": 12, "inner_lr": 0.2, "outer_lr": 0.1, "neumann_steps": 40, "neumann_scale": 0.25,
-            "sync_period": 1, "outer_iterations": 100}
+    base = {
+        "name": "fedbio",
+        "clients_per_round": 12,
+        "inner_lr": 0.2,
+        "outer_lr": 0.1,
+        "neumann_steps": 40,
+        "neumann_scale": 0.25,
+        "sync_period": 1,
+        "outer_iterations": 100,
+    }
     return small_config(algorithm=base | algorithm, problem={"lower_level": "local"} | (problem or {}))
 
 
@@ -49,8 +57,13 @@ def test_local_hypergradient_matches_finite_differences(small_config):
     prob, _, _ = _setup(_config(small_config))
     x = torch.linspace(-1, 1, prob.dim_x, dtype=torch.float64)
     eps = 1e-6
-    fd = torch.tensor([float(prob.local_outer_objective(x + eps * e) - prob.local_outer_objective(x - eps * e)) / (2 * eps)
-                       for e in torch.eye(prob.dim_x, dtype=torch.float64)], dtype=torch.float64)
+    fd = torch.tensor(
+        [
+            float(prob.local_outer_objective(x + eps * e) - prob.local_outer_objective(x - eps * e)) / (2 * eps)
+            for e in torch.eye(prob.dim_x, dtype=torch.float64)
+        ],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(prob.local_hypergradient(x), fd, rtol=1e-6, atol=1e-7)
 
 
@@ -78,7 +91,9 @@ def test_local_steps_are_exact_for_identical_clients_and_drift_otherwise(small_c
     I = 1 does not have (previous test)."""
     errors = []
     for heterogeneity in (0.0, 1.0):
-        cfg = _config(small_config, problem={"heterogeneity": heterogeneity}, name=name, sync_period=5, outer_iterations=20)
+        cfg = _config(
+            small_config, problem={"heterogeneity": heterogeneity}, name=name, sync_period=5, outer_iterations=20
+        )
         prob, _, alg = _setup(cfg)
         x, _ = _run(alg, prob, 1, 20, *prob.initial_point())
         errors.append(float((x - prob.local_solution()).norm()))
@@ -88,8 +103,14 @@ def test_local_steps_are_exact_for_identical_clients_and_drift_otherwise(small_c
 
 @pytest.mark.parametrize("name", NAMES)
 def test_checkpoint_restore_continues_bitwise(small_config, name):
-    cfg = _config(small_config, name=name, clients_per_round=5, sync_period=3, problem={"gradient_noise": 0.1},
-                  step_schedule="storm")
+    cfg = _config(
+        small_config,
+        name=name,
+        clients_per_round=5,
+        sync_period=3,
+        problem={"gradient_noise": 0.1},
+        step_schedule="storm",
+    )
     prob, _, alg = _setup(cfg)
     x, y = _run(alg, prob, 1, 4, *prob.initial_point())
     saved, clients = alg.checkpoint_state(), alg.client_states()
@@ -114,21 +135,45 @@ def test_runner_records_one_round_per_outer_iteration(small_config):
 
 def test_balanced_placement_is_rejected_for_stateful_algorithms():
     with pytest.raises(ConfigError, match="federation.placement"):
-        config.from_dict({"problem": {"name": "quadratic", "n_clients": 4}, "algorithm": {"name": "fedbio", "clients_per_round": 2},
-                          "federation": {"placement": "balanced"}})
+        config.from_dict(
+            {
+                "problem": {"name": "quadratic", "n_clients": 4},
+                "algorithm": {"name": "fedbio", "clients_per_round": 2},
+                "federation": {"placement": "balanced"},
+            }
+        )
 
 
 @requires("mnist")
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("problem", ["hyper_representation", "loss_tuning"])
 def test_runs_on_the_mnist_problems_with_client_state_by_id(name, problem):
-    sizes = {"hidden": 6} if problem == "hyper_representation" else {"hidden1": 8, "hidden2": 6, "imbalance_ratio": 10.0}
-    cfg = config.from_dict({
-        "problem": {"name": problem, "data_dir": str(DATA), "n_clients": 20, "partition": "shards", "batch_size": 16} | sizes,
-        "algorithm": {"name": name, "outer_iterations": 2, "clients_per_round": 4, "sync_period": 2, "inner_lr": 0.1,
-                      "outer_lr": 0.01, "neumann_steps": 2, "neumann_scale": 0.01},
-        "run": {"dtype": "float32"},
-    })
+    sizes = (
+        {"hidden": 6} if problem == "hyper_representation" else {"hidden1": 8, "hidden2": 6, "imbalance_ratio": 10.0}
+    )
+    cfg = config.from_dict(
+        {
+            "problem": {
+                "name": problem,
+                "data_dir": str(DATA),
+                "n_clients": 20,
+                "partition": "shards",
+                "batch_size": 16,
+            }
+            | sizes,
+            "algorithm": {
+                "name": name,
+                "outer_iterations": 2,
+                "clients_per_round": 4,
+                "sync_period": 2,
+                "inner_lr": 0.1,
+                "outer_lr": 0.01,
+                "neumann_steps": 2,
+                "neumann_scale": 0.01,
+            },
+            "run": {"dtype": "float32"},
+        }
+    )
     prob, fed, alg = _setup(cfg)
     x0, y0 = prob.initial_point()
     x, y = _run(alg, prob, 1, 2, x0, y0)

@@ -29,5 +29,7 @@ def test_python_helpers_print_usage_and_exit_2_without_arguments(script):
 
 
 def test_fairness_retrain_names_a_missing_config():
-    done = subprocess.run(["bash", str(FIGURES / "fairness_retrain.sh"), "-c", "no/such.toml"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(FIGURES / "fairness_retrain.sh"), "-c", "no/such.toml"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "-c: no config file 'no/such.toml'" in done.stderr

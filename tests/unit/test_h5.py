@@ -76,8 +76,18 @@ def test_a_reader_sees_every_completed_iteration_while_the_writer_runs(tmp_path)
 
 def test_a_sigkilled_run_leaves_a_readable_file_with_its_completed_iterations(tmp_path):
     path = tmp_path / "killed.h5"
-    cmd = [sys.executable, "-m", "fednest_mpi", "run", str(ROOT / "configs" / "quadratic.toml"), "--output", str(path),
-           "--quiet", "--set", "algorithm.outer_iterations=100000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fednest_mpi",
+        "run",
+        str(ROOT / "configs" / "quadratic.toml"),
+        "--output",
+        str(path),
+        "--quiet",
+        "--set",
+        "algorithm.outer_iterations=100000",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
@@ -97,7 +107,9 @@ def test_a_sigkilled_run_leaves_a_readable_file_with_its_completed_iterations(tm
             proc.kill()
     with pytest.raises(UsageError, match="was not closed by the run that wrote it.*fednest-mpi recover"):
         read_run(path)
-    res = subprocess.run([sys.executable, "-m", "fednest_mpi", "recover", str(path)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "fednest_mpi", "recover", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0 and "recovered" in res.stdout, res.stderr
     with h5py.File(path, "r") as f:  # plain read mode: closed
         assert json.loads(f.attrs["recovered"])["iterations_kept"] == len(f["iterations/iteration"])

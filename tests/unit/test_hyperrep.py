@@ -1,17 +1,15 @@
 """Hyper-representation oracles against autograd, batching, and a short learning run on real MNIST."""
 
-
 import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from shared_data import DATA, assert_row_independent_of_block, requires, small_mnist_config
 
 from fednest_mpi import config, rng
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
 from fednest_mpi.problems.hyperrep import N_PIXELS
-
-from shared_data import DATA, assert_row_independent_of_block, requires, small_mnist_config
 
 pytestmark = requires("mnist")
 
@@ -30,8 +28,8 @@ def _losses(prob, cfg, client, x, y, sample, batch_size, split):
     """f_i or g_i of one client written with torch.nn.functional, for autograd."""
     s = prob._forward(split, np.array([client]), x[None], y[None], sample, batch_size)
     h = cfg.problem.hidden
-    W1, b1 = x[: h * N_PIXELS].reshape(h, N_PIXELS), x[h * N_PIXELS:]
-    W2, b2 = y[: 10 * h].reshape(10, h), y[10 * h:]
+    W1, b1 = x[: h * N_PIXELS].reshape(h, N_PIXELS), x[h * N_PIXELS :]
+    W2, b2 = y[: 10 * h].reshape(10, h), y[10 * h :]
     logits = torch.relu(s["A"][0] @ W1.T + b1) @ W2.T + b2
     ce = torch.nn.functional.cross_entropy(logits, s["E"][0].argmax(1), reduction="none")
     return (ce * s["w"][0]).sum()
@@ -105,7 +103,9 @@ def test_minibatches_cover_each_epoch_once(problem):
 
 def test_shards_give_mostly_two_labels_per_client(problem):
     prob, _ = problem
-    labels = [np.unique(prob.targets[torch.as_tensor(prob.inner.index[r, : prob.inner.count[r]])].numpy()) for r in range(8)]
+    labels = [
+        np.unique(prob.targets[torch.as_tensor(prob.inner.index[r, : prob.inner.count[r]])].numpy()) for r in range(8)
+    ]
     assert np.mean([len(lab) <= 2 for lab in labels]) >= 0.75
 
 
@@ -113,10 +113,12 @@ def test_shards_give_mostly_two_labels_per_client(problem):
 def test_fednest_learns_mnist_representation():
     from fednest_mpi.runner import simulate
 
-    cfg = config.from_dict({
-        "problem": {"name": "hyper_representation", "data_dir": str(DATA), "partition": "iid", "val_fraction": 0.5},
-        "algorithm": {"outer_iterations": 8, "inner_local_steps": 25, "neumann_steps": 5},
-        "run": {"dtype": "float32"},
-    })
+    cfg = config.from_dict(
+        {
+            "problem": {"name": "hyper_representation", "data_dir": str(DATA), "partition": "iid", "val_fraction": 0.5},
+            "algorithm": {"outer_iterations": 8, "inner_local_steps": 25, "neumann_steps": 5},
+            "run": {"dtype": "float32"},
+        }
+    )
     acc = simulate(cfg, MPI.COMM_SELF).history["test_accuracy"]
     assert acc[-1] > 60.0 and acc[-1] > acc[0] + 40.0

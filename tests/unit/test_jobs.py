@@ -77,8 +77,9 @@ def fakebin(tmp_path):
     _write_exe(b / "module", '#!/bin/bash\necho "module $*" >> "$FAKE_LOG"\n')
     _write_exe(b / "scontrol", '#!/bin/bash\necho "scontrol $*" >> "$FAKE_LOG"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "OMPI_", "VIRTUAL_ENV"))}
-    env.update(PATH=f"{b}:{BIN}:{env.get('PATH', '')}", FAKE_LOG=str(log), MPI4PY_RC_THREAD_LEVEL="single",
-               HOME=str(tmp_path))
+    env.update(
+        PATH=f"{b}:{BIN}:{env.get('PATH', '')}", FAKE_LOG=str(log), MPI4PY_RC_THREAD_LEVEL="single", HOME=str(tmp_path)
+    )
     return b, env, log
 
 
@@ -89,8 +90,10 @@ def write_sweep(path: Path, text: str) -> Path:
 
 def tiny_sweep(tmp_path, grid: str, *, tasks_per_node=2, extra="") -> Path:
     sets = "\n".join(f"{k} = {v}" for k, v in TINY.items())
-    return write_sweep(tmp_path / "tiny.toml", f"""
-config = "{ROOT / 'configs' / 'quadratic.toml'}"
+    return write_sweep(
+        tmp_path / "tiny.toml",
+        f"""
+config = "{ROOT / "configs" / "quadratic.toml"}"
 output_dir = "out"
 {extra}
 [set]
@@ -101,7 +104,8 @@ output_dir = "out"
 tasks_per_node = {tasks_per_node}
 time = "00:05:00"
 signal_seconds = 60
-""")
+""",
+    )
 
 
 def sbatch_lines(text: str) -> list[str]:
@@ -145,8 +149,10 @@ def test_sites_are_named_by_their_builtin_name_or_given_by_path(tmp_path, monkey
     assert jobs.load_site("local").launcher == "mpirun" and jobs.load_site("./local").name == "mine"
     with pytest.raises(UsageError) as err:
         jobs.load_site("lcoal")
-    assert str(err.value) == ("site 'lcoal' is neither a built-in site (example-cluster, local) nor an existing site file "
-                              "(did you mean 'local'?); give one of those names or the path of a TOML site file")
+    assert str(err.value) == (
+        "site 'lcoal' is neither a built-in site (example-cluster, local) nor an existing site file "
+        "(did you mean 'local'?); give one of those names or the path of a TOML site file"
+    )
 
 
 def test_render_help_names_every_builtin_site(capsys):
@@ -169,7 +175,9 @@ def test_quadratic_variants_expand_to_15_distinct_runs():
     assert len({t.name for t in tasks}) == 15 and len({t.output for t in tasks}) == 15
     assert [t.index for t in tasks] == list(range(15))
     assert tasks[0].name == "fednest_seed0" and tasks[1].name == "fednest_seed1"
-    assert {(t.values["algorithm.name"], t.values["seed"]) for t in tasks} == {(a, s) for a in VARIANTS for s in (0, 1, 2)}
+    assert {(t.values["algorithm.name"], t.values["seed"]) for t in tasks} == {
+        (a, s) for a in VARIANTS for s in (0, 1, 2)
+    }
     assert all(t.config == "configs/quadratic.toml" and t.output.startswith("runs/quadratic_variants/") for t in tasks)
     assert 'algorithm.name="lfednest_svrg"' in tasks[9].overrides
     assert jobs.expand(sweep) == tasks  # deterministic
@@ -177,7 +185,9 @@ def test_quadratic_variants_expand_to_15_distinct_runs():
 
 
 def test_default_names_grid_zip_order_and_fixed_values(tmp_path):
-    path = write_sweep(tmp_path / "s.toml", """
+    path = write_sweep(
+        tmp_path / "s.toml",
+        """
 config = "configs/quadratic.toml"
 [set]
 problem.heterogeneity = 0.5
@@ -187,14 +197,20 @@ seed = [0, 1]
 [zip]
 algorithm.inner_lr = [0.05, 0.1]
 algorithm.outer_lr = [0.2, 0.4]
-""")
+""",
+    )
     tasks = jobs.expand(jobs.load_sweep(path))
     assert len(tasks) == 8
     assert tasks[0].name == "fednest_seed0_inner_lr0.05_outer_lr0.2"
     assert tasks[1].name == "fednest_seed0_inner_lr0.1_outer_lr0.4"
     assert tasks[-1].name == "lfednest_seed1_inner_lr0.1_outer_lr0.4"
-    assert tasks[0].overrides == ("problem.heterogeneity=0.5", 'algorithm.name="fednest"', "seed=0",
-                                  "algorithm.inner_lr=0.05", "algorithm.outer_lr=0.2")
+    assert tasks[0].overrides == (
+        "problem.heterogeneity=0.5",
+        'algorithm.name="fednest"',
+        "seed=0",
+        "algorithm.inner_lr=0.05",
+        "algorithm.outer_lr=0.2",
+    )
     assert tasks[0].output == "runs/fednest_seed0_inner_lr0.05_outer_lr0.2.h5"
     jobs.check_tasks(tasks, ROOT)
 
@@ -220,20 +236,35 @@ def test_strong_scaling_keeps_the_problem_and_sizes_the_allocation():
     jobs.check_tasks(tasks, ROOT)
 
 
-@pytest.mark.parametrize("body,message", [
-    ('[grid]\nseed = []', r"grid.seed: expected a non-empty list"),
-    ('[zip]\nseed = [1, 2]\nalgorithm.inner_lr = [0.1]', r"zip: the lists must have the same length"),
-    ('[grid]\nseed = [1]\n[set]\nseed = 2', r"seed: given in more than one of set, grid"),
-    ('[set]\nrun.output = "x.h5"', r"run.output: set by the sweep itself"),
-    ('name_pattern = "{algorithm.name}"\n[grid]\nseed = [1, 2]', r"name_pattern: \{algorithm.name\} is not a value"),
-    ('name_pattern = "run"\n[grid]\nseed = [1, 2]', r"tasks 0 and 1 are both named 'run'"),
-    ('[resources]\ntasks_per_nodes = 2', r"resources.tasks_per_nodes: unknown field \(did you mean 'tasks_per_node'\?\)"),
-    ('[resources]\ntime = "00:01:00"\nsignal_seconds = 60', r"signal_seconds: 60 s is not less than the time limit"),
-    ('[resources]\ntime = "soon"', r"time: 'soon' is not a SLURM time limit"),
-    ('[scaling]\nkind = "weak"\nranks = [1, 2]', r"weak scaling needs the fields that grow"),
-    ('[scaling]\nkind = "strongg"\nranks = [1]', r"scaling.kind: 'strongg' is not one of strong, weak \(did you mean 'strong'\?\)"),
-    ('gird = 1', r"gird: unknown field \(did you mean 'grid'\?\)"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ("[grid]\nseed = []", r"grid.seed: expected a non-empty list"),
+        ("[zip]\nseed = [1, 2]\nalgorithm.inner_lr = [0.1]", r"zip: the lists must have the same length"),
+        ("[grid]\nseed = [1]\n[set]\nseed = 2", r"seed: given in more than one of set, grid"),
+        ('[set]\nrun.output = "x.h5"', r"run.output: set by the sweep itself"),
+        (
+            'name_pattern = "{algorithm.name}"\n[grid]\nseed = [1, 2]',
+            r"name_pattern: \{algorithm.name\} is not a value",
+        ),
+        ('name_pattern = "run"\n[grid]\nseed = [1, 2]', r"tasks 0 and 1 are both named 'run'"),
+        (
+            "[resources]\ntasks_per_nodes = 2",
+            r"resources.tasks_per_nodes: unknown field \(did you mean 'tasks_per_node'\?\)",
+        ),
+        (
+            '[resources]\ntime = "00:01:00"\nsignal_seconds = 60',
+            r"signal_seconds: 60 s is not less than the time limit",
+        ),
+        ('[resources]\ntime = "soon"', r"time: 'soon' is not a SLURM time limit"),
+        ('[scaling]\nkind = "weak"\nranks = [1, 2]', r"weak scaling needs the fields that grow"),
+        (
+            '[scaling]\nkind = "strongg"\nranks = [1]',
+            r"scaling.kind: 'strongg' is not one of strong, weak \(did you mean 'strong'\?\)",
+        ),
+        ("gird = 1", r"gird: unknown field \(did you mean 'grid'\?\)"),
+    ],
+)
 def test_sweep_mistakes_are_usage_errors(tmp_path, body, message):
     path = write_sweep(tmp_path / "s.toml", 'config = "configs/quadratic.toml"\n' + body + "\n")
     with pytest.raises(UsageError, match=message):
@@ -241,9 +272,11 @@ def test_sweep_mistakes_are_usage_errors(tmp_path, body, message):
 
 
 def test_config_mistakes_in_a_sweep_are_caught_before_writing(tmp_path):
-    grid = '[grid]\nalgorithm.outer_lrr = [0.1, 0.2]'
+    grid = "[grid]\nalgorithm.outer_lrr = [0.1, 0.2]"
     path = write_sweep(tmp_path / "s.toml", f'config = "{ROOT / "configs" / "quadratic.toml"}"\n{grid}\n')
-    with pytest.raises(UsageError, match=r"task 0 \(outer_lrr0.1\): algorithm.outer_lrr: unknown field \(did you mean 'outer_lr'\?\)"):
+    with pytest.raises(
+        UsageError, match=r"task 0 \(outer_lrr0.1\): algorithm.outer_lrr: unknown field \(did you mean 'outer_lr'\?\)"
+    ):
         jobs.render_all(path, SITES["local"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
     path.write_text(f'config = "{ROOT / "configs" / "quadratic.toml"}"\n[scaling]\nkind = "strong"\nranks = [1, 64]\n')
@@ -251,14 +284,34 @@ def test_config_mistakes_in_a_sweep_are_caught_before_writing(tmp_path):
         jobs.render_all(path, SITES["local"], tmp_path / "out")
 
 
-@pytest.mark.parametrize("value", [0, -3, 2.5, 1e-05, True, "lfednest", "it's a \"quoted\" $HOME `x` \\ ok", "é ✓",
-                                   "tab\tnew\nline", [1, 2], ["a", "b"]])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        -3,
+        2.5,
+        1e-05,
+        True,
+        "lfednest",
+        'it\'s a "quoted" $HOME `x` \\ ok',
+        "é ✓",
+        "tab\tnew\nline",
+        [1, 2],
+        ["a", "b"],
+    ],
+)
 def test_values_survive_toml_and_shell_quoting(value):
     assert tomllib.loads("v = " + jobs.toml_value(value))["v"] == value
-    task = jobs.Task(index=0, name="t", config="c.toml", overrides=(f"sec.field={jobs.toml_value(value)}",), output="o.h5", ranks=1)
+    task = jobs.Task(
+        index=0, name="t", config="c.toml", overrides=(f"sec.field={jobs.toml_value(value)}",), output="o.h5", ranks=1
+    )
     # the line as the scripts read it: eval "set -- $line", then one argument per line
-    out = subprocess.run(["bash", "-c", 'eval "set -- $1"; printf "%s\\0" "$@"', "bash", jobs.task_line(task)],
-                         capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+    out = subprocess.run(
+        ["bash", "-c", 'eval "set -- $1"; printf "%s\\0" "$@"', "bash", jobs.task_line(task)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")[:-1]
     assert out[:4] == ["t", "1", "--set", f"sec.field={jobs.toml_value(value)}"] and out[4:] == ["--output", "o.h5"]
     assert parse_override(out[3]) == (["sec", "field"], value)
 
@@ -300,14 +353,26 @@ def test_site_specifics_come_from_the_site_file_only(tmp_path):
     sweep = jobs.load_sweep(SWEEPS / "quadratic_variants.toml")
     text = jobs.render_array(site, sweep, tmp_path / "v.tasks", workdir=ROOT, log_dir=tmp_path / "logs")
     lines = sbatch_lines(text)
-    assert "#SBATCH --account=project123" in lines and "#SBATCH --partition=cpu" in lines and "#SBATCH --qos=normal" in lines
+    assert (
+        "#SBATCH --account=project123" in lines
+        and "#SBATCH --partition=cpu" in lines
+        and "#SBATCH --qos=normal" in lines
+    )
     assert "module load openmpi/4.1.5" in text and 'source "$HOME/fednest-mpi/.venv/bin/activate"' in text
     assert 'export MPI4PY_RC_THREAD_LEVEL="single"' in text
     assert re.search(r"^srun -n \"\$RANKS\" --mpi=pmix --cpu-bind=cores fednest-mpi run ", text, re.M)
     local = jobs.render_array(jobs.load_site(SITES["local"]), sweep, tmp_path / "v.tasks")
-    assert "--account" not in local and "module" not in local and re.search(r"^mpiexec -n \"\$RANKS\" fednest-mpi run", local, re.M)
+    assert (
+        "--account" not in local
+        and "module" not in local
+        and re.search(r"^mpiexec -n \"\$RANKS\" fednest-mpi run", local, re.M)
+    )
     # the launcher can be chosen at render time
-    assert re.search(r"^mpirun -n \"\$RANKS\" --bind-to core fednest-mpi", jobs.render_array(site, sweep, "t", launcher="mpirun"), re.M)
+    assert re.search(
+        r"^mpirun -n \"\$RANKS\" --bind-to core fednest-mpi",
+        jobs.render_array(site, sweep, "t", launcher="mpirun"),
+        re.M,
+    )
     for name in (jobs.TEMPLATE_RUN, jobs.TEMPLATE_ARRAY, jobs.TEMPLATE_LOCAL):
         template = (jobs.DEFAULT_TEMPLATES / name).read_text()
         assert not re.search(r"project123|pmix|module load|openmpi|--account|--partition|--qos", template), name
@@ -315,19 +380,37 @@ def test_site_specifics_come_from_the_site_file_only(tmp_path):
 
 def test_sbatch_lines_hold_the_requested_resources(tmp_path):
     site = jobs.load_site(SITES["example-cluster"])
-    task = jobs.Task(index=0, name="fednest_seed1", config="configs/quadratic.toml", overrides=("seed=1",),
-                     output="runs/x/fednest_seed1.h5", ranks=6, sweep="v")
-    res = jobs.Resources(nodes=2, tasks_per_node=3, cpus_per_task=4, gpus_per_node=2, time="1-02:00:00", signal_seconds=240)
+    task = jobs.Task(
+        index=0,
+        name="fednest_seed1",
+        config="configs/quadratic.toml",
+        overrides=("seed=1",),
+        output="runs/x/fednest_seed1.h5",
+        ranks=6,
+        sweep="v",
+    )
+    res = jobs.Resources(
+        nodes=2, tasks_per_node=3, cpus_per_task=4, gpus_per_node=2, time="1-02:00:00", signal_seconds=240
+    )
     text = jobs.render_run(site, task, res, workdir=ROOT, log_dir=tmp_path / "logs")
     lines = sbatch_lines(text)
-    for expected in ("--job-name=v-fednest_seed1", "--nodes=2", "--ntasks-per-node=3", "--cpus-per-task=4",
-                     "--gpus-per-node=2", "--time=1-02:00:00", "--signal=B:USR1@240", "--requeue",
-                     f"--output={tmp_path}/logs/%x-%j.out", f"--error={tmp_path}/logs/%x-%j.err"):
+    for expected in (
+        "--job-name=v-fednest_seed1",
+        "--nodes=2",
+        "--ntasks-per-node=3",
+        "--cpus-per-task=4",
+        "--gpus-per-node=2",
+        "--time=1-02:00:00",
+        "--signal=B:USR1@240",
+        "--requeue",
+        f"--output={tmp_path}/logs/%x-%j.out",
+        f"--error={tmp_path}/logs/%x-%j.err",
+    ):
         assert f"#SBATCH {expected}" in lines, expected
     assert "RANKS=6" in text
     assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"' in text
     assert '--set run.torch_threads="${SLURM_CPUS_PER_TASK:-1}"' in text
-    assert 'FEDNEST_RESUME_FLAG=--resume' in text and "${FEDNEST_RESUME_FLAG}" in text
+    assert "FEDNEST_RESUME_FLAG=--resume" in text and "${FEDNEST_RESUME_FLAG}" in text
     text0 = jobs.render_run(site, task, dataclasses.replace(res, gpus_per_node=0, signal_seconds=0))
     assert not any("gpus" in line or "--signal" in line for line in sbatch_lines(text0))
     assert "\n\n#SBATCH" not in text0  # an omitted option leaves no blank line behind
@@ -361,13 +444,27 @@ def test_requeued_job_resumes_and_the_checkpoint_signal_is_forwarded(tmp_path, f
     b, env, log = fakebin
     _write_exe(b / "srun", FAKE_SRUN_SLEEPY)
     site = dataclasses.replace(jobs.load_site(SITES["example-cluster"]), venv="")
-    task = jobs.Task(index=0, name="t", config="configs/quadratic.toml", overrides=('algorithm.name="lfednest"',),
-                     output="runs/t.h5", ranks=2, sweep="s")
-    script = _write_exe(tmp_path / "run.sbatch", jobs.render_run(site, task, jobs.Resources(max_restarts=2), workdir=tmp_path))
+    task = jobs.Task(
+        index=0,
+        name="t",
+        config="configs/quadratic.toml",
+        overrides=('algorithm.name="lfednest"',),
+        output="runs/t.h5",
+        ranks=2,
+        sweep="s",
+    )
+    script = _write_exe(
+        tmp_path / "run.sbatch", jobs.render_run(site, task, jobs.Resources(max_restarts=2), workdir=tmp_path)
+    )
 
     # a first start: no --resume; USR1 to the batch shell reaches srun, then the job requeues itself
-    proc = subprocess.Popen(["bash", str(script)], env={**env, "SLURM_JOB_ID": "4242", "SLURM_CPUS_PER_TASK": "3", "FAKE_SLEEP_STEPS": "400"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env={**env, "SLURM_JOB_ID": "4242", "SLURM_CPUS_PER_TASK": "3", "FAKE_SLEEP_STEPS": "400"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 10
     while not Path(f"{log}.started").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -377,15 +474,22 @@ def test_requeued_job_resumes_and_the_checkpoint_signal_is_forwarded(tmp_path, f
     calls = log.read_text().splitlines()
     assert calls[0] == "module purge" and "module load openmpi/4.1.5" in calls
     srun = next(c for c in calls if c.startswith("srun "))
-    assert srun.startswith("srun -n 2 --mpi=pmix --cpu-bind=cores fednest-mpi run configs/quadratic.toml "
-                           "--set run.torch_threads=3 --set algorithm.name=\"lfednest\" --output runs/t.h5")
+    assert srun.startswith(
+        "srun -n 2 --mpi=pmix --cpu-bind=cores fednest-mpi run configs/quadratic.toml "
+        '--set run.torch_threads=3 --set algorithm.name="lfednest" --output runs/t.h5'
+    )
     assert "--resume" not in srun
     assert "srun got USR1" in calls and "scontrol requeue 4242" in calls
 
     # the requeued start resumes; past max_restarts it is not requeued again
     log.unlink()
-    res = subprocess.run(["bash", str(script)], env={**env, "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "2"},
-                         capture_output=True, text=True, timeout=20)
+    res = subprocess.run(
+        ["bash", str(script)],
+        env={**env, "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "2"},
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert res.returncode == 0, res.stderr
     srun = next(c for c in log.read_text().splitlines() if c.startswith("srun "))
     assert srun.endswith("--output runs/t.h5 --resume") and "--set run.torch_threads=1 " in srun
@@ -401,12 +505,19 @@ def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
     tasks = jobs.expand(sweep)
     jobs.check_tasks(tasks, tmp_path)
     tasks_file = jobs.write_tasks_file(tasks, tmp_path / "jobs" / "tiny.tasks")
-    script = _write_exe(tmp_path / "jobs" / "tiny.array.sbatch",
-                        jobs.render_array(site, sweep, tasks_file, workdir=tmp_path, log_dir=tmp_path / "jobs" / "logs"))
+    script = _write_exe(
+        tmp_path / "jobs" / "tiny.array.sbatch",
+        jobs.render_array(site, sweep, tasks_file, workdir=tmp_path, log_dir=tmp_path / "jobs" / "logs"),
+    )
     assert "#SBATCH --array=0-3" in script.read_text()
     for task_id in (0, 1):
-        res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
-                             env={**env, "SLURM_ARRAY_TASK_ID": str(task_id), "SLURM_CPUS_PER_TASK": "1"})
+        res = subprocess.run(
+            ["bash", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "SLURM_ARRAY_TASK_ID": str(task_id), "SLURM_CPUS_PER_TASK": "1"},
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         assert res.stdout.strip().endswith(f"output: out/{tasks[task_id].name}.h5")
     assert "srun: 2 ranks: fednest-mpi run" in log.read_text()
@@ -419,8 +530,9 @@ def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
         assert attrs["config"]["run"]["torch_threads"] == 1 and attrs["config"]["problem"]["n_clients"] == 8
         assert data["iteration"].tolist() == [0, 1, 2]
     # a task id past the end is a usage error that names the file
-    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                         env={**env, "SLURM_ARRAY_TASK_ID": "4"})
+    res = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=60, env={**env, "SLURM_ARRAY_TASK_ID": "4"}
+    )
     assert res.returncode == 2 and "no task 4" in res.stderr
 
 
@@ -428,17 +540,27 @@ def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
 def test_local_script_runs_the_sweep(tmp_path, fakebin):
     _, env, _ = fakebin
     env = {**env, "VIRTUAL_ENV": sys.prefix}
-    sweep_path = tiny_sweep(tmp_path, 'seed = [1, 2]', tasks_per_node=1,
-                            extra='name_pattern = "{algorithm.name}_s{seed}"\n[zip]\nalgorithm.name = ["fednest", "lfednest"]')
+    sweep_path = tiny_sweep(
+        tmp_path,
+        "seed = [1, 2]",
+        tasks_per_node=1,
+        extra='name_pattern = "{algorithm.name}_s{seed}"\n[zip]\nalgorithm.name = ["fednest", "lfednest"]',
+    )
     paths = jobs.render_all(sweep_path, SITES["local"], tmp_path / "jobs", workdir=tmp_path)
     script = next(p for p in paths if p.name == "tiny.local.sh")
     # 2 seeds x 2 zipped names; run tasks 0 and 3, both at once (1 rank each)
-    res = subprocess.run(["bash", str(script), "-j", "2", "0", "3"], capture_output=True, text=True, timeout=120, env=env)
+    res = subprocess.run(
+        ["bash", str(script), "-j", "2", "0", "3"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "all 2 tasks done" in res.stdout
     for name, seed, algorithm in (("fednest_s1", 1, "fednest"), ("lfednest_s2", 2, "lfednest")):
         attrs, _ = read_run(tmp_path / "out" / f"{name}.h5")
-        assert (attrs["config"]["seed"], attrs["config"]["algorithm"]["name"], attrs["mpi_size"]) == (seed, algorithm, 1)
+        assert (attrs["config"]["seed"], attrs["config"]["algorithm"]["name"], attrs["mpi_size"]) == (
+            seed,
+            algorithm,
+            1,
+        )
         assert f"task {0 if seed == 1 else 3}/4 {name}: done, output: out/{name}.h5" in res.stdout
         assert (tmp_path / "jobs" / "logs" / f"{name}.log").is_file()
     assert sorted(p.name for p in (tmp_path / "out").glob("*.h5")) == ["fednest_s1.h5", "lfednest_s2.h5"]

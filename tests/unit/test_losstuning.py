@@ -6,13 +6,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from shared_data import DATA, assert_row_independent_of_block, requires, small_mnist_config
 
 from fednest_mpi import rng
 from fednest_mpi.data import load_mnist
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
-
-from shared_data import DATA, assert_row_independent_of_block, requires, small_mnist_config
 
 pytestmark = requires("mnist")
 
@@ -31,9 +30,9 @@ def _mlp(y, a, widths):
     """Unbatched reference network written with F.linear."""
     at, h = 0, a
     for j, (inp, out) in enumerate(zip(widths[:-1], widths[1:])):
-        W = y[at: at + out * inp].reshape(out, inp)
+        W = y[at : at + out * inp].reshape(out, inp)
         at += out * inp
-        h = torch.nn.functional.linear(h, W, y[at: at + out])
+        h = torch.nn.functional.linear(h, W, y[at : at + out])
         at += out
         if j < len(widths) - 2:
             h = torch.relu(h)
@@ -100,7 +99,8 @@ def test_batched_oracles_match_unbatched_autograd(problem):
         _, hy = torch.autograd.functional.vhp(lambda yy: _g(prob, cfg, c, X[b], yy, None, 0), Y[b], V[b])
         torch.testing.assert_close(hvp[b], hy)
         jx = torch.autograd.functional.jacobian(
-            lambda xx: torch.autograd.grad(_g(prob, cfg, c, xx, y, None, 0), y, create_graph=True)[0] @ V[b], X[b])
+            lambda xx: torch.autograd.grad(_g(prob, cfg, c, xx, y, None, 0), y, create_graph=True)[0] @ V[b], X[b]
+        )
         torch.testing.assert_close(jvp[b], jx)
         (fy,) = torch.autograd.grad(_f(prob, c, y), y)
         torch.testing.assert_close(gy_out[b], fy)
@@ -121,13 +121,17 @@ def test_untuned_baseline_is_plain_cross_entropy_with_frozen_x():
     assert torch.count_nonzero(prob.jvp_xy_inner(ids, X, y.expand(2, -1), v, None)) == 0
     tuned = build_problem(_cfg().problem, 0, range(0, 3), dtype=torch.float64)
     # at x = 0 the VS-loss is plain cross-entropy: tuned and untuned inner gradients agree
-    torch.testing.assert_close(prob.grad_y_inner(ids, X, y.expand(2, -1), None),
-                               tuned.grad_y_inner(ids, torch.zeros_like(X), y.expand(2, -1), None))
+    torch.testing.assert_close(
+        prob.grad_y_inner(ids, X, y.expand(2, -1), None),
+        tuned.grad_y_inner(ids, torch.zeros_like(X), y.expand(2, -1), None),
+    )
 
 
 def test_non_iid_clients_see_few_classes_and_keep_the_rarest_class(problem):
     prob, _ = problem
-    labels = [np.unique(prob.targets[torch.as_tensor(prob.inner.index[r, : prob.inner.count[r]])].numpy()) for r in range(8)]
+    labels = [
+        np.unique(prob.targets[torch.as_tensor(prob.inner.index[r, : prob.inner.count[r]])].numpy()) for r in range(8)
+    ]
     assert np.mean([len(lab) <= 3 for lab in labels]) >= 0.75
     cfg = _cfg(n_clients=100)
     everyone = build_problem(cfg.problem, 0, range(100), dtype=torch.float64)
@@ -144,13 +148,17 @@ def test_zero_width_drops_the_layer(hidden):
     assert prob.dim_y == sum(o * i + o for i, o in zip(prob.widths[:-1], prob.widths[1:]))
     if kept:
         return
-    y = prob.initial_point()[1] + 0.01 * torch.randn(prob.dim_y, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    y = prob.initial_point()[1] + 0.01 * torch.randn(
+        prob.dim_y, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
     W, b = y[:7840].reshape(10, 784), y[7840:]
     a, t, w = _client_batch(prob, prob.inner, 1, None, 0)
     p = torch.softmax(a @ W.T + b, dim=1)
     p[torch.arange(len(t)), t] -= 1.0  # d CE / d z = softmax - onehot
     closed = torch.cat([((w[:, None] * p).T @ a).reshape(-1), (w[:, None] * p).sum(0)])
-    torch.testing.assert_close(prob.grad_y_inner(np.array([1]), torch.zeros(1, prob.dim_x, dtype=torch.float64), y[None], None)[0], closed)
+    torch.testing.assert_close(
+        prob.grad_y_inner(np.array([1]), torch.zeros(1, prob.dim_x, dtype=torch.float64), y[None], None)[0], closed
+    )
 
 
 @pytest.mark.parametrize("hidden", [(7, 5), (6, 0), (0, 0)])
@@ -166,8 +174,12 @@ def test_closed_form_oracles_at_the_shared_y_match_unbatched_autograd(hidden):
     v = torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
     Y, V = y.expand(4, -1), v.expand(4, -1)
     s = Sample(rng.key(7), 2)
-    got = {"gy_in": prob.grad_y_inner(clients, X, Y, s), "gy_out": prob.grad_y_outer(clients, X, Y, s),
-           "hvp": prob.hvp_yy_inner(clients, X, Y, V, s), "jvp": prob.jvp_xy_inner(clients, X, Y, V, s)}
+    got = {
+        "gy_in": prob.grad_y_inner(clients, X, Y, s),
+        "gy_out": prob.grad_y_outer(clients, X, Y, s),
+        "hvp": prob.hvp_yy_inner(clients, X, Y, V, s),
+        "jvp": prob.jvp_xy_inner(clients, X, Y, V, s),
+    }
     for b, c in enumerate(clients):
         x, yy = X[b].clone().requires_grad_(), y.clone().requires_grad_()
         (dy,) = torch.autograd.grad(_g(prob, cfg, c, x, yy, s, cfg.problem.batch_size), yy)
@@ -175,9 +187,16 @@ def test_closed_form_oracles_at_the_shared_y_match_unbatched_autograd(hidden):
         _, hy = torch.autograd.functional.vhp(lambda w: _g(prob, cfg, c, X[b], w, s, 6), y, v)
         torch.testing.assert_close(got["hvp"][b], hy, rtol=1e-10, atol=1e-12)
         jx = torch.autograd.functional.jacobian(
-            lambda xx: torch.autograd.grad(_g(prob, cfg, c, xx, yy, s, 6), yy, create_graph=True)[0] @ v, X[b])
+            lambda xx: torch.autograd.grad(_g(prob, cfg, c, xx, yy, s, 6), yy, create_graph=True)[0] @ v, X[b]
+        )
         torch.testing.assert_close(got["jvp"][b], jx, rtol=1e-10, atol=1e-12)
         a, t, w = _client_batch(prob, prob.outer, c, s, 6)
-        fy = torch.autograd.grad((w * prob.class_weights[t] * torch.nn.functional.cross_entropy(
-            _mlp(yy, a, prob.widths), t, reduction="none")).sum(), yy)[0]
+        fy = torch.autograd.grad(
+            (
+                w
+                * prob.class_weights[t]
+                * torch.nn.functional.cross_entropy(_mlp(yy, a, prob.widths), t, reduction="none")
+            ).sum(),
+            yy,
+        )[0]
         torch.testing.assert_close(got["gy_out"][b], fy, rtol=1e-10, atol=1e-12)

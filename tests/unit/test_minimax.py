@@ -23,10 +23,23 @@ ALGORITHMS = {  # the three algorithms of Figure 4
 
 
 def _config(n_clients=100, s=1.0, dim=3, seed=4, **algorithm):
-    algo = {"outer_iterations": 40, "clients_per_round": n_clients, "inner_lr": 0.1, "outer_lr": 0.01,
-            "inner_local_steps": 10, "outer_local_steps": 10, "neumann_steps": 1, "neumann_scale": 1.0}
-    return config.from_dict({"seed": seed, "problem": {"name": "minimax", "n_clients": n_clients, "dim": dim, "heterogeneity": s},
-                             "algorithm": config.algorithm_fields(algorithm.get("name", "fednest"), algo | algorithm)})
+    algo = {
+        "outer_iterations": 40,
+        "clients_per_round": n_clients,
+        "inner_lr": 0.1,
+        "outer_lr": 0.01,
+        "inner_local_steps": 10,
+        "outer_local_steps": 10,
+        "neumann_steps": 1,
+        "neumann_scale": 1.0,
+    }
+    return config.from_dict(
+        {
+            "seed": seed,
+            "problem": {"name": "minimax", "n_clients": n_clients, "dim": dim, "heterogeneity": s},
+            "algorithm": config.algorithm_fields(algorithm.get("name", "fednest"), algo | algorithm),
+        }
+    )
 
 
 def _problem(cfg, clients=None):
@@ -168,11 +181,25 @@ def test_communication_rounds_per_iteration(name, expected):
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_paper_scale_1000_clients_50_per_round_runs(name):
-    cfg = config.from_dict({"problem": {"name": "minimax", "n_clients": 1000, "heterogeneity": 10.0},
-                            "algorithm": config.algorithm_fields(name, {
-                                "outer_iterations": 5, "clients_per_round": 50, "inner_lr": 0.1, "outer_lr": 0.01,
-                                "inner_local_steps": 10, "outer_local_steps": 10, "neumann_steps": 1,
-                                "neumann_scale": 1.0} | ALGORITHMS[name])})
+    cfg = config.from_dict(
+        {
+            "problem": {"name": "minimax", "n_clients": 1000, "heterogeneity": 10.0},
+            "algorithm": config.algorithm_fields(
+                name,
+                {
+                    "outer_iterations": 5,
+                    "clients_per_round": 50,
+                    "inner_lr": 0.1,
+                    "outer_lr": 0.01,
+                    "inner_local_steps": 10,
+                    "outer_local_steps": 10,
+                    "neumann_steps": 1,
+                    "neumann_scale": 1.0,
+                }
+                | ALGORITHMS[name],
+            ),
+        }
+    )
     err = simulate(cfg, MPI.COMM_SELF).history["x_sq_error"]
     assert err[0] == pytest.approx(1000.0) and err[-1] < 1e-2 * err[0]
 

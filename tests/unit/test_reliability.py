@@ -54,10 +54,10 @@ def _damage(path: Path, kind: str, offset: int, rnd=None) -> None:
     if kind == "truncate":
         data = data[:offset]
     elif kind == "zero":
-        data[offset:offset + 64] = bytes(len(data[offset:offset + 64]))
+        data[offset : offset + 64] = bytes(len(data[offset : offset + 64]))
     elif kind == "random":
-        n = len(data[offset:offset + 3000])
-        data[offset:offset + n] = (rnd or random.Random(offset)).randbytes(n)
+        n = len(data[offset : offset + 3000])
+        data[offset : offset + n] = (rnd or random.Random(offset)).randbytes(n)
     elif kind == "flip":
         data[offset] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -71,8 +71,10 @@ def resume_after(damage):
     def case(tmp):
         cfg, out = _finished_run(tmp)
         damage(out)
-        return _one_line_error(run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9",
-                                       timeout=LIMIT))
+        return _one_line_error(
+            run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT)
+        )
+
     return case
 
 
@@ -82,6 +84,7 @@ def reader_on(command, damage):
         damage(out)
         args = ["report", out] if command == "report" else ["plot", out, "-o", tmp / "f.png"]
         return _one_line_error(run_cli(*args, timeout=LIMIT))
+
     return case
 
 
@@ -111,8 +114,11 @@ def recover_killed(tmp):
     res = run_cli("recover", out, timeout=LIMIT)
     with h5py.File(out, "r") as f:  # plain read mode
         kept = json.loads(f.attrs["recovered"])["iterations_kept"]
-        rows = {f["iterations/iteration"].shape[0], f["ranks/wait_seconds"].shape[1],
-                f["clients/participation"].shape[1]}
+        rows = {
+            f["iterations/iteration"].shape[0],
+            f["ranks/wait_seconds"].shape[1],
+            f["clients/participation"].shape[1],
+        }
     return f"exit {res.returncode}, plain HDF5 opens it, {kept} iterations kept, all parts in step: {rows == {kept}}"
 
 
@@ -126,8 +132,13 @@ def second_writer(flags):
     def case(tmp):
         cfg = _cli_config(tmp, iterations=100000, every=0)
         env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
-        first = subprocess.Popen([sys.executable, "-m", "fednest_mpi", "run", str(cfg), "-q"], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "fednest_mpi", "run", str(cfg), "-q"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 60
             while not (tmp / "out.h5.ckpt" / "state.pt").exists() and time.monotonic() < deadline:
@@ -140,6 +151,7 @@ def second_writer(flags):
             first.kill()
         named = ", names host, pid, start" if named else ""
         return _one_line_error(res) + named + f"; first run exit {first.returncode}"
+
     return case
 
 
@@ -161,6 +173,7 @@ def failure_on(rank, kind="raise", k=5):
             with h5py.File(S.client_dir(out) / S.rank_file(r), "r") as g:
                 parts.add(g["clients/participation"].shape[1])
         return f"exit {res.returncode}, files closed, rows/clients/ranks: {sorted(parts)}"
+
     return case
 
 
@@ -174,49 +187,78 @@ def bad_input(*args, ranks=1, text=None, name="bad.toml"):
             else:
                 cfg.write_bytes(text)
         return _one_line_error(run_cli("run", cfg, "-q", *args, ranks=ranks, timeout=LIMIT))
+
     return case
 
 
 def resume_without_clients(tmp):
     cfg, out = _finished_run(tmp)
     shutil.rmtree(S.client_dir(out))
-    return _one_line_error(run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9",
-                                   timeout=LIMIT))
+    return _one_line_error(
+        run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT)
+    )
 
 
 #: (what was tried, the result) -- the table of docs/reliability.md
 CASES = [
     ("`run --resume`, output truncated to half its size", resume_after(half), ONE_LINE),
     ("`run --resume`, output truncated to 1,000 bytes", resume_after(lambda p: _damage(p, "truncate", 1000)), ONE_LINE),
-    ("`run --resume`, 3,000 random bytes written in the middle of the output",
-     resume_after(lambda p: _damage(p, "random", p.stat().st_size // 2)), ONE_LINE),
-    ("`run --resume`, one client file (`RUN.clients/rank00000.h5`) truncated to half",
-     resume_after(client_file(half)), ONE_LINE),
+    (
+        "`run --resume`, 3,000 random bytes written in the middle of the output",
+        resume_after(lambda p: _damage(p, "random", p.stat().st_size // 2)),
+        ONE_LINE,
+    ),
+    (
+        "`run --resume`, one client file (`RUN.clients/rank00000.h5`) truncated to half",
+        resume_after(client_file(half)),
+        ONE_LINE,
+    ),
     ("`run --resume`, the `RUN.clients/` folder deleted", resume_without_clients, ONE_LINE),
     ("`report` on a run file truncated to half", reader_on("report", half), ONE_LINE),
     ("`plot` on a run file truncated to half", reader_on("plot", half), ONE_LINE),
-    ("`report` on a run file with zeroed bytes in its attribute heap (HDF5 loops on it)",
-     reader_on("report", lambda p: _damage(p, "zero", 4321)), ONE_LINE),
+    (
+        "`report` on a run file with zeroed bytes in its attribute heap (HDF5 loops on it)",
+        reader_on("report", lambda p: _damage(p, "zero", 4321)),
+        ONE_LINE,
+    ),
     ("`report` on a SIGKILLed run", report_on_killed, ONE_LINE + ", names `fednest-mpi recover`"),
-    ("`fednest-mpi recover` on a SIGKILLed run (killed in iteration 8)", recover_killed,
-     "exit 0, plain HDF5 opens it, 8 iterations kept, all parts in step: True"),
+    (
+        "`fednest-mpi recover` on a SIGKILLed run (killed in iteration 8)",
+        recover_killed,
+        "exit 0, plain HDF5 opens it, 8 iterations kept, all parts in step: True",
+    ),
     ("`run --resume` after SIGKILL (takes over the stale lock)", resume_killed, "exit 0, 11 iterations"),
-    ("a second `run --overwrite` on the output of a running run", second_writer(["--overwrite"]),
-     ONE_LINE + ", names host, pid, start; first run exit 0"),
-    ("a second `run` (no `--overwrite`) on the output of a running run", second_writer([]),
-     ONE_LINE + "; first run exit 0"),
-    ("a second `run --resume` on the output of a running run", second_writer(["--resume"]),
-     ONE_LINE + ", names host, pid, start; first run exit 0"),
-    ("a new `run --overwrite` where a SIGKILLed run left its lock", stale_lock,
-     ONE_LINE + ", says stale and `rm LOCK`"),
+    (
+        "a second `run --overwrite` on the output of a running run",
+        second_writer(["--overwrite"]),
+        ONE_LINE + ", names host, pid, start; first run exit 0",
+    ),
+    (
+        "a second `run` (no `--overwrite`) on the output of a running run",
+        second_writer([]),
+        ONE_LINE + "; first run exit 0",
+    ),
+    (
+        "a second `run --resume` on the output of a running run",
+        second_writer(["--resume"]),
+        ONE_LINE + ", names host, pid, start; first run exit 0",
+    ),
+    (
+        "a new `run --overwrite` where a SIGKILLed run left its lock",
+        stale_lock,
+        ONE_LINE + ", says stale and `rm LOCK`",
+    ),
     ("exception on rank 1 of 2 in iteration 5", failure_on(1), "exit 1, files closed, rows/clients/ranks: [5]"),
     ("exception on rank 0 of 2 in iteration 5", failure_on(0), "exit 1, files closed, rows/clients/ranks: [5]"),
     ("exception on rank 1 of 2 in iteration 1", failure_on(1, k=1), "exit 1, files closed, rows/clients/ranks: [1]"),
     ("NaN on rank 1 of 2 in iteration 6", failure_on(1, "nan", 6), "exit 1, files closed, rows/clients/ranks: [6]"),
     ("`seed = 2**64`", bad_input("--set", f"seed={2**64}"), ONE_LINE),
     ("`problem.n_clients = 2**70`", bad_input("--set", f"problem.n_clients={2**70}"), ONE_LINE),
-    ("`problem.n_clients = 10**11` (client data beyond memory), 2 ranks",
-     bad_input("--set", "problem.n_clients=100000000000", ranks=2), ONE_LINE),
+    (
+        "`problem.n_clients = 10**11` (client data beyond memory), 2 ranks",
+        bad_input("--set", "problem.n_clients=100000000000", ranks=2),
+        ONE_LINE,
+    ),
     ("`problem.dim_y = 10**6` (client data beyond memory)", bad_input("--set", "problem.dim_y=1000000"), ONE_LINE),
     ("a config file that is not UTF-8", bad_input(text=b"\xff\xfe[problem]\n"), ONE_LINE),
     ("an empty config file", bad_input(text=b""), ONE_LINE),
@@ -293,8 +335,14 @@ def test_damaged_files_fail_fast_or_read_the_same(tmp_path):
     stdin = "".join(json.dumps(c) + "\n" for c in cases)
     env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
     checker = "from pathlib import Path\nimport random\n" + inspect.getsource(_damage) + CHECKER  # the same damage
-    res = subprocess.run([sys.executable, "-c", checker, str(out), str(tmp_path / "work")],
-                         input=stdin, capture_output=True, text=True, timeout=60 + 12 * len(cases), env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", checker, str(out), str(tmp_path / "work")],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60 + 12 * len(cases),
+        env=env,
+    )
     results = [json.loads(line) for line in res.stdout.splitlines()]
     assert len(results) == len(cases), res.stderr[-2000:]
     bad = [r for r in results if r[3] not in ("same", "usage") or r[4] > LIMIT / 2]

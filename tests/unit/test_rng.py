@@ -44,11 +44,11 @@ def test_stream_normals_depend_on_the_key_alone_and_are_standard_normal():
     keys = rng.key(3, np.arange(40))
     lengths = np.arange(40) * 7 % 23  # odd and even lengths, one empty stream
     together = rng.stream_normals(keys, lengths)
-    alone = torch.cat([rng.stream_normals(keys[i:i + 1], lengths[i:i + 1]) for i in range(40)])
+    alone = torch.cat([rng.stream_normals(keys[i : i + 1], lengths[i : i + 1]) for i in range(40)])
     assert torch.equal(together, alone)
     grid = rng.stream_normals(keys[5:9], np.full(4, 12)).view(4, 12)  # the equal-length path
     assert torch.equal(grid[2], rng.stream_normals(keys[7:8], [12]))
     assert torch.equal(grid[2, :5], rng.stream_normals(keys[7:8], [5]))  # a prefix of the same stream
     z = rng.stream_normals(rng.key(9, np.arange(100)), np.full(100, 10000)).double()
     assert abs(float(z.mean())) < 5 / 1000 and abs(float(z.std()) - 1) < 0.005
-    assert abs(float((z ** 3).mean())) < 0.02 and abs(float((z ** 4).mean()) - 3) < 0.05
+    assert abs(float((z**3).mean())) < 0.02 and abs(float((z**4).mean()) - 3) < 0.05

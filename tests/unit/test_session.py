@@ -3,12 +3,12 @@
 import dataclasses
 
 import numpy as np
+from histories import TIMING
 
 from fednest_mpi.comm import SerialComm
 from fednest_mpi.io.h5 import read_run
 from fednest_mpi.runner import simulate
 from fednest_mpi.session import Session
-from histories import TIMING
 
 
 def test_a_session_writes_the_run_that_simulate_computes(small_config, tmp_path, capsys):

@@ -4,13 +4,12 @@ steps: against autograd on random MLPs, and on the loss-tuning problem against i
 import numpy as np
 import pytest
 import torch
+from shared_data import requires, small_mnist_config
 
 from fednest_mpi.federation import dense
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
 from fednest_mpi.problems.shared_start import shared_start_sgd, worthwhile
-
-from shared_data import requires, small_mnist_config
 
 F64 = torch.float64
 
@@ -48,8 +47,13 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps):
     for _ in range(steps):
         w = torch.rand(C, b, generator=gen, dtype=F64)
         w[0, -1] = 0.0  # a padded sample
-        data.append((torch.randn(C, b, widths[0], generator=gen, dtype=F64), torch.randint(widths[-1], (C, b), generator=gen),
-                     w / w.sum(1, keepdim=True)))
+        data.append(
+            (
+                torch.randn(C, b, widths[0], generator=gen, dtype=F64),
+                torch.randint(widths[-1], (C, b), generator=gen),
+                w / w.sum(1, keepdim=True),
+            )
+        )
 
     def batch(nu):
         A, t, w = data[nu]
@@ -57,6 +61,7 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps):
         def residual(z):
             G = torch.softmax(z, -1) - torch.nn.functional.one_hot(t, widths[-1])
             return G * w[..., None]
+
         return A, residual
 
     rows = shared_start_sgd(list(zip(weights, biases)), batch, steps, lr, decay)

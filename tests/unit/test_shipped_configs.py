@@ -31,25 +31,33 @@ def test_family_members_write_distinct_outputs_and_differ_only_where_they_say():
     assert len(outputs) == len(set(outputs))
     iid = config.load(ROOT / "configs/mnist/hyperrep/iid/lfednest.toml")
     noniid = config.load(ROOT / "configs/mnist/hyperrep/noniid/fednest.toml")
-    assert (iid.algorithm.name, iid.problem.partition, iid.problem.val_fraction, iid.algorithm.inner_local_steps) == ("lfednest", "iid", 0.2, 40)
+    assert (iid.algorithm.name, iid.problem.partition, iid.problem.val_fraction, iid.algorithm.inner_local_steps) == (
+        "lfednest",
+        "iid",
+        0.2,
+        40,
+    )
     assert iid.algorithm.neumann_steps == noniid.algorithm.neumann_steps == 5  # inherited from base.toml
     assert config.load(ROOT / "configs/mnist/hyperrep/noniid/fednest_tau5.toml").algorithm.outer_local_steps == 5
     assert config.load(ROOT / "configs/mnist/losstuning/iid/untuned.toml").problem.tune_loss is False
 
 
 def test_base_chain_merges_tables_and_overrides_win(tmp_path):
-    (tmp_path / "a.toml").write_text('seed = 4\n[algorithm]\nouter_lr = 0.5\ninner_lr = 0.2\n')
+    (tmp_path / "a.toml").write_text("seed = 4\n[algorithm]\nouter_lr = 0.5\ninner_lr = 0.2\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.toml").write_text('base = "../a.toml"\n[algorithm]\ninner_lr = 0.3\n')
     cfg = config.load(tmp_path / "sub" / "b.toml", ["algorithm.outer_lr=0.7"])
     assert (cfg.seed, cfg.algorithm.inner_lr, cfg.algorithm.outer_lr) == (4, 0.3, 0.7)
 
 
-@pytest.mark.parametrize("text, message", [
-    ('base = "missing.toml"\n', "does not exist"),
-    ('base = 3\n', "base: expected the path of a config file"),
-    ('base = "me.toml"\n', "leads back to itself"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('base = "missing.toml"\n', "does not exist"),
+        ("base = 3\n", "base: expected the path of a config file"),
+        ('base = "me.toml"\n', "leads back to itself"),
+    ],
+)
 def test_bad_base(tmp_path, text, message):
     (tmp_path / "me.toml").write_text(text)
     with pytest.raises(ConfigError, match=message):

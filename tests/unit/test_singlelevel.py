@@ -12,8 +12,16 @@ TAU, BETA = 5, 0.2
 
 
 def _config(small_config, name, **problem):
-    return small_config(algorithm={"name": name, "clients_per_round": 12, "inner_local_steps": TAU, "inner_lr": BETA,
-                                   "outer_iterations": 60}, problem=problem)
+    return small_config(
+        algorithm={
+            "name": name,
+            "clients_per_round": 12,
+            "inner_local_steps": TAU,
+            "inner_lr": BETA,
+            "outer_iterations": 60,
+        },
+        problem=problem,
+    )
 
 
 def _fedavg_fixed_point(prob, x):
@@ -47,8 +55,15 @@ def test_fedsvrg_reaches_the_exact_minimiser_and_fedavg_stalls_at_its_drift_bias
 
 @pytest.mark.parametrize("name, per_round", [("fedavg", 1), ("fedsvrg", 2)])
 def test_rounds_and_oracles_per_iteration(small_config, name, per_round):
-    cfg = small_config(algorithm={"name": name, "inner_rounds": 3, "outer_iterations": 2, "clients_per_round": 4,
-                                  "inner_local_steps": TAU})
+    cfg = small_config(
+        algorithm={
+            "name": name,
+            "inner_rounds": 3,
+            "outer_iterations": 2,
+            "clients_per_round": 4,
+            "inner_local_steps": TAU,
+        }
+    )
     h = simulate(cfg, MPI.COMM_SELF).history
     assert h["comm_rounds"][-1] == 2 * 3 * per_round
     calls = 2 * 3 * 4 * (TAU * per_round + (1 if per_round == 2 else 0))

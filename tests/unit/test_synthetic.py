@@ -7,15 +7,27 @@ from mpi4py import MPI
 
 from fednest_mpi import config, rng
 from fednest_mpi.data.synthetic import SyntheticSpec, client_model, generate, sample_counts
-from fednest_mpi.problems import build_problem
+from fednest_mpi.problems import build_problem, synthetic
 from fednest_mpi.problems.base import Sample
-from fednest_mpi.problems import synthetic
 
 
 def _cfg(problem=None, **sections):
-    data = {"problem": {"name": "synthetic", "n_clients": 50, "hidden": 5, "n_inputs": 7, "n_classes": 4,
-                        "samples_per_client": 30, "batch_size": 8, "eval_clients": 10, "eval_samples": 20, **(problem or {})},
-            "algorithm": {"clients_per_round": 6}, "run": {"dtype": "float64"}}
+    data = {
+        "problem": {
+            "name": "synthetic",
+            "n_clients": 50,
+            "hidden": 5,
+            "n_inputs": 7,
+            "n_classes": 4,
+            "samples_per_client": 30,
+            "batch_size": 8,
+            "eval_clients": 10,
+            "eval_samples": 20,
+            **(problem or {}),
+        },
+        "algorithm": {"clients_per_round": 6},
+        "run": {"dtype": "float64"},
+    }
     data.update(sections)
     return config.from_dict(data)
 
@@ -26,8 +38,8 @@ def test_a_clients_data_depend_only_on_seed_and_id():
     many, labels, counts = generate(spec, 4, [3, 9, 17])
     alone, alone_labels, _ = generate(spec, 4, [9])
     start = counts[0]
-    torch.testing.assert_close(many[start: start + counts[1]], alone, rtol=0, atol=0)
-    assert torch.equal(labels[start: start + counts[1]], alone_labels)
+    torch.testing.assert_close(many[start : start + counts[1]], alone, rtol=0, atol=0)
+    assert torch.equal(labels[start : start + counts[1]], alone_labels)
     other_seed, _, _ = generate(spec, 5, [9], counts[1:2])
     assert not torch.equal(other_seed, alone)
 
@@ -40,7 +52,7 @@ def test_labels_are_the_teacher_argmax_and_inputs_have_the_stated_moments():
     assert torch.equal(t, torch.argmax(torch.addmm(b, a, W.T), dim=1))
     a, v = a.double(), v.double()
     j = torch.arange(1, spec.n_inputs + 1, dtype=torch.float64)
-    var = j ** -1.2
+    var = j**-1.2
     # sample mean within 5 standard errors of v_i, sample variance within 5 % of j^-1.2
     assert torch.all((a.mean(0) - v).abs() < 5 * (var / n).sqrt())
     torch.testing.assert_close(a.var(0), var, rtol=0.05, atol=0)
@@ -51,14 +63,16 @@ def test_alpha_sets_the_spread_of_the_client_teachers(alpha):
     spec = SyntheticSpec(alpha=alpha, beta=0.0)
     means = np.array([float(client_model(spec, 0, i)[0].mean()) for i in range(400)])
     # mean of W_i's 600 entries = u_i + N(0, 1/600): its spread over clients is sqrt(alpha^2 + 1/600)
-    expected = np.sqrt(alpha ** 2 + 1.0 / 600)
+    expected = np.sqrt(alpha**2 + 1.0 / 600)
     assert abs(means.std() / expected - 1) < 0.15
 
 
 def test_sample_counts_fixed_and_lognormal():
     ids = np.arange(20000)
     assert np.all(sample_counts(SyntheticSpec(samples_per_client=37), 0, ids) == 37)
-    counts = sample_counts(SyntheticSpec(size_distribution="lognormal", samples_per_client=40, size_sigma=1.0, max_samples=500), 0, ids)
+    counts = sample_counts(
+        SyntheticSpec(size_distribution="lognormal", samples_per_client=40, size_sigma=1.0, max_samples=500), 0, ids
+    )
     assert counts.min() >= 2 and counts.max() <= 500
     assert abs(np.median(counts) / 40 - 1) < 0.05
     # P(n > 40 e) = P(z > 1) = 0.159 for the uncapped lognormal
@@ -107,9 +121,25 @@ def test_memory_holds_only_the_recent_client_sets_within_the_budget(problem, mon
 def test_fednest_learns_on_synthetic_data():
     from fednest_mpi.runner import simulate
 
-    cfg = _cfg({"alpha": 0.0, "beta": 0.0, "hidden": 16, "n_inputs": 60, "n_classes": 10, "samples_per_client": 100,
-                "eval_clients": 50}, algorithm={"clients_per_round": 10, "outer_iterations": 15, "inner_local_steps": 20,
-                                                "inner_lr": 0.5, "outer_lr": 0.5, "neumann_scale": 0.1})
+    cfg = _cfg(
+        {
+            "alpha": 0.0,
+            "beta": 0.0,
+            "hidden": 16,
+            "n_inputs": 60,
+            "n_classes": 10,
+            "samples_per_client": 100,
+            "eval_clients": 50,
+        },
+        algorithm={
+            "clients_per_round": 10,
+            "outer_iterations": 15,
+            "inner_local_steps": 20,
+            "inner_lr": 0.5,
+            "outer_lr": 0.5,
+            "neumann_scale": 0.1,
+        },
+    )
     acc = simulate(cfg, MPI.COMM_SELF).history["test_accuracy"]
     # the initial point is near chance (10 %); the last iterations must beat it clearly
     assert np.mean(acc[-5:]) > acc[0] + 12.0
@@ -127,8 +157,12 @@ def test_shared_x_feature_cache_gives_the_oracles_of_unshared_rows(problem):
     for sample in (None, Sample(rng.key(6), 1)):
         for _ in range(2):  # the second pass hits the cache
             for name in ("grad_x_outer", "grad_y_outer", "grad_y_inner"):
-                torch.testing.assert_close(getattr(prob, name)(ids, shared, Y, sample), getattr(prob, name)(ids, rows, Y, sample))
+                torch.testing.assert_close(
+                    getattr(prob, name)(ids, shared, Y, sample), getattr(prob, name)(ids, rows, Y, sample)
+                )
             for name in ("hvp_yy_inner", "jvp_xy_inner"):
-                torch.testing.assert_close(getattr(prob, name)(ids, shared, Y, V, sample), getattr(prob, name)(ids, rows, Y, V, sample))
+                torch.testing.assert_close(
+                    getattr(prob, name)(ids, shared, Y, V, sample), getattr(prob, name)(ids, rows, Y, V, sample)
+                )
     assert prob._cached_features(prob.inner, ids, shared) is not None
     assert prob._cached_features(prob.inner, ids, (x + 0).expand(4, -1)) is None  # same values, other storage

@@ -16,11 +16,23 @@ def test_did_you_mean_suggests_the_closest_option_or_nothing():
     assert did_you_mean("error", ["x_error_norm"], cutoff=0.5) == " (did you mean 'x_error_norm'?)"
 
 
-@pytest.mark.parametrize("n, binary, text", [
-    (0, False, "0 B"), (950, False, "950 B"), (999.6, False, "1 kB"), (44800, False, "44.8 kB"),
-    (1234567, False, "1.23 MB"), (512, True, "512 B"), (1000, True, "1000 B"), (1536, True, "1.5 KiB"),
-    (1010 * 1024, True, "1010 KiB"), (2 * 1024**3, True, "2 GiB"), (None, False, "-"), (math.nan, True, "-"),
-])
+@pytest.mark.parametrize(
+    "n, binary, text",
+    [
+        (0, False, "0 B"),
+        (950, False, "950 B"),
+        (999.6, False, "1 kB"),
+        (44800, False, "44.8 kB"),
+        (1234567, False, "1.23 MB"),
+        (512, True, "512 B"),
+        (1000, True, "1000 B"),
+        (1536, True, "1.5 KiB"),
+        (1010 * 1024, True, "1010 KiB"),
+        (2 * 1024**3, True, "2 GiB"),
+        (None, False, "-"),
+        (math.nan, True, "-"),
+    ],
+)
 def test_format_bytes_decimal_and_binary(n, binary, text):
     assert format_bytes(n, binary=binary) == text
 

@@ -5,18 +5,20 @@ import math
 import numpy as np
 import torch
 from mpi4py import MPI
+from shared_data import DATA, requires
 
 from fednest_mpi import config
 from fednest_mpi.runner import Simulation
-from shared_data import DATA, requires
 
 
 def _cfg(problem, every=2, iterations=4):
-    return config.from_dict({
-        "problem": problem,
-        "algorithm": {"outer_iterations": iterations, "clients_per_round": 5, "inner_local_steps": 3},
-        "run": {"dtype": "float64", "train_eval_every": every, "client_series": False, "output": "unused.h5"},
-    })
+    return config.from_dict(
+        {
+            "problem": problem,
+            "algorithm": {"outer_iterations": iterations, "clients_per_round": 5, "inner_local_steps": 3},
+            "run": {"dtype": "float64", "train_eval_every": every, "client_series": False, "output": "unused.h5"},
+        }
+    )
 
 
 @requires("mnist")
@@ -35,7 +37,10 @@ def test_hyper_representation_training_metrics_equal_a_direct_computation():
         outer = torch.as_tensor(p.outer.index[row, : p.outer.count[row]])
         f.append(float(torch.nn.functional.cross_entropy(p.predict_logits(x, y, p.inputs[outer]), p.targets[outer])))
         logits = p.predict_logits(x, y, p.inputs[inner])
-        g.append(float(torch.nn.functional.cross_entropy(logits, p.targets[inner])) + 0.5 * cfg.problem.inner_regularization * float(y @ y))
+        g.append(
+            float(torch.nn.functional.cross_entropy(logits, p.targets[inner]))
+            + 0.5 * cfg.problem.inner_regularization * float(y @ y)
+        )
         correct += int((logits.argmax(1) == p.targets[inner]).sum())
         total += inner.numel()
     np.testing.assert_allclose([h["outer_loss"][0], h["inner_loss"][0]], [np.mean(f), np.mean(g)], rtol=1e-10)
@@ -52,5 +57,10 @@ def test_quadratic_keeps_its_closed_form_objectives_and_has_no_accuracy():
 
 
 def test_off_by_default():
-    cfg = config.from_dict({"problem": {"name": "quadratic", "n_clients": 12}, "algorithm": {"outer_iterations": 1, "clients_per_round": 4}})
+    cfg = config.from_dict(
+        {
+            "problem": {"name": "quadratic", "n_clients": 12},
+            "algorithm": {"outer_iterations": 1, "clients_per_round": 4},
+        }
+    )
     assert cfg.run.train_eval_every == 0

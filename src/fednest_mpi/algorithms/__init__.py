@@ -9,13 +9,33 @@ import importlib
 from fednest_mpi import config
 from fednest_mpi.algorithms.base import Algorithm, ClientStore, State
 from fednest_mpi.algorithms.fedbio import FedBiO
-from fednest_mpi.algorithms.fednest import (FedNest, InnerLevel, LocalHypergradient, Variant, neumann_series,
-                                           rounds_per_iteration)
+from fednest_mpi.algorithms.fednest import (
+    FedNest,
+    InnerLevel,
+    LocalHypergradient,
+    Variant,
+    neumann_series,
+    rounds_per_iteration,
+)
 from fednest_mpi.algorithms.minimax import FedAvgS
 from fednest_mpi.algorithms.singlelevel import SingleLevel
 
-__all__ = ["Algorithm", "ClientStore", "FedAvgS", "FedBiO", "FedNest", "InnerLevel", "LocalHypergradient", "SingleLevel",
-           "State", "Variant", "build_algorithm", "implementation", "neumann_series", "rounds_per_iteration"]
+__all__ = [
+    "Algorithm",
+    "ClientStore",
+    "FedAvgS",
+    "FedBiO",
+    "FedNest",
+    "InnerLevel",
+    "LocalHypergradient",
+    "SingleLevel",
+    "State",
+    "Variant",
+    "build_algorithm",
+    "implementation",
+    "neumann_series",
+    "rounds_per_iteration",
+]
 
 
 def implementation(name: str) -> type[Algorithm]:

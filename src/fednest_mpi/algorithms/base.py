@@ -52,7 +52,9 @@ class ClientStore:
         written = np.flatnonzero(slots >= 0)
         if written.size:
             device = out.device
-            out[torch.as_tensor(written, device=device)] = self.tables[name][torch.as_tensor(slots[written], device=device)]
+            out[torch.as_tensor(written, device=device)] = self.tables[name][
+                torch.as_tensor(slots[written], device=device)
+            ]
         return out
 
     def seen(self, ids: np.ndarray) -> np.ndarray:

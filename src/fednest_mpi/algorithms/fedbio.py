@@ -136,7 +136,11 @@ class FedBiO(LocalHypergradient, Algorithm):
         n = ids.size
         X, Y = self._rows(x, n), self.store.get("y", ids)
         st = self.state
-        X_prev, Y_prev, Om = self._rows(x if st.x_prev is None else st.x_prev, n), self.store.get("y_prev", ids), self.store.get("omega", ids)
+        X_prev, Y_prev, Om = (
+            self._rows(x if st.x_prev is None else st.x_prev, n),
+            self.store.get("y_prev", ids),
+            self.store.get("omega", ids),
+        )
         Nu = self._rows(torch.zeros_like(x) if st.nu is None else st.nu, n)
         fresh = ~self.store.seen(ids)  # first participation: omega starts as the fresh gradient
         for j in range(cfg.sync_period):
@@ -164,7 +168,7 @@ class FedBiO(LocalHypergradient, Algorithm):
         fed, like = self.fed, self.store.initial[name]
         if fed.reduction == "ordered":
             buf = np.zeros((fed.n_clients, like.shape[0]))
-            buf[fed.block.start:fed.block.stop] = self.store.block_rows(name).numpy(force=True)
+            buf[fed.block.start : fed.block.stop] = self.store.block_rows(name).numpy(force=True)
             total = fed.sum_uncounted(buf).reshape(fed.n_clients, -1)
             out = total[0].copy()
             for row in total[1:]:

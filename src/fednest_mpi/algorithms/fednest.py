@@ -39,7 +39,7 @@ from fednest_mpi import config, rng
 from fednest_mpi.algorithms.base import Algorithm
 from fednest_mpi.federation import Federation, Participants, dense
 from fednest_mpi.problems.base import BilevelProblem, Sample
-from fednest_mpi.recorder import IHGP, INNER, OFF, OUTER, row_norms
+from fednest_mpi.recorder import IHGP, INNER, OUTER, row_norms
 
 P = rng.Purpose
 
@@ -56,8 +56,9 @@ class Variant:
 def rounds_per_iteration(name: str, inner_rounds: int, neumann_steps: int, hypergradient: str = "implicit") -> int:
     """Communication rounds of one outer iteration of the FedNest variant ``name`` in truncated
     FedIHGP mode (paper Table 2); see :meth:`FedNest.rounds_per_iteration`."""
-    params = config.FedNestConfig(name=name, inner_rounds=inner_rounds, neumann_steps=neumann_steps,
-                                  hypergradient=hypergradient)
+    params = config.FedNestConfig(
+        name=name, inner_rounds=inner_rounds, neumann_steps=neumann_steps, hypergradient=hypergradient
+    )
     return FedNest.rounds_per_iteration(params, **config.ALGORITHMS[name].options)
 
 
@@ -157,6 +158,7 @@ class InnerLevel(Algorithm):
         (y_new,) = self.fed.mean_over(S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)])
         return y_new
 
+
 class LocalHypergradient(Algorithm):
     """Each client's hypergradient estimate from its own oracles (LFedOut's and FedBiO's), for an
     :class:`Algorithm` whose parameters have ``hypergradient``, ``ihgp_mode``, ``neumann_steps`` and
@@ -185,10 +187,14 @@ class LocalHypergradient(Algorithm):
 
         def step(j, r, rows=None):
             sub = slice(None) if rows is None else rows.numpy(force=True)
-            return r - cfg.neumann_scale * prob.hvp_yy_inner(ids[sub], X[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j))
+            return r - cfg.neumann_scale * prob.hvp_yy_inner(
+                ids[sub], X[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j)
+            )
 
         p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
-        return prob.grad_x_outer(ids, X, Y, s) - prob.jvp_xy_inner(ids, X, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1))
+        return prob.grad_x_outer(ids, X, Y, s) - prob.jvp_xy_inner(
+            ids, X, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1)
+        )
 
 
 class FedNest(InnerLevel, LocalHypergradient, Algorithm):
@@ -260,7 +266,9 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
             (r_next,) = self.fed.mean_over(clients(n), products)
             return r_next
 
-        n_prime = rng.integer(self.key(P.IHGP_LENGTH, k), 0, cfg.neumann_steps) if cfg.ihgp_mode == "randomized" else None
+        n_prime = (
+            rng.integer(self.key(P.IHGP_LENGTH, k), 0, cfg.neumann_steps) if cfg.ihgp_mode == "randomized" else None
+        )
         return neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
 
     def hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
@@ -300,7 +308,9 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
             X, Y = self._rows(x, n), self._rows(y, n)
             h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
             if p is not None:
-                h_i = h_i - prob.jvp_xy_inner(ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1))
+                h_i = h_i - prob.jvp_xy_inner(
+                    ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1)
+                )
             self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
             return [h_i]
 
@@ -350,7 +360,9 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
     def lfed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
         """LFedOut (Alg. 5): x+ = mean_S x_{i,tau}; one round."""
         S = self.sample_clients(P.OUTER_CLIENTS, k)
-        (x_new,) = self.fed.mean_over(S, lambda piece: [self._outer_local(piece.local_ids, k, x, self._rows(y, piece.local_ids.size))])
+        (x_new,) = self.fed.mean_over(
+            S, lambda piece: [self._outer_local(piece.local_ids, k, x, self._rows(y, piece.local_ids.size))]
+        )
         return x_new, {}
 
     def nonalternating_round(self, k: int, t: int, x, y) -> tuple[torch.Tensor, torch.Tensor, dict]:

@@ -22,7 +22,17 @@ from fednest_mpi.data.partition import (
 )
 
 __all__ = [
-    "AdultData", "ENV_VAR", "MnistData", "dirichlet_partition", "download", "iid_partition",
-    "load_adult", "load_mnist", "long_tail_indices", "read_idx", "resolve_data_dir",
-    "shard_partition", "split_inner_outer",
+    "AdultData",
+    "ENV_VAR",
+    "MnistData",
+    "dirichlet_partition",
+    "download",
+    "iid_partition",
+    "load_adult",
+    "load_mnist",
+    "long_tail_indices",
+    "read_idx",
+    "resolve_data_dir",
+    "shard_partition",
+    "split_inner_outer",
 ]

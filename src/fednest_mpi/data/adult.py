@@ -26,9 +26,23 @@ import torch
 from fednest_mpi.data.files import check_md5sums, find_file, read_bytes
 from fednest_mpi.errors import DataError
 
-COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
-           "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
-           "hours-per-week", "native-country", "income")
+COLUMNS = (
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
+)
 NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
 CATEGORICAL = tuple(c for c in COLUMNS[:-1] if c not in NUMERIC)
 RACES = ("White", "Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other", "Black")  # adult.names order
@@ -61,17 +75,20 @@ def _read_columns(path: Path) -> dict[str, tuple[str, ...]]:
             continue
         fields = list(map(str.strip, line.split(",")))
         if len(fields) != len(COLUMNS):
-            raise DataError(f"'{path}' line {number}: expected {len(COLUMNS)} comma-separated fields, "
-                            f"found {len(fields)}; is it the UCI Adult file? download it again")
+            raise DataError(
+                f"'{path}' line {number}: expected {len(COLUMNS)} comma-separated fields, "
+                f"found {len(fields)}; is it the UCI Adult file? download it again"
+            )
         fields[-1] = fields[-1].rstrip(".")
         if fields[-1] not in INCOMES:
-            raise DataError(f"'{path}' line {number}: income {fields[-1]!r} is neither "
-                            f"{' nor '.join(INCOMES)}; download the file again")
+            raise DataError(
+                f"'{path}' line {number}: income {fields[-1]!r} is neither "
+                f"{' nor '.join(INCOMES)}; download the file again"
+            )
         rows.append(fields)
     if not rows:
         raise DataError(f"'{path}' holds no data rows; download the file again")
-    return {name: tuple(MISSING if v == "?" else v for v in values)
-            for name, values in zip(COLUMNS, zip(*rows))}
+    return {name: tuple(MISSING if v == "?" else v for v in values) for name, values in zip(COLUMNS, zip(*rows))}
 
 
 def _codes(values: tuple[str, ...], names: tuple[str, ...], column: str, path: Path) -> np.ndarray:

@@ -47,11 +47,14 @@ def resolve_data_dir(explicit: str | os.PathLike | None, dataset: str) -> Path:
         raise DataError(
             f"no data directory for {dataset}: set data.dir or the environment variable {ENV_VAR} "
             f"(a folder with {', '.join(d.folder + '/' for d in DATASETS.values())} subfolders), "
-            f"or run `fednest-mpi download {dataset} --dir DIR` and point {ENV_VAR} at DIR")
+            f"or run `fednest-mpi download {dataset} --dir DIR` and point {ENV_VAR} at DIR"
+        )
     root = Path(base).expanduser()
     if not root.is_dir():
-        raise DataError(f"data directory '{root}' (from {source}) does not exist or is not a folder; "
-                        f"fix {source}, or run `fednest-mpi download {dataset} --dir {root}`")
+        raise DataError(
+            f"data directory '{root}' (from {source}) does not exist or is not a folder; "
+            f"fix {source}, or run `fednest-mpi download {dataset} --dir {root}`"
+        )
     sub = root / DATASETS[dataset].folder
     return sub if sub.is_dir() else root
 
@@ -66,7 +69,8 @@ def find_file(data_dir: Path, name: str, dataset: str) -> Path:
     raise DataError(
         f"{DATASETS[dataset].title} file '{data_dir / name}.gz' not found in data directory '{data_dir}' "
         f"(looked for {name}.gz or {name}); set {ENV_VAR} or data.dir, "
-        f"or run `fednest-mpi download {dataset} --dir {root}`")
+        f"or run `fednest-mpi download {dataset} --dir {root}`"
+    )
 
 
 def read_bytes(path: Path) -> bytes:
@@ -81,8 +85,9 @@ def read_bytes(path: Path) -> bytes:
     try:
         return gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"data file '{path}' is not a valid gzip file ({exc}); "
-                        f"delete it and download it again") from None
+        raise DataError(
+            f"data file '{path}' is not a valid gzip file ({exc}); delete it and download it again"
+        ) from None
 
 
 def md5(data: bytes) -> str:
@@ -101,8 +106,7 @@ def read_md5sums(data_dir: Path) -> dict[str, str]:
             continue
         parts = line.split()
         if len(parts) != 2 or len(parts[0]) != 32:
-            raise DataError(f"'{path}' line {number} is not `MD5  FILENAME`: {line!r}; "
-                            f"fix or delete the file")
+            raise DataError(f"'{path}' line {number} is not `MD5  FILENAME`: {line!r}; fix or delete the file")
         sums[parts[1].lstrip("*")] = parts[0].lower()
     return sums
 
@@ -128,4 +132,5 @@ def check_md5sums(data_dir: Path, paths: list[Path]) -> None:
         if actual != expected:
             raise DataError(
                 f"data file '{path}' has md5 {actual} but {Path(data_dir) / MD5SUMS} says {expected}: "
-                f"the file is damaged or was replaced; download it again (or load with verify=False)")
+                f"the file is damaged or was replaced; download it again (or load with verify=False)"
+            )

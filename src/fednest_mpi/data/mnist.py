@@ -49,33 +49,45 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
     raw = read_bytes(path)
     found = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
     if found != magic:
-        raise DataError(f"'{path}' is not an IDX file of the expected kind: magic number {found}, "
-                        f"expected {magic}; check the file name or download the file again")
+        raise DataError(
+            f"'{path}' is not an IDX file of the expected kind: magic number {found}, "
+            f"expected {magic}; check the file name or download the file again"
+        )
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise DataError(f"'{path}' is truncated: {len(raw)} bytes, shorter than its {header}-byte "
-                        f"IDX header; download the file again")
+        raise DataError(
+            f"'{path}' is truncated: {len(raw)} bytes, shorter than its {header}-byte "
+            f"IDX header; download the file again"
+        )
     dims = struct.unpack(f">{ndim}I", raw[4:header])
     expected, actual = math.prod(dims), len(raw) - header
     if actual != expected:
         what = "truncated" if actual < expected else "too long"
-        raise DataError(f"'{path}' is {what}: its header announces shape {dims}, i.e. {expected} "
-                        f"payload bytes, but the file holds {actual}; download the file again")
+        raise DataError(
+            f"'{path}' is {what}: its header announces shape {dims}, i.e. {expected} "
+            f"payload bytes, but the file holds {actual}; download the file again"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
 def _check_split(images: np.ndarray, labels: np.ndarray, image_path: Path, label_path: Path) -> None:
     if images.shape[1:] != (SIDE, SIDE):
-        raise DataError(f"'{image_path}' holds images of {images.shape[1]}x{images.shape[2]} pixels, "
-                        f"expected {SIDE}x{SIDE}; is it an MNIST file?")
+        raise DataError(
+            f"'{image_path}' holds images of {images.shape[1]}x{images.shape[2]} pixels, "
+            f"expected {SIDE}x{SIDE}; is it an MNIST file?"
+        )
     if len(labels) and labels.max() >= N_CLASSES:
         bad = int(np.argmax(labels >= N_CLASSES))
-        raise DataError(f"'{label_path}' has label {labels[bad]} at index {bad}; labels must be in "
-                        f"0..{N_CLASSES - 1}: the file is damaged, download it again")
+        raise DataError(
+            f"'{label_path}' has label {labels[bad]} at index {bad}; labels must be in "
+            f"0..{N_CLASSES - 1}: the file is damaged, download it again"
+        )
     if len(images) != len(labels):
-        raise DataError(f"'{image_path}' holds {len(images)} images but '{label_path}' holds "
-                        f"{len(labels)} labels; the two files do not belong together")
+        raise DataError(
+            f"'{image_path}' holds {len(images)} images but '{label_path}' holds "
+            f"{len(labels)} labels; the two files do not belong together"
+        )
 
 
 def _normalise(images: np.ndarray, mean: float, std: float) -> torch.Tensor:

@@ -74,7 +74,7 @@ def _models(spec: SyntheticSpec, seed: int, clients: np.ndarray) -> tuple[torch.
     m = C * d + C + d + 2
     z = rng.stream_normals(_keys(seed, clients, _MODEL), np.full(clients.size, m)).view(clients.size, m)
     u, B = z[:, -2:-1] * spec.alpha, z[:, -1:] * spec.beta
-    return (u[:, :, None] + z[:, : C * d].view(-1, C, d)), u + z[:, C * d: C * d + C], B + z[:, C * d + C: -2]
+    return (u[:, :, None] + z[:, : C * d].view(-1, C, d)), u + z[:, C * d : C * d + C], B + z[:, C * d + C : -2]
 
 
 def client_model(spec: SyntheticSpec, seed: int, client: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,7 +103,10 @@ def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int =
     if np.all(counts == width):
         padded, rows = inputs.view(clients.size, width, d), None
     else:
-        rows = torch.from_numpy(np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)) + owner * width
+        rows = (
+            torch.from_numpy(np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
+            + owner * width
+        )
         padded = inputs.new_zeros(clients.size * width, d).index_copy_(0, rows, inputs).view(clients.size, width, d)
     labels = torch.baddbmm(b[:, None, :], padded, W.transpose(1, 2)).argmax(-1).reshape(-1)
     return inputs, labels if rows is None else labels[rows], counts

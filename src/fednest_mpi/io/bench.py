@@ -31,9 +31,16 @@ def write_bench(path: str | Path, rows: list[dict], columns: dict[str, tuple[str
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     with h5py.File(tmp, "w") as f:
-        f.attrs.update({"format": FORMAT, "schema_version": SCHEMA_VERSION, "package_version": __version__,
-                        "git_commit": git_commit(), "hostname": socket.gethostname(),
-                        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+        f.attrs.update(
+            {
+                "format": FORMAT,
+                "schema_version": SCHEMA_VERSION,
+                "package_version": __version__,
+                "git_commit": git_commit(),
+                "hostname": socket.gethostname(),
+                "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            }
+        )
         f.attrs.update(attrs)
         group = f.create_group(GROUP)
         for name, (description, units) in columns.items():

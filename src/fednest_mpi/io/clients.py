@@ -66,8 +66,15 @@ class SeriesLayout:
         group = f.create_group(S.RANKS)
         group.create_dataset(S.RANK_SCALE, data=np.arange(self.size, dtype=np.int64)).make_scale(S.RANK_SCALE)
         for name, (description, units) in S.RANK_SERIES.items():
-            d = group.create_dataset(name, shape=(self.size, 0), maxshape=(self.size, None), dtype=np.float64,
-                                     chunks=(min(self.size, 1024), _RANK_CHUNK), fillvalue=np.nan, fletcher32=True)
+            d = group.create_dataset(
+                name,
+                shape=(self.size, 0),
+                maxshape=(self.size, None),
+                dtype=np.float64,
+                chunks=(min(self.size, 1024), _RANK_CHUNK),
+                fillvalue=np.nan,
+                fletcher32=True,
+            )
             _describe(d, description, units, group[S.RANK_SCALE], iteration)
             if self.keep_rows is not None:  # NaN where the resumed run had another number of ranks
                 d.resize((self.size, self.keep_rows))
@@ -81,13 +88,20 @@ class SeriesLayout:
             self._create_virtual(f, iteration)
         if self.snapshot_every > 0:
             snap = f.create_group(S.SNAPSHOTS)
-            scale = snap.create_dataset(S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64,
-                                        fletcher32=True)
+            scale = snap.create_dataset(
+                S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64, fletcher32=True
+            )
             scale.make_scale(S.SNAPSHOT_SCALE)
             scale.attrs.update(description="outer iteration of each snapshot", units="1")
             for name, dim in (("x", self.dim_x), ("y", self.dim_y)):
-                d = snap.create_dataset(name, shape=(0, dim), maxshape=(None, dim), dtype=self.dtype,
-                                        chunks=(1, min(dim, _SNAPSHOT_CHUNK)), fletcher32=True)
+                d = snap.create_dataset(
+                    name,
+                    shape=(0, dim),
+                    maxshape=(None, dim),
+                    dtype=self.dtype,
+                    chunks=(1, min(dim, _SNAPSHOT_CHUNK)),
+                    fletcher32=True,
+                )
                 d.attrs.update(description=S.SNAPSHOT_SERIES[name], units="1")
                 d.dims[0].attach_scale(scale)
             for name in (S.SNAPSHOT_SCALE, "x", "y"):
@@ -104,9 +118,14 @@ class SeriesLayout:
             layout = h5py.VirtualLayout(shape=(self.n_clients, 1), dtype=dtype, maxshape=(self.n_clients, None))
             for rank, rows in enumerate(self.blocks):
                 if len(rows):
-                    source = h5py.VirtualSource(f"{folder}/{S.rank_file(rank)}", f"{S.CLIENTS}/{name}", shape=(len(rows), 1),
-                                                maxshape=(len(rows), None), dtype=dtype)
-                    layout[rows.start:rows.stop, :h5py.h5s.UNLIMITED] = source[:, :h5py.h5s.UNLIMITED]
+                    source = h5py.VirtualSource(
+                        f"{folder}/{S.rank_file(rank)}",
+                        f"{S.CLIENTS}/{name}",
+                        shape=(len(rows), 1),
+                        maxshape=(len(rows), None),
+                        dtype=dtype,
+                    )
+                    layout[rows.start : rows.stop, : h5py.h5s.UNLIMITED] = source[:, : h5py.h5s.UNLIMITED]
             d = group.create_virtual_dataset(name, layout, fillvalue=fill)
             _describe(d, description, units, group[S.CLIENT_SCALE], iteration)
 
@@ -147,7 +166,7 @@ class ClientFile:
             for name, d in self.datasets.items():
                 _extend_columns(d, k)
                 if dense:  # the entries between participants already hold the fill value
-                    d[rows[0]:rows[-1] + 1, k] = records[name][rows[0]:rows[-1] + 1]
+                    d[rows[0] : rows[-1] + 1, k] = records[name][rows[0] : rows[-1] + 1]
                 elif rows.size:
                     d[rows, k] = records[name][rows]
             self.file.flush()
@@ -168,19 +187,32 @@ def _create_client_file(path: Path, rank: int, hosted: range) -> h5py.File:
     """A new, empty per-rank client file (open, not yet in SWMR mode)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     f = h5py.File(path, "w", libver="latest")
-    f.attrs.update(format=S.FORMAT + "/clients", schema_version=S.SCHEMA_VERSION, rank=rank, first_client=hosted.start,
-                   n_hosted=len(hosted))
+    f.attrs.update(
+        format=S.FORMAT + "/clients",
+        schema_version=S.SCHEMA_VERSION,
+        rank=rank,
+        first_client=hosted.start,
+        n_hosted=len(hosted),
+    )
     group = f.create_group(S.CLIENTS)
     n = len(hosted)
     for name, (dtype, fill, description, units) in S.CLIENT_SERIES.items():
-        d = group.create_dataset(name, shape=(n, 0), maxshape=(n, None), dtype=dtype,
-                                 chunks=(min(n, _CLIENT_CHUNK[0]), _CLIENT_CHUNK[1]), fillvalue=fill, fletcher32=True)
+        d = group.create_dataset(
+            name,
+            shape=(n, 0),
+            maxshape=(n, None),
+            dtype=dtype,
+            chunks=(min(n, _CLIENT_CHUNK[0]), _CLIENT_CHUNK[1]),
+            fillvalue=fill,
+            fletcher32=True,
+        )
         d.attrs.update(description=description, units=units)
     return f
 
 
 class MainSeries:
-    """Rank 0's writer of ``/ranks`` and ``/snapshots`` in the open run file ``f`` (created by :meth:`SeriesLayout.create`)."""
+    """Rank 0's writer of ``/ranks`` and ``/snapshots`` in the open run file ``f`` (created by
+    :meth:`SeriesLayout.create`)."""
 
     def __init__(self, f: h5py.File):
         self.f = f
@@ -228,8 +260,10 @@ def read_clients(path: str | Path) -> dict[str, np.ndarray]:
     f, n = _open_checked(path)
     with f, reading(path, "run file"):
         if S.CLIENTS not in f:
-            raise UsageError(f"{str(path)!r} holds no per-client series (written with run.client_series = false); "
-                             "rerun with run.client_series = true")
+            raise UsageError(
+                f"{str(path)!r} holds no per-client series (written with run.client_series = false); "
+                "rerun with run.client_series = true"
+            )
         n_clients = f[S.CLIENTS][S.CLIENT_SCALE].shape[0]
     out = {name: np.full((n_clients, n), fill, dtype=dtype) for name, (dtype, fill, _, _) in S.CLIENT_SERIES.items()}
     files = check_client_files(path, n, unclosed=unclosed_policy(path, "live"), n_clients=n_clients)
@@ -237,15 +271,16 @@ def read_clients(path: str | Path) -> dict[str, np.ndarray]:
         for rows, g in files:
             with reading(g.filename, "client file"):
                 for name in S.CLIENT_SERIES:
-                    out[name][rows.start:rows.stop] = g[S.CLIENTS][name][:, :n]
+                    out[name][rows.start : rows.stop] = g[S.CLIENTS][name][:, :n]
     finally:
         for _, g in files:
             g.close()
     return out
 
 
-def check_client_files(run_path: str | Path, rows: int, unclosed: str = "live", what: str = "",
-                       n_clients: int | None = None) -> list[tuple[range, h5py.File]]:
+def check_client_files(
+    run_path: str | Path, rows: int, unclosed: str = "live", what: str = "", n_clients: int | None = None
+) -> list[tuple[range, h5py.File]]:
     """(client ids, open file) of every per-rank client file of a run, after checking that each is
     a readable client file holding at least ``rows`` iterations and that together they hold every
     client (``n_clients``; default: read from the run file's /clients). A run file without
@@ -267,22 +302,27 @@ def check_client_files(run_path: str | Path, rows: int, unclosed: str = "live", 
                 for _, h in found:
                     h.close()
                 held = "no such series" if shape is None else f"shape {shape}"
-                raise UsageError(f"{what}client file {g.filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
-                                 f"has {held}, "
-                                 f"expected {len(ids)} clients x at least {rows} iterations; {fix}")
+                raise UsageError(
+                    f"{what}client file {g.filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
+                    f"has {held}, "
+                    f"expected {len(ids)} clients x at least {rows} iterations; {fix}"
+                )
         if ids.stop > n_clients:
             for _, h in found:
                 h.close()
-            raise UsageError(f"{what}client file {g.filename!r} holds clients {ids.start}..{ids.stop - 1}, the run has "
-                             f"{n_clients}; it belongs to another run; {fix}")
-        covered[ids.start:ids.stop] = True
+            raise UsageError(
+                f"{what}client file {g.filename!r} holds clients {ids.start}..{ids.stop - 1}, the run has "
+                f"{n_clients}; it belongs to another run; {fix}"
+            )
+        covered[ids.start : ids.stop] = True
     if not covered.all():
         for _, h in found:
             h.close()
         missing = int(np.flatnonzero(~covered)[0])
         state = "is missing" if not folder.is_dir() else f"holds no file with client {missing}"
-        raise UsageError(f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; "
-                         f"{fix}")
+        raise UsageError(
+            f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; {fix}"
+        )
     return found
 
 
@@ -322,8 +362,10 @@ def _rank_files(run_path, unclosed: str = "read") -> list[tuple[range, h5py.File
             out.append((None, g))
             with reading(path, "client file"):
                 if g.attrs.get("format") != S.FORMAT + "/clients" or S.CLIENTS not in g:
-                    raise UsageError(f"client file {str(path)!r} is not a fednest-mpi client file (format attribute "
-                                     f"{g.attrs.get('format')!r})")
+                    raise UsageError(
+                        f"client file {str(path)!r} is not a fednest-mpi client file (format attribute "
+                        f"{g.attrs.get('format')!r})"
+                    )
                 first, n = int(g.attrs["first_client"]), int(g.attrs["n_hosted"])
             if first < 0 or n < 0:
                 raise UsageError(f"client file {str(path)!r} is damaged: it says it holds {n} clients from {first}")
@@ -365,7 +407,9 @@ def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple
                             n = min(src.shape[1], n_iterations)
                             if dst.shape[1] < n:
                                 dst.resize((dst.shape[0], n))
-                            dst[lo - rows.start:hi - rows.start, :n] = src[lo - old_rows.start:hi - old_rows.start, :n]
+                            dst[lo - rows.start : hi - rows.start, :n] = src[
+                                lo - old_rows.start : hi - old_rows.start, :n
+                            ]
     finally:
         for _, f in existing:
             f.close()

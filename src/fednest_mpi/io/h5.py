@@ -47,7 +47,9 @@ _CHUNK = 256
 def git_commit() -> str:
     """The source tree's commit, or '' when not run from a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -66,18 +68,39 @@ def check_directory(path: str | Path, field: str, min_free: int = MIN_FREE_BYTES
         raise UsageError(f"{field}: {str(existing)!r} is a file, not a folder; choose another path")
     kind = _pseudo_file_system(existing)
     if kind:
-        raise UsageError(f"{field}: {str(existing)!r} is on the kernel's {kind} file system, which holds no files; "
-                         "choose a folder on a disk")
+        raise UsageError(
+            f"{field}: {str(existing)!r} is on the kernel's {kind} file system, which holds no files; "
+            "choose a folder on a disk"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{field}: directory {str(existing)!r} is not writable; choose a path you can write to")
     free = shutil.disk_usage(existing).free
     if free < min_free:
-        raise UsageError(f"{field}: the file system of {str(existing)!r} is full ({free} bytes free, at least {min_free} "
-                         "needed); free some space or choose another path")
+        raise UsageError(
+            f"{field}: the file system of {str(existing)!r} is full ({free} bytes free, at least {min_free} "
+            "needed); free some space or choose another path"
+        )
 
 
-_PSEUDO = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "pstore",
-                     "bpf", "configfs", "efivarfs", "fusectl", "mqueue", "binfmt_misc"})
+_PSEUDO = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "devpts",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "pstore",
+        "bpf",
+        "configfs",
+        "efivarfs",
+        "fusectl",
+        "mqueue",
+        "binfmt_misc",
+    }
+)
 
 
 def _pseudo_file_system(folder: Path) -> str:
@@ -105,8 +128,10 @@ def check_output_path(path: str | Path, overwrite: bool) -> None:
     if p.is_dir():
         raise UsageError(f"run.output: {str(p)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}")
     if p.exists() and not overwrite:
-        raise UsageError(f"run.output: {str(p)!r} already exists; choose another path or pass --overwrite (run.overwrite = true), "
-                         "or continue it from its checkpoint with --resume")
+        raise UsageError(
+            f"run.output: {str(p)!r} already exists; choose another path or pass --overwrite (run.overwrite = true), "
+            "or continue it from its checkpoint with --resume"
+        )
     check_directory(p.parent, "run.output")
 
 
@@ -117,12 +142,16 @@ def check_resumable_output(path: str | Path, rows: int) -> None:
 
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"--resume: the output file {str(p)!r} of the checkpointed run does not exist; "
-                         "run without --resume to start again")
+        raise UsageError(
+            f"--resume: the output file {str(p)!r} of the checkpointed run does not exist; "
+            "run without --resume to start again"
+        )
     _, data = read_run(p, unclosed="read")
     if len(data.get(SCALE, ())) < rows:
-        raise UsageError(f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
-                         "checkpoint: it is not this checkpoint's output; run without --resume to start again")
+        raise UsageError(
+            f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
+            "checkpoint: it is not this checkpoint's output; run without --resume to start again"
+        )
     check_client_files(p, rows, unclosed="read", what="--resume: ")
     check_directory(p.parent, "run.output")
 
@@ -147,8 +176,15 @@ class RunWriter:
         instead of a ``resumes`` entry.
     """
 
-    def __init__(self, path: str | Path, attrs: dict, columns: dict[str, tuple[str, str]], keep_rows: int | None = None,
-                 extend=None, recovered: dict | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        attrs: dict,
+        columns: dict[str, tuple[str, str]],
+        keep_rows: int | None = None,
+        extend=None,
+        recovered: dict | None = None,
+    ):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
@@ -162,7 +198,7 @@ class RunWriter:
         except BaseException:
             self.release()
             raise
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         self.file = h5py.File(tmp, "w", libver="latest")
         f = self.file
         f.attrs.update(
@@ -258,12 +294,14 @@ class RunWriter:
             self._lock = None
 
 
-RECOVER_HINT = ("; the run was killed or failed before closing it: run `fednest-mpi recover {path}` to close it at its "
-                "last complete iteration")
+RECOVER_HINT = (
+    "; the run was killed or failed before closing it: run `fednest-mpi recover {path}` to close it at its "
+    "last complete iteration"
+)
 
 
 def unclosed_policy(path: str | Path, unclosed: str) -> str:
-    """"read" or "refuse" for a run file that its writer has not closed: ``unclosed`` = "live" reads
+    """ "read" or "refuse" for a run file that its writer has not closed: ``unclosed`` = "live" reads
     it only while a run holds its lock (:mod:`fednest_mpi.lock`), i.e. while it is being written."""
     if unclosed != "live":
         return unclosed
@@ -298,7 +336,8 @@ def read_run(path: str | Path, unclosed: str = "live") -> tuple[dict, dict[str, 
             raise UsageError(f"{str(p)!r} is not a fednest-mpi run file (format attribute {attrs.get('format')!r})")
         if int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
             raise UsageError(
-                f"{str(p)!r} has schema version {attrs.get('schema_version')}, this fednest-mpi {__version__} reads version "
+                f"{str(p)!r} has schema version {attrs.get('schema_version')}, "
+                f"this fednest-mpi {__version__} reads version "
                 f"{SCHEMA_VERSION}; read it with the fednest-mpi version named in its package_version attribute"
             )
         if GROUP not in f or SCALE not in f[GROUP]:
@@ -315,8 +354,12 @@ def _read_head(path: Path, rows: int, columns) -> tuple[dict, dict[str, np.ndarr
     attrs, data = read_run(path, unclosed="read")
     attrs.pop("config")
     if set(data) != set(columns):
-        raise UsageError(f"--resume: {str(path)!r} has the columns {sorted(data)}, this run records {sorted(columns)}; "
-                         "it was written by another fednest-mpi version or problem; run without --resume to start again")
+        raise UsageError(
+            f"--resume: {str(path)!r} has the columns {sorted(data)}, this run records {sorted(columns)}; "
+            "it was written by another fednest-mpi version or problem; run without --resume to start again"
+        )
     if len(data[SCALE]) < rows:
-        raise UsageError(f"--resume: {str(path)!r} holds {len(data[SCALE])} iterations, fewer than the checkpoint's {rows}")
+        raise UsageError(
+            f"--resume: {str(path)!r} holds {len(data[SCALE])} iterations, fewer than the checkpoint's {rows}"
+        )
     return attrs, {name: values[:rows] for name, values in data.items()}

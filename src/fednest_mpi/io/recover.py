@@ -36,8 +36,10 @@ def _recover(p: Path) -> str:
     rows = len(data[S.SCALE])
     with open_run(p, "read") as f, reading(p, "run file"):
         group = f[S.GROUP]
-        columns = {name: (str(group[name].attrs.get("description", "")), str(group[name].attrs.get("units", "")))
-                   for name in [S.SCALE] + [c for c in f[S.GROUP] if c != S.SCALE]}
+        columns = {
+            name: (str(group[name].attrs.get("description", "")), str(group[name].attrs.get("units", "")))
+            for name in [S.SCALE] + [c for c in f[S.GROUP] if c != S.SCALE]
+        }
         lengths = {name: f[S.GROUP][name].shape[0] for name in f[S.GROUP]}
         size = f[S.RANKS][S.RANK_SCALE].shape[0] if S.RANKS in f else 0
         if S.RANKS in f:
@@ -59,17 +61,30 @@ def _recover(p: Path) -> str:
     if rows < 1:
         raise UsageError(f"recover: {str(p)!r} holds no complete iteration; start the run again")
     unclosed = bool(read_header(p, "run file").flags) or any(
-        read_header(q, "client file").flags for q in sorted(S.client_dir(p).glob("rank*.h5")))
+        read_header(q, "client file").flags for q in sorted(S.client_dir(p).glob("rank*.h5"))
+    )
     dropped = {name: n - rows for name, n in lengths.items() if n > rows}
     if not unclosed and not dropped:
         return f"{p}: closed and complete already ({rows} iterations, 0..{rows - 1}); nothing changed"
     cfg = attrs.get("config", {})
     blocks += [range(0)] * max(0, size - len(blocks))
-    layout = SeriesLayout(run_path=p, n_clients=n_clients, blocks=tuple(blocks),
-                          client_series=bool(n_clients), snapshot_every=int(snapshots),
-                          dim_x=dims[0], dim_y=dims[1], dtype=dims[2], keep_rows=rows)
-    record = {"iterations_kept": rows, "last_iteration": int(data[S.SCALE][rows - 1]),
-              "rows_dropped": int(max(dropped.values(), default=0)), "was_unclosed": unclosed}
+    layout = SeriesLayout(
+        run_path=p,
+        n_clients=n_clients,
+        blocks=tuple(blocks),
+        client_series=bool(n_clients),
+        snapshot_every=int(snapshots),
+        dim_x=dims[0],
+        dim_y=dims[1],
+        dtype=dims[2],
+        keep_rows=rows,
+    )
+    record = {
+        "iterations_kept": rows,
+        "last_iteration": int(data[S.SCALE][rows - 1]),
+        "rows_dropped": int(max(dropped.values(), default=0)),
+        "was_unclosed": unclosed,
+    }
     writer = RunWriter(p, {}, columns, keep_rows=rows, extend=layout.create, recovered=record)
     writer.close()
     folder = Path(cfg.get("run", {}).get("checkpoint_dir") or str(p) + ".ckpt")
@@ -77,8 +92,8 @@ def _recover(p: Path) -> str:
     if stale is not None and stale.state == "stale":
         stale.path.unlink(missing_ok=True)
     clients = f", per-client series of {n_clients} clients in {len(blocks)} files" if n_clients else ""
-    return (f"recovered {p}: kept iterations 0..{rows - 1} ({rows} rows{clients}), dropped "
-            f"{record['rows_dropped']} incomplete row(s); the file is closed and marked with the attribute 'recovered'"
-            + (f"; continue the run with --resume (checkpoint folder {folder})"
-               if (folder / "state.pt").is_file() else ""))
-
+    return (
+        f"recovered {p}: kept iterations 0..{rows - 1} ({rows} rows{clients}), dropped "
+        f"{record['rows_dropped']} incomplete row(s); the file is closed and marked with the attribute 'recovered'"
+        + (f"; continue the run with --resume (checkpoint folder {folder})" if (folder / "state.pt").is_file() else "")
+    )

@@ -63,8 +63,9 @@ def read_header(path: str | Path, what: str = "file") -> Header:
     if size == 0:
         raise UsageError(f"{what} {str(p)!r} is not a readable HDF5 file: it is empty (0 bytes)")
     if not head.startswith(SIGNATURE):
-        raise UsageError(f"{what} {str(p)!r} is not a readable HDF5 file (no HDF5 signature at its start): "
-                         "damaged or another format")
+        raise UsageError(
+            f"{what} {str(p)!r} is not a readable HDF5 file (no HDF5 signature at its start): damaged or another format"
+        )
     if len(head) < 12:
         raise UsageError(f"{what} {str(p)!r} is truncated ({size} bytes, shorter than the HDF5 superblock)")
     version, offsets = head[8], head[9]
@@ -75,9 +76,11 @@ def read_header(path: str | Path, what: str = "file") -> Header:
     flags = head[11]
     base, _, eof, _ = struct.unpack("<4Q", head[12:44])
     if base + eof > size:
-        raise UsageError(f"{what} {str(p)!r} is truncated: {size} bytes on disk, its HDF5 superblock says "
-                         f"{base + eof}; "
-                         "it was cut short (copy interrupted, disk full, damaged file system)")
+        raise UsageError(
+            f"{what} {str(p)!r} is truncated: {size} bytes on disk, its HDF5 superblock says "
+            f"{base + eof}; "
+            "it was cut short (copy interrupted, disk full, damaged file system)"
+        )
     return Header(size, version, flags, eof)
 
 
@@ -117,8 +120,9 @@ def _bounded_swmr_fapl():
     return fapl
 
 
-def open_checked(path: str | Path, what: str = "file", unclosed: str = "refuse",
-                 hint: str = "") -> tuple[h5py.File, bool]:
+def open_checked(
+    path: str | Path, what: str = "file", unclosed: str = "refuse", hint: str = ""
+) -> tuple[h5py.File, bool]:
     """(open h5py file, whether it is still marked open for writing), after :func:`read_header`
     and :func:`precheck`.
 
@@ -139,8 +143,10 @@ def _open(path: str | Path, what: str, unclosed: str, hint: str) -> tuple[h5py.F
             raise UsageError(f"{what} {str(p)!r} was not closed by the run that wrote it{hint}")
         fapl = _bounded_swmr_fapl()
         if fapl is None:
-            raise UsageError(f"{what} {str(p)!r} is still marked open for writing and this HDF5 library cannot read it "
-                             f"with a time bound{hint}")
+            raise UsageError(
+                f"{what} {str(p)!r} is still marked open for writing and this HDF5 library cannot read it "
+                f"with a time bound{hint}"
+            )
         fid = h5py.h5f.open(os.fsencode(p), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ, fapl=fapl)
         return h5py.File(fid), True
     except READ_ERRORS as exc:
@@ -160,8 +166,9 @@ def reading(path: str | Path, what: str = "file"):
     except UsageError:
         raise
     except READ_ERRORS as exc:
-        raise UsageError(f"{what} {str(path)!r} is damaged: {type(exc).__name__} while reading it "
-                         f"({_short(exc)})") from None
+        raise UsageError(
+            f"{what} {str(path)!r} is damaged: {type(exc).__name__} while reading it ({_short(exc)})"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,8 +224,10 @@ def precheck(paths, what: str = "file", unclosed: str = "refuse", hint: str = ""
                 os.kill(pid, signal.SIGKILL)
                 started = [int(line) for line in out.split(b"!")[0].split()]
                 bad = todo[started[-1]] if started else todo[0]
-                raise UsageError(f"{what} {str(bad)!r} is damaged: HDF5 did not finish reading its metadata within "
-                                 f"{PRECHECK_SECONDS:.0f} s (damaged structures make it loop)")
+                raise UsageError(
+                    f"{what} {str(bad)!r} is damaged: HDF5 did not finish reading its metadata within "
+                    f"{PRECHECK_SECONDS:.0f} s (damaged structures make it loop)"
+                )
             chunk = os.read(r, 65536)
             if not chunk:
                 break
@@ -234,12 +243,13 @@ def precheck(paths, what: str = "file", unclosed: str = "refuse", hint: str = ""
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _walk(path: Path, what: str, unclosed: str, hint: str) -> None:
     f, _ = _open(path, what, unclosed, hint)
     with f, reading(path, what):
+
         def visit(name, obj) -> None:
             for key in obj.attrs:
                 obj.attrs[key]

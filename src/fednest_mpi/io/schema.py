@@ -21,17 +21,42 @@ CLIENTS = "clients"
 CLIENT_SCALE = "client"  # /clients/client: client ids 0..M-1, the scale of axis 0
 #: name -> (dtype, fill value, description, units)
 CLIENT_SERIES = {
-    "participation": ("uint8", 0, "roles of the client in the iteration, a bitmask: 1 = FedInn/LFedInn set (Alg. 4/6), "
-                      "2 = FedIHGP set (Alg. 3), 4 = FedOut/LFedOut set (Alg. 2/5); 0 = did not take part", "1"),
-    "inner_loss": ("float64", float("nan"), "g_i(x, y) on the client's whole inner data, at the (x, y) it received in "
-                   "its (last) FedInn round of the iteration; NaN if not in a FedInn set", "1"),
-    "outer_loss": ("float64", float("nan"), "f_i(x, y) on the client's whole outer data, at the (x, y) it received in "
-                   "FedOut/LFedOut; NaN if not in the FedOut set", "1"),
-    "inner_gradient_norm": ("float64", float("nan"), "||nabla_y g_i(x, y)||, the SVRG anchor of FedInn (Alg. 4) at the "
-                            "received (x, y); NaN without variance reduction or if not in a FedInn set", "1"),
-    "local_hypergradient_norm": ("float64", float("nan"), "||h_i||, the client's hypergradient estimate before "
-                                 "aggregation (FedOut: eq. (8); LFedOut: its first local step, Alg. 5); NaN if not in "
-                                 "the FedOut set", "1"),
+    "participation": (
+        "uint8",
+        0,
+        "roles of the client in the iteration, a bitmask: 1 = FedInn/LFedInn set (Alg. 4/6), "
+        "2 = FedIHGP set (Alg. 3), 4 = FedOut/LFedOut set (Alg. 2/5); 0 = did not take part",
+        "1",
+    ),
+    "inner_loss": (
+        "float64",
+        float("nan"),
+        "g_i(x, y) on the client's whole inner data, at the (x, y) it received in "
+        "its (last) FedInn round of the iteration; NaN if not in a FedInn set",
+        "1",
+    ),
+    "outer_loss": (
+        "float64",
+        float("nan"),
+        "f_i(x, y) on the client's whole outer data, at the (x, y) it received in "
+        "FedOut/LFedOut; NaN if not in the FedOut set",
+        "1",
+    ),
+    "inner_gradient_norm": (
+        "float64",
+        float("nan"),
+        "||nabla_y g_i(x, y)||, the SVRG anchor of FedInn (Alg. 4) at the "
+        "received (x, y); NaN without variance reduction or if not in a FedInn set",
+        "1",
+    ),
+    "local_hypergradient_norm": (
+        "float64",
+        float("nan"),
+        "||h_i||, the client's hypergradient estimate before "
+        "aggregation (FedOut: eq. (8); LFedOut: its first local step, Alg. 5); NaN if not in "
+        "the FedOut set",
+        "1",
+    ),
 }
 
 # -- /ranks: ranks x iterations ------------------------------------------------------------------------

@@ -34,9 +34,10 @@ import re
 import shlex
 import string
 import tomllib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from fednest_mpi.config import flatten_config
 from fednest_mpi.errors import UsageError
@@ -59,7 +60,9 @@ SCALING_KINDS = ("strong", "weak")
 def _check_keys(where: str, data: Mapping, known: Sequence[str], what: str = "field") -> None:
     for key in data:
         if key not in known:
-            raise UsageError(f"{where}{key}: unknown {what}" + did_you_mean(key, known) + f"; known: {', '.join(known)}")
+            raise UsageError(
+                f"{where}{key}: unknown {what}" + did_you_mean(key, known) + f"; known: {', '.join(known)}"
+            )
 
 
 def _read_toml(path: str | Path, kind: str) -> dict:
@@ -175,24 +178,27 @@ class Site:
     """One machine: what a batch script needs that is not the run itself."""
 
     name: str = "site"
-    account: str = ""                      #: ``#SBATCH --account`` (omitted when empty)
-    partition: str = ""                    #: ``#SBATCH --partition``
-    qos: str = ""                          #: ``#SBATCH --qos``
-    sbatch_extra: tuple[str, ...] = ()     #: more ``#SBATCH`` options, e.g. ``--constraint=cpu``
-    setup: tuple[str, ...] = ()            #: shell lines run first, e.g. ``module purge``
-    modules: tuple[str, ...] = ()          #: ``module load`` each, in order
-    venv: str = ""                         #: virtual environment to activate ($VARS expand at job time)
+    account: str = ""  #: ``#SBATCH --account`` (omitted when empty)
+    partition: str = ""  #: ``#SBATCH --partition``
+    qos: str = ""  #: ``#SBATCH --qos``
+    sbatch_extra: tuple[str, ...] = ()  #: more ``#SBATCH`` options, e.g. ``--constraint=cpu``
+    setup: tuple[str, ...] = ()  #: shell lines run first, e.g. ``module purge``
+    modules: tuple[str, ...] = ()  #: ``module load`` each, in order
+    venv: str = ""  #: virtual environment to activate ($VARS expand at job time)
     env: Mapping[str, str] = field(default_factory=dict)  #: exported variables ($VARS expand)
-    launcher: str = "srun"                 #: srun | mpirun
-    srun_flags: tuple[str, ...] = ()       #: e.g. ``--mpi=pmix``, ``--cpu-bind=cores``
-    mpirun_command: str = "mpirun"         #: the mpirun launcher (mpirun, mpiexec, a path)
-    mpirun_flags: tuple[str, ...] = ()     #: e.g. ``--bind-to core``
+    launcher: str = "srun"  #: srun | mpirun
+    srun_flags: tuple[str, ...] = ()  #: e.g. ``--mpi=pmix``, ``--cpu-bind=cores``
+    mpirun_command: str = "mpirun"  #: the mpirun launcher (mpirun, mpiexec, a path)
+    mpirun_flags: tuple[str, ...] = ()  #: e.g. ``--bind-to core``
     command: tuple[str, ...] = ("fednest-mpi",)  #: how to call the simulator
-    path: str = ""                         #: the file it was read from
+    path: str = ""  #: the file it was read from
 
     def sbatch_lines(self) -> list[str]:
-        lines = [f"#SBATCH --{key}={value}" for key, value in
-                 (("account", self.account), ("partition", self.partition), ("qos", self.qos)) if value]
+        lines = [
+            f"#SBATCH --{key}={value}"
+            for key, value in (("account", self.account), ("partition", self.partition), ("qos", self.qos))
+            if value
+        ]
         return lines + [f"#SBATCH {opt}" for opt in self.sbatch_extra]
 
     def setup_block(self) -> str:
@@ -203,7 +209,9 @@ class Site:
         if self.venv:
             venv = shell_expandable(self.venv.rstrip("/") + "/bin/activate")
             lines.append("# shellcheck source=/dev/null")
-            lines.append(f'source {venv} || {{ echo "cannot activate the virtual environment {self.venv}" >&2; exit 2; }}')
+            lines.append(
+                f'source {venv} || {{ echo "cannot activate the virtual environment {self.venv}" >&2; exit 2; }}'
+            )
         lines += [f"export {key}={shell_expandable(value)}" for key, value in self.env.items()]
         return "\n".join(lines)
 
@@ -214,7 +222,9 @@ class Site:
             return " ".join(["srun", '-n "$RANKS"', *map(shlex.quote, self.srun_flags)])
         if launcher == "mpirun":
             return " ".join([shlex.quote(self.mpirun_command), '-n "$RANKS"', *map(shlex.quote, self.mpirun_flags)])
-        raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS))
+        raise UsageError(
+            f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS)
+        )
 
 
 _SITE_FIELDS = tuple(f.name for f in dataclasses.fields(Site) if f.name != "path")
@@ -238,19 +248,27 @@ def site_from_dict(data: Mapping, where: str = "site") -> Site:
         kw["sbatch_extra"] = _strings(pre + "sbatch_extra", data["sbatch_extra"])
         for i, opt in enumerate(kw["sbatch_extra"]):
             if not opt.startswith("-"):
-                raise UsageError(f"{pre}sbatch_extra[{i}]: {opt!r} is not an sbatch option; write it as '--constraint=cpu'")
+                raise UsageError(
+                    f"{pre}sbatch_extra[{i}]: {opt!r} is not an sbatch option; write it as '--constraint=cpu'"
+                )
     if "mpirun_command" in data:
         kw["mpirun_command"] = _string(pre + "mpirun_command", data["mpirun_command"], empty=False)
     if "command" in data:
         cmd = data["command"]
-        kw["command"] = tuple(shlex.split(_string(pre + "command", cmd, empty=False))) if isinstance(cmd, str) \
+        kw["command"] = (
+            tuple(shlex.split(_string(pre + "command", cmd, empty=False)))
+            if isinstance(cmd, str)
             else _strings(pre + "command", cmd)
+        )
         if not kw["command"]:
             raise UsageError(f"{pre}command: must name a program, e.g. 'fednest-mpi'")
     if "launcher" in data:
         launcher = data["launcher"]
         if launcher not in LAUNCHERS:
-            raise UsageError(f"{pre}launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(str(launcher), LAUNCHERS))
+            raise UsageError(
+                f"{pre}launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}"
+                + did_you_mean(str(launcher), LAUNCHERS)
+            )
         kw["launcher"] = launcher
     if "env" in data:
         env = data["env"]
@@ -280,9 +298,11 @@ def site_path(site: str | Path) -> Path:
         return SITES_DIR / f"{site}.toml"
     if not Path(site).is_file():
         builtin = ", ".join(names) or "none: the package was installed without its data"
-        raise UsageError(f"site {str(site)!r} is neither a built-in site ({builtin}) nor an existing site file"
-                         + did_you_mean(str(site), names)
-                         + "; give one of those names or the path of a TOML site file")
+        raise UsageError(
+            f"site {str(site)!r} is neither a built-in site ({builtin}) nor an existing site file"
+            + did_you_mean(str(site), names)
+            + "; give one of those names or the path of a TOML site file"
+        )
     return Path(site)
 
 
@@ -303,13 +323,13 @@ class Resources:
     """What one run asks of the batch system."""
 
     nodes: int = 1
-    tasks_per_node: int = 1          #: MPI ranks per node
-    cpus_per_task: int = 1           #: cores per rank (torch threads, OMP_NUM_THREADS)
-    gpus_per_node: int = 0           #: ``#SBATCH --gpus-per-node`` (omitted when 0)
-    time: str = "01:00:00"           #: SLURM time limit
-    signal_seconds: int = 300        #: USR1 this long before the time limit, to checkpoint (0: none)
-    max_restarts: int = 3            #: requeue after the checkpoint signal at most this often
-    max_parallel: int = 0            #: array tasks running at once (``%N``; 0: no limit)
+    tasks_per_node: int = 1  #: MPI ranks per node
+    cpus_per_task: int = 1  #: cores per rank (torch threads, OMP_NUM_THREADS)
+    gpus_per_node: int = 0  #: ``#SBATCH --gpus-per-node`` (omitted when 0)
+    time: str = "01:00:00"  #: SLURM time limit
+    signal_seconds: int = 300  #: USR1 this long before the time limit, to checkpoint (0: none)
+    max_restarts: int = 3  #: requeue after the checkpoint signal at most this often
+    max_parallel: int = 0  #: array tasks running at once (``%N``; 0: no limit)
 
     @property
     def ranks(self) -> int:
@@ -328,8 +348,15 @@ def resources_from_dict(data: Mapping, where: str = "resources") -> Resources:
     pre = f"{where}."
     _check_keys(pre, data, _RESOURCE_FIELDS)
     kw: dict[str, Any] = {}
-    for key, low in (("nodes", 1), ("tasks_per_node", 1), ("cpus_per_task", 1), ("gpus_per_node", 0),
-                     ("signal_seconds", 0), ("max_restarts", 0), ("max_parallel", 0)):
+    for key, low in (
+        ("nodes", 1),
+        ("tasks_per_node", 1),
+        ("cpus_per_task", 1),
+        ("gpus_per_node", 0),
+        ("signal_seconds", 0),
+        ("max_restarts", 0),
+        ("max_parallel", 0),
+    ):
         if key in data:
             kw[key] = _int(pre + key, data[key], low)
     if "time" in data:
@@ -340,14 +367,18 @@ def resources_from_dict(data: Mapping, where: str = "resources") -> Resources:
         try:
             seconds = parse_time(value)
         except ValueError:
-            raise UsageError(f"{pre}time: {value!r} is not a SLURM time limit; write e.g. '02:00:00' or '1-12:00:00'") from None
+            raise UsageError(
+                f"{pre}time: {value!r} is not a SLURM time limit; write e.g. '02:00:00' or '1-12:00:00'"
+            ) from None
         if seconds <= 0:
             raise UsageError(f"{pre}time: must be positive, got {value!r}")
         kw["time"] = value
     res = Resources(**kw)
     if res.signal_seconds and res.signal_seconds >= parse_time(res.time):
-        raise UsageError(f"{pre}signal_seconds: {res.signal_seconds} s is not less than the time limit {res.time}; "
-                         "lower it or raise the time limit")
+        raise UsageError(
+            f"{pre}signal_seconds: {res.signal_seconds} s is not less than the time limit {res.time}; "
+            "lower it or raise the time limit"
+        )
     return res
 
 
@@ -355,7 +386,7 @@ def resources_from_dict(data: Mapping, where: str = "resources") -> Resources:
 class Scaling:
     """A scaling study: the sweep is repeated for every rank count."""
 
-    kind: str                                   #: strong (same problem) | weak (fields grow with ranks)
+    kind: str  #: strong (same problem) | weak (fields grow with ranks)
     ranks: tuple[int, ...]
     per_rank: Mapping[str, Any] = field(default_factory=dict)  #: weak: field -> value per rank
 
@@ -365,21 +396,32 @@ class Sweep:
     """A set of runs of one base config (see ``jobs/sweeps/*.toml``)."""
 
     name: str
-    config: str                                               #: base config (relative to the work directory)
-    output_dir: str = "runs"                                  #: where the run files go
-    name_pattern: str = ""                                    #: e.g. "{algorithm.name}_seed{seed}"; default: varying values
-    overwrite: bool = False                                   #: pass --overwrite to every run
-    set: Mapping[str, Any] = field(default_factory=dict)      #: fixed overrides
-    grid: Mapping[str, tuple] = field(default_factory=dict)   #: cartesian product
-    zip: Mapping[str, tuple] = field(default_factory=dict)    #: lists that vary together
+    config: str  #: base config (relative to the work directory)
+    output_dir: str = "runs"  #: where the run files go
+    name_pattern: str = ""  #: e.g. "{algorithm.name}_seed{seed}"; default: varying values
+    overwrite: bool = False  #: pass --overwrite to every run
+    set: Mapping[str, Any] = field(default_factory=dict)  #: fixed overrides
+    grid: Mapping[str, tuple] = field(default_factory=dict)  #: cartesian product
+    zip: Mapping[str, tuple] = field(default_factory=dict)  #: lists that vary together
     resources: Resources = field(default_factory=Resources)
     scaling: Scaling | None = None
     description: str = ""
     path: str = ""
 
 
-_SWEEP_FIELDS = ("name", "description", "config", "output_dir", "name_pattern", "overwrite",
-                 "set", "grid", "zip", "resources", "scaling")
+_SWEEP_FIELDS = (
+    "name",
+    "description",
+    "config",
+    "output_dir",
+    "name_pattern",
+    "overwrite",
+    "set",
+    "grid",
+    "zip",
+    "resources",
+    "scaling",
+)
 _SCALING_FIELDS = ("kind", "ranks", "per_rank")
 _RESERVED = ("run.output", "run.overwrite")
 
@@ -397,7 +439,7 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
     pre = f"{where}: "
     _check_keys(pre, data, _SWEEP_FIELDS)
     if "config" not in data:
-        raise UsageError(f"{pre}config: missing; name the base config, e.g. config = \"configs/quadratic.toml\"")
+        raise UsageError(f'{pre}config: missing; name the base config, e.g. config = "configs/quadratic.toml"')
     kw: dict[str, Any] = {"name": name, "config": _string(pre + "config", data["config"], empty=False)}
     if "name" in data:
         kw["name"] = _label(_string(pre + "name", data["name"], empty=False))
@@ -409,7 +451,7 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
             raise UsageError(f"{pre}overwrite: expected true or false, got {data['overwrite']!r}")
         kw["overwrite"] = data["overwrite"]
     fixed = {_field_name(pre + "set.", k): v for k, v in _flatten(pre + "set", data.get("set", {})).items()}
-    for key, value in fixed.items():
+    for _key, value in fixed.items():
         toml_value(value)  # representable
     axes = {}
     for table in ("grid", "zip"):
@@ -438,24 +480,34 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
         _check_keys(pre + "scaling.", sc, _SCALING_FIELDS)
         kind = sc.get("kind")
         if kind not in SCALING_KINDS:
-            raise UsageError(f"{pre}scaling.kind: {kind!r} is not one of {', '.join(SCALING_KINDS)}"
-                             + did_you_mean(str(kind), SCALING_KINDS))
+            raise UsageError(
+                f"{pre}scaling.kind: {kind!r} is not one of {', '.join(SCALING_KINDS)}"
+                + did_you_mean(str(kind), SCALING_KINDS)
+            )
         ranks = sc.get("ranks")
         if not isinstance(ranks, list) or not ranks:
             raise UsageError(f"{pre}scaling.ranks: expected a non-empty list of rank counts, e.g. [1, 2, 4, 8]")
         ranks = tuple(_int(f"{pre}scaling.ranks[{i}]", r, 1) for i, r in enumerate(ranks))
         if len(set(ranks)) != len(ranks):
             raise UsageError(f"{pre}scaling.ranks: {list(ranks)} repeats a rank count")
-        per_rank = {_field_name(pre + "scaling.per_rank.", k): v
-                    for k, v in _flatten(pre + "scaling.per_rank", sc.get("per_rank", {})).items()}
+        per_rank = {
+            _field_name(pre + "scaling.per_rank.", k): v
+            for k, v in _flatten(pre + "scaling.per_rank", sc.get("per_rank", {})).items()
+        }
         for key, value in per_rank.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UsageError(f"{pre}scaling.per_rank.{key}: expected a number (the value for one rank), got {value!r}")
+                raise UsageError(
+                    f"{pre}scaling.per_rank.{key}: expected a number (the value for one rank), got {value!r}"
+                )
         if kind == "weak" and not per_rank:
-            raise UsageError(f"{pre}scaling.per_rank: weak scaling needs the fields that grow with the ranks, "
-                             "e.g. [scaling.per_rank] algorithm.clients_per_round = 10")
+            raise UsageError(
+                f"{pre}scaling.per_rank: weak scaling needs the fields that grow with the ranks, "
+                "e.g. [scaling.per_rank] algorithm.clients_per_round = 10"
+            )
         if kind == "strong" and per_rank:
-            raise UsageError(f"{pre}scaling.per_rank: strong scaling keeps the problem fixed; drop per_rank or use kind = \"weak\"")
+            raise UsageError(
+                f'{pre}scaling.per_rank: strong scaling keeps the problem fixed; drop per_rank or use kind = "weak"'
+            )
         kw["scaling"] = Scaling(kind=kind, ranks=ranks, per_rank=per_rank)
     sweep = Sweep(**kw)
     varying = list(sweep.grid) + list(sweep.zip) + list(sweep.scaling.per_rank if sweep.scaling else ())
@@ -479,12 +531,12 @@ def load_sweep(path: str | Path) -> Sweep:
 class Task:
     """One run of a sweep."""
 
-    index: int                      #: position in the sweep (the array task id)
-    name: str                       #: stable, from the varying values, e.g. ``fednest_seed1``
-    config: str                     #: base config path
-    overrides: tuple[str, ...]      #: ``section.field=<TOML value>``, for ``--set``
-    output: str                     #: HDF5 output path
-    ranks: int                      #: MPI ranks
+    index: int  #: position in the sweep (the array task id)
+    name: str  #: stable, from the varying values, e.g. ``fednest_seed1``
+    config: str  #: base config path
+    overrides: tuple[str, ...]  #: ``section.field=<TOML value>``, for ``--set``
+    output: str  #: HDF5 output path
+    ranks: int  #: MPI ranks
     values: Mapping[str, Any] = field(default_factory=dict)  #: the varying values (and ranks)
     sweep: str = ""
     overwrite: bool = False
@@ -516,9 +568,13 @@ def _format_name(pattern: str, values: Mapping[str, Any], where: str) -> str:
     def sub(m):
         key = m.group(1)
         if key not in values:
-            raise UsageError(f"{where}name_pattern: {{{key}}} is not a value of the sweep" + did_you_mean(key, values)
-                             + f"; known: {', '.join(values)}")
+            raise UsageError(
+                f"{where}name_pattern: {{{key}}} is not a value of the sweep"
+                + did_you_mean(key, values)
+                + f"; known: {', '.join(values)}"
+            )
         return _label(values[key])
+
     return _label(re.sub(r"\{([^{}]*)\}", sub, pattern))
 
 
@@ -550,14 +606,26 @@ def expand(sweep: Sweep) -> list[Task]:
                 name = "_".join(parts) or sweep.name
             overrides = tuple(f"{k}={toml_value(v)}" for k, v in {**sweep.set, **varying, **derived}.items())
             output = str(Path(sweep.output_dir) / f"{name}.h5") if sweep.output_dir else f"{name}.h5"
-            tasks.append(Task(index=index, name=name, config=sweep.config, overrides=overrides, output=output,
-                              ranks=ranks, values={**varying, **derived, **({"ranks": ranks} if sweep.scaling else {})},
-                              sweep=sweep.name, overwrite=sweep.overwrite))
+            tasks.append(
+                Task(
+                    index=index,
+                    name=name,
+                    config=sweep.config,
+                    overrides=overrides,
+                    output=output,
+                    ranks=ranks,
+                    values={**varying, **derived, **({"ranks": ranks} if sweep.scaling else {})},
+                    sweep=sweep.name,
+                    overwrite=sweep.overwrite,
+                )
+            )
     seen: dict[str, Task] = {}
     for t in tasks:
         if t.name in seen:
-            raise UsageError(f"{where}tasks {seen[t.name].index} and {t.index} are both named {t.name!r}; "
-                             "add the fields that tell them apart to name_pattern")
+            raise UsageError(
+                f"{where}tasks {seen[t.name].index} and {t.index} are both named {t.name!r}; "
+                "add the fields that tell them apart to name_pattern"
+            )
         seen[t.name] = t
     return tasks
 
@@ -626,8 +694,12 @@ class ScriptTemplate(string.Template):
         missing = [k for k in self.get_identifiers() if k not in values]
         if missing:
             raise UsageError(f"{where}: no value for {{{{{missing[0]}}}}}; known: {', '.join(values)}")
-        text = re.sub(r"^[ \t]*\{\{\s*([a-z_][a-z0-9_]*)\s*\}\}[ \t]*\n",
-                      lambda m: "" if str(values[m.group(1)]) == "" else m.group(0), self.template, flags=re.M)
+        text = re.sub(
+            r"^[ \t]*\{\{\s*([a-z_][a-z0-9_]*)\s*\}\}[ \t]*\n",
+            lambda m: "" if str(values[m.group(1)]) == "" else m.group(0),
+            self.template,
+            flags=re.M,
+        )
         try:
             return type(self)(text).substitute({k: str(v) for k, v in values.items()})
         except ValueError as exc:
@@ -638,8 +710,11 @@ def load_template(name: str, templates: str | Path | None = None) -> ScriptTempl
     directory = Path(templates) if templates else DEFAULT_TEMPLATES
     path = directory / name
     if not path.is_file():
-        fix = (f"a templates folder holds {', '.join(TEMPLATES)}" if templates else
-               "the package was installed without its data; reinstall fednest-mpi")
+        fix = (
+            f"a templates folder holds {', '.join(TEMPLATES)}"
+            if templates
+            else "the package was installed without its data; reinstall fednest-mpi"
+        )
         raise UsageError(f"template {str(path)!r} does not exist; {fix}")
     return ScriptTemplate(path.read_text())
 
@@ -650,8 +725,10 @@ def _abs(path: str | Path) -> str:
 
 def _common(site: Site, resources: Resources, workdir, log_dir, launcher) -> dict[str, Any]:
     if re.search(r"[\s'\"\\%]", _abs(log_dir)):
-        raise UsageError(f"log directory {_abs(log_dir)!r}: #SBATCH --output cannot take spaces, quotes or '%' in a path; "
-                         "render into a directory without them")
+        raise UsageError(
+            f"log directory {_abs(log_dir)!r}: #SBATCH --output cannot take spaces, quotes or '%' in a path; "
+            "render into a directory without them"
+        )
     return {
         "nodes": resources.nodes,
         "tasks_per_node": resources.tasks_per_node,
@@ -671,12 +748,25 @@ def _common(site: Site, resources: Resources, workdir, log_dir, launcher) -> dic
     }
 
 
-def render_run(site: Site, task: Task, resources: Resources, *, workdir: str | Path = ".",
-               log_dir: str | Path = "logs", launcher: str | None = None, templates: str | Path | None = None) -> str:
+def render_run(
+    site: Site,
+    task: Task,
+    resources: Resources,
+    *,
+    workdir: str | Path = ".",
+    log_dir: str | Path = "logs",
+    launcher: str | None = None,
+    templates: str | Path | None = None,
+) -> str:
     """The SLURM batch script of one run (``slurm_run.sbatch``)."""
     values = _common(site, resources, workdir, log_dir, launcher)
-    values.update(job_name=_label(task.job_name), config=shlex.quote(task.config), ranks=task.ranks,
-                  args=shlex.join(task.args()), task_name=task.name)
+    values.update(
+        job_name=_label(task.job_name),
+        config=shlex.quote(task.config),
+        ranks=task.ranks,
+        args=shlex.join(task.args()),
+        task_name=task.name,
+    )
     return load_template(TEMPLATE_RUN, templates).render(values, TEMPLATE_RUN)
 
 
@@ -685,32 +775,64 @@ def _array_resources(sweep: Sweep, tasks: Sequence[Task]) -> Resources:
     return sweep.resources.for_ranks(max(t.ranks for t in tasks)) if sweep.scaling else sweep.resources
 
 
-def render_array(site: Site, sweep: Sweep, tasks_file: str | Path, *, workdir: str | Path = ".",
-                 log_dir: str | Path = "logs", launcher: str | None = None, templates: str | Path | None = None) -> str:
+def render_array(
+    site: Site,
+    sweep: Sweep,
+    tasks_file: str | Path,
+    *,
+    workdir: str | Path = ".",
+    log_dir: str | Path = "logs",
+    launcher: str | None = None,
+    templates: str | Path | None = None,
+) -> str:
     """The SLURM job array over the sweep (``slurm_array.sbatch``): task ``i`` runs line ``i`` of ``tasks_file``."""
     tasks = expand(sweep)
     resources = _array_resources(sweep, tasks)
     values = _common(site, resources, workdir, log_dir, launcher)
     throttle = f"%{resources.max_parallel}" if resources.max_parallel else ""
-    values.update(job_name=sweep.name, n_tasks=len(tasks), array=f"0-{len(tasks) - 1}{throttle}",
-                  config=shlex.quote(sweep.config), tasks_file=shlex.quote(_abs(tasks_file)))
+    values.update(
+        job_name=sweep.name,
+        n_tasks=len(tasks),
+        array=f"0-{len(tasks) - 1}{throttle}",
+        config=shlex.quote(sweep.config),
+        tasks_file=shlex.quote(_abs(tasks_file)),
+    )
     return load_template(TEMPLATE_ARRAY, templates).render(values, TEMPLATE_ARRAY)
 
 
-def render_local(site: Site, sweep: Sweep, tasks_file: str | Path, *, workdir: str | Path = ".",
-                 log_dir: str | Path = "logs", templates: str | Path | None = None) -> str:
+def render_local(
+    site: Site,
+    sweep: Sweep,
+    tasks_file: str | Path,
+    *,
+    workdir: str | Path = ".",
+    log_dir: str | Path = "logs",
+    templates: str | Path | None = None,
+) -> str:
     """The workstation script (``mpirun_local.sh``): the sweep's tasks through ``mpiexec -n RANKS``,
     one at a time or ``-j N`` at once."""
     tasks = expand(sweep)
     values = _common(site, sweep.resources, workdir, log_dir, "mpirun")
-    values.update(job_name=sweep.name, n_tasks=len(tasks), config=shlex.quote(sweep.config),
-                  tasks_file=shlex.quote(_abs(tasks_file)), log_dir=shlex.quote(_abs(log_dir)))
+    values.update(
+        job_name=sweep.name,
+        n_tasks=len(tasks),
+        config=shlex.quote(sweep.config),
+        tasks_file=shlex.quote(_abs(tasks_file)),
+        log_dir=shlex.quote(_abs(log_dir)),
+    )
     return load_template(TEMPLATE_LOCAL, templates).render(values, TEMPLATE_LOCAL)
 
 
-def render_all(sweep_path: str | Path, site: str | Path, out_dir: str | Path | None = None, *,
-               workdir: str | Path | None = None, launcher: str | None = None, check: bool = True,
-               templates: str | Path | None = None) -> list[Path]:
+def render_all(
+    sweep_path: str | Path,
+    site: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    workdir: str | Path | None = None,
+    launcher: str | None = None,
+    check: bool = True,
+    templates: str | Path | None = None,
+) -> list[Path]:
     """Write everything for one sweep on one site (a built-in site's name or a site file) into
     ``out_dir`` and return the paths:
 
@@ -728,7 +850,9 @@ def render_all(sweep_path: str | Path, site: str | Path, out_dir: str | Path | N
     """
     sweep, machine = load_sweep(sweep_path), load_site(site)
     if launcher is not None and launcher not in LAUNCHERS:
-        raise UsageError(f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS))
+        raise UsageError(
+            f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS)
+        )
     workdir = Path(workdir if workdir is not None else os.getcwd())
     tasks = expand(sweep)
     if check:

@@ -26,16 +26,29 @@ if TYPE_CHECKING:
     import pandas
 
 __all__ = [
-    "IGNORED_FIELDS", "Run", "check_columns", "check_group_by", "config_differences", "config_label",
-    "differences", "flatten_config", "group_runs", "load_clients", "load_ranks", "load_run",
-    "load_sweep", "read_runs", "run_names",
+    "IGNORED_FIELDS",
+    "Run",
+    "check_columns",
+    "check_group_by",
+    "config_differences",
+    "config_label",
+    "differences",
+    "flatten_config",
+    "group_runs",
+    "load_clients",
+    "load_ranks",
+    "load_run",
+    "load_sweep",
+    "read_runs",
+    "run_names",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Config fields that do not change the numbers a run produces; never reported as differences.
-IGNORED_FIELDS = frozenset({"run.output", "run.overwrite", "run.progress", "run.log_every", "run.client_series",
-                            "run.snapshot_every"})
+IGNORED_FIELDS = frozenset(
+    {"run.output", "run.overwrite", "run.progress", "run.log_every", "run.client_series", "run.snapshot_every"}
+)
 
 _SUGGEST = 0.5  # did-you-mean similarity cutoff for column and field names (short, underscored)
 
@@ -65,8 +78,9 @@ def _as_paths(paths) -> list[Path]:
         if p.is_dir():
             found = sorted(p.glob("*.h5"))
             if not found:
-                raise UsageError(f"directory {str(p)!r} holds no *.h5 run files; pass run files written by "
-                                 "`fednest-mpi run`")
+                raise UsageError(
+                    f"directory {str(p)!r} holds no *.h5 run files; pass run files written by `fednest-mpi run`"
+                )
             out.extend(found)
         else:
             out.append(p)
@@ -132,8 +146,9 @@ def _long_frame(arrays: dict[str, np.ndarray], row_name: str, keep=None) -> pand
     first = next(iter(arrays.values()))
     index = np.indices(first.shape)  # index[0]: row, index[1]: iteration
     mask = np.ones(first.shape, dtype=bool) if keep is None else keep
-    return pd.DataFrame({row_name: index[0][mask], "iteration": index[1][mask],
-                         **{k: v[mask] for k, v in arrays.items()}})
+    return pd.DataFrame(
+        {row_name: index[0][mask], "iteration": index[1][mask], **{k: v[mask] for k, v in arrays.items()}}
+    )
 
 
 def load_clients(path, participants_only: bool = True) -> pandas.DataFrame:
@@ -216,8 +231,10 @@ def check_columns(runs: Sequence[Run], names: Sequence[str], what: str) -> None:
             continue
         available = ", ".join(sorted(common - {"iteration"}))
         if name not in everywhere:
-            raise UsageError(f"{what} {name!r} is not recorded in the run files{did_you_mean(name, common, _SUGGEST)}; "
-                             f"available: {available}")
+            raise UsageError(
+                f"{what} {name!r} is not recorded in the run files{did_you_mean(name, common, _SUGGEST)}; "
+                f"available: {available}"
+            )
         have = [r for r in runs if name in r.data]
         lack = [r for r in runs if name not in r.data]
         problems = sorted({r.problem for r in runs})
@@ -252,8 +269,9 @@ def config_label(value) -> str:
     return str(value)
 
 
-def group_runs(runs: Sequence[Run], group_by: str | Sequence[str] | None
-               ) -> tuple[list[str], list[tuple[str, list[Run]]]]:
+def group_runs(
+    runs: Sequence[Run], group_by: str | Sequence[str] | None
+) -> tuple[list[str], list[tuple[str, list[Run]]]]:
     """``(fields, groups)``: ``group_by`` (None, one dotted config field or several) as a list, each
     checked with :func:`check_group_by`, and the runs with equal values of those fields as
     ``[(label, runs)]``, sorted by the values ([] without fields).
@@ -276,6 +294,9 @@ def group_runs(runs: Sequence[Run], group_by: str | Sequence[str] | None
     for values, members in groups:
         mixed = [k for k in differences(members) if k not in fields and k != "seed"]
         if mixed:
-            logger.warning("group %s averages runs that also differ in %s, not only in seed",
-                           ", ".join(f"{f}={config_label(v)}" for f, v in zip(fields, values)), ", ".join(mixed))
+            logger.warning(
+                "group %s averages runs that also differ in %s, not only in seed",
+                ", ".join(f"{f}={config_label(v)}" for f, v in zip(fields, values)),
+                ", ".join(mixed),
+            )
     return fields, [(", ".join(config_label(v) for v in values), members) for values, members in groups]

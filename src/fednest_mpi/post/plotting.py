@@ -44,8 +44,15 @@ def _auto_log(metric: str, arrays: list[np.ndarray]) -> bool:
     return values.max() / values.min() > 100.0
 
 
-def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "iteration",
-         group_by: str | Sequence[str] | None = None, logy: bool | None = None, smooth: int = 1) -> Path:
+def plot(
+    paths,
+    out,
+    metric: str | Sequence[str] = "x_error",
+    x_axis: str = "iteration",
+    group_by: str | Sequence[str] | None = None,
+    logy: bool | None = None,
+    smooth: int = 1,
+) -> Path:
     """Draw ``metric`` against ``x_axis`` for several runs; write ``out`` (.png, .pdf or .svg); return its path.
 
     Parameters
@@ -77,7 +84,7 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
     nrows = math.ceil(len(metrics) / ncols)
     fig = Figure(figsize=(6.4 * ncols, 4.4 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax in axes[len(metrics):]:
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
 
     colors = [f"C{i % 10}" for i in range(max(len(groups) if fields else len(runs), 1))]
@@ -85,8 +92,9 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
         arrays = [running_mean(r.data[m], smooth) for r in runs]
         series = {id(r): {x_axis: r.data[x_axis], m: a} for r, a in zip(runs, arrays)}
         if not any(finite(a).size for a in arrays):
-            raise UsageError(f"metric {m!r} has no finite value in any of the runs (NaN throughout); "
-                             "choose another metric")
+            raise UsageError(
+                f"metric {m!r} has no finite value in any of the runs (NaN throughout); choose another metric"
+            )
         empty = [r.name for r, a in zip(runs, arrays) if not finite(a).size]
         if empty:
             logger.warning("metric %s has no finite value in %s; not drawn", m, ", ".join(empty))
@@ -118,12 +126,16 @@ def plot(paths, out, metric: str | Sequence[str] = "x_error", x_axis: str = "ite
             ax.set_title(m)
         ax.grid(True, which="major", alpha=0.3)
         n_entries = len(groups) if fields else len(runs)
-        ax.legend(title=", ".join(fields) or None, fontsize="small", title_fontsize="small",
-                  ncols=1 if n_entries <= 8 else 2)
+        ax.legend(
+            title=", ".join(fields) or None, fontsize="small", title_fontsize="small", ncols=1 if n_entries <= 8 else 2
+        )
 
     problems = ", ".join(sorted({r.problem for r in runs}))
-    how = (f"mean \u00b1 sd over the runs of each {', '.join(fields)} value" if fields
-           else f"{len(runs)} run{'s' if len(runs) > 1 else ''}")
+    how = (
+        f"mean \u00b1 sd over the runs of each {', '.join(fields)} value"
+        if fields
+        else f"{len(runs)} run{'s' if len(runs) > 1 else ''}"
+    )
     if smooth > 1:
         how += f", {smooth}-iteration running mean"
     fig.suptitle(textwrap.fill(f"{problems}: {how}", 60 * ncols), fontsize="medium")

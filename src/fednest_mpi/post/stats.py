@@ -12,8 +12,16 @@ import numpy as np
 
 from fednest_mpi.errors import UsageError
 
-__all__ = ["GroupStats", "best", "final", "finite", "group_mean_sd", "higher_is_better",
-           "median_per_iteration", "running_mean"]
+__all__ = [
+    "GroupStats",
+    "best",
+    "final",
+    "finite",
+    "group_mean_sd",
+    "higher_is_better",
+    "median_per_iteration",
+    "running_mean",
+]
 
 
 def higher_is_better(metric: str) -> bool:
@@ -85,17 +93,19 @@ def group_mean_sd(frames, metric: str, x_axis: str = "iteration") -> GroupStats:
         xs.append(x)
         ys.append(y)
     longest = max(xs, key=lambda x: x.size)
-    if all(np.array_equal(x, longest[:x.size]) for x in xs):
+    if all(np.array_equal(x, longest[: x.size]) for x in xs):
         # shared x values; a shorter run (stopped, diverged) leaves the statistics where it ends
         grid = longest
         Y = np.full((len(ys), grid.size), np.nan)
         for row, y in zip(Y, ys):
-            row[:y.size] = y
+            row[: y.size] = y
     else:
         for i, x in enumerate(xs):
             if np.any(np.diff(x) < 0):
-                raise UsageError(f"x_axis {x_axis!r} decreases within run {i}; use a monotone column "
-                                 "(iteration, comm_rounds, wall_time)")
+                raise UsageError(
+                    f"x_axis {x_axis!r} decreases within run {i}; use a monotone column "
+                    "(iteration, comm_rounds, wall_time)"
+                )
         lo, hi = max(x[0] for x in xs), min(x[-1] for x in xs)
         if lo > hi:
             raise UsageError(f"the runs cover disjoint ranges of {x_axis!r}; they cannot be averaged")

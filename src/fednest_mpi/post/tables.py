@@ -81,13 +81,17 @@ class _Group:
 def _render(groups: list[_Group], n_rows: int) -> list[str]:
     widths = [g.widths() for g in groups]
     top = "  ".join(g.title.center(g.width()) if len(g.cols) > 1 else g.title.ljust(g.width()) for g in groups)
-    mid = "  ".join("  ".join((c.title.rjust(w) if c.right else c.title.ljust(w)) for c, w in zip(g.cols, ws))
-                    for g, ws in zip(groups, widths))
+    mid = "  ".join(
+        "  ".join((c.title.rjust(w) if c.right else c.title.ljust(w)) for c, w in zip(g.cols, ws))
+        for g, ws in zip(groups, widths)
+    )
     lines = [top.rstrip()] if top.strip() else []
     lines += [mid.rstrip(), "-" * len(mid)]
     for i in range(n_rows):
-        row = "  ".join("  ".join((c.cells[i].rjust(w) if c.right else c.cells[i].ljust(w)) for c, w in zip(g.cols, ws))
-                        for g, ws in zip(groups, widths))
+        row = "  ".join(
+            "  ".join((c.cells[i].rjust(w) if c.right else c.cells[i].ljust(w)) for c, w in zip(g.cols, ws))
+            for g, ws in zip(groups, widths)
+        )
         lines.append(row.rstrip())
     return lines
 
@@ -136,8 +140,9 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
     else:
         metrics = list(metrics)
         if not metrics:
-            raise UsageError("report: metrics is empty; name at least one recorded column, or leave it unset "
-                             "for the defaults")
+            raise UsageError(
+                "report: metrics is empty; name at least one recorded column, or leave it unset for the defaults"
+            )
         check_columns(runs, metrics, "metric")
     diffs = differences(runs)
 
@@ -165,13 +170,20 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
         bests = [format_number(best(r.data[m], m)) if m in r.data else "-" for r in runs]
         groups.append(_Group(m, [_Col("final", finals), _Col("best", bests)]))
 
-    groups.append(_Group("time/iteration", [
-        _Col("algorithm", [format_seconds(median_per_iteration(r.data, "algorithm_time")) for r in runs]),
-        _Col("evaluation", [format_seconds(median_per_iteration(r.data, "evaluation_time")) for r in runs]),
-    ]))
+    groups.append(
+        _Group(
+            "time/iteration",
+            [
+                _Col("algorithm", [format_seconds(median_per_iteration(r.data, "algorithm_time")) for r in runs]),
+                _Col("evaluation", [format_seconds(median_per_iteration(r.data, "evaluation_time")) for r in runs]),
+            ],
+        )
+    )
     rounds = [format_number(final(r.data["comm_rounds"])) if "comm_rounds" in r.data else "-" for r in runs]
-    nbytes = [format_bytes(final(r.data["comm_bytes"])) if "comm_bytes" in r.data and len(r.data["comm_bytes"])
-              else "-" for r in runs]
+    nbytes = [
+        format_bytes(final(r.data["comm_bytes"])) if "comm_bytes" in r.data and len(r.data["comm_bytes"]) else "-"
+        for r in runs
+    ]
     groups.append(_Group("communication", [_Col("rounds", rounds), _Col("bytes", nbytes)]))
 
     lines: list[str] = []
@@ -193,8 +205,9 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
 # Checkpoint table
 
 
-def checkpoint_table(paths, metric: str, at: Sequence[int], group_by: str | Sequence[str] | None = None,
-                     smooth: int = 1) -> str:
+def checkpoint_table(
+    paths, metric: str, at: Sequence[int], group_by: str | Sequence[str] | None = None, smooth: int = 1
+) -> str:
     """A Markdown table of ``metric`` (optionally a trailing running mean) at the iterations ``at``:
     one row per group (mean +- sd over its runs, e.g. seeds) or per run, with the run count and
     the median wall time per iteration."""
@@ -209,16 +222,20 @@ def checkpoint_table(paths, metric: str, at: Sequence[int], group_by: str | Sequ
     for label, members in groups:
         cells = []
         for k in at:
-            values = np.asarray([y[it == k][0] for it, y in (smoothed[id(r)] for r in members) if (it == k).any()],
-                                dtype=float)
+            values = np.asarray(
+                [y[it == k][0] for it, y in (smoothed[id(r)] for r in members) if (it == k).any()], dtype=float
+            )
             if not values.size:
                 cells.append(" - ")
             elif values.size == 1:
                 cells.append(f" {format_number(values[0])} ")
             else:
                 cells.append(f" {format_number(values.mean())} ± {format_number(values.std(ddof=1))} ")
-        per_it = [float(np.nanmedian(np.diff(np.asarray(r.data["wall_time"], dtype=float)))) for r in members
-                  if "wall_time" in r.data and len(r.data["wall_time"]) > 1]
+        per_it = [
+            float(np.nanmedian(np.diff(np.asarray(r.data["wall_time"], dtype=float))))
+            for r in members
+            if "wall_time" in r.data and len(r.data["wall_time"]) > 1
+        ]
         seconds = format_seconds(np.median(per_it)) if per_it else "-"
         rows.append("|".join(["", f" {label} ", f" {len(members)} "] + cells + [f" {seconds} ", ""]))
     return "\n".join(head + rows)

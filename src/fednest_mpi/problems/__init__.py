@@ -16,11 +16,23 @@ from fednest_mpi.problems.minimax import MinimaxProblem
 from fednest_mpi.problems.quadratic import QuadraticProblem
 from fednest_mpi.problems.synthetic import SyntheticProblem
 
-__all__ = ["ORACLES", "BilevelProblem", "CompositionalProblem", "FairnessProblem", "MinimaxProblem", "HyperRepresentationProblem",
-           "LossTuningProblem", "QuadraticProblem", "SyntheticProblem", "build_problem"]
+__all__ = [
+    "ORACLES",
+    "BilevelProblem",
+    "CompositionalProblem",
+    "FairnessProblem",
+    "MinimaxProblem",
+    "HyperRepresentationProblem",
+    "LossTuningProblem",
+    "QuadraticProblem",
+    "SyntheticProblem",
+    "build_problem",
+]
 
 
-def build_problem(cfg, seed: int, clients: range, device: str | torch.device = "cpu", dtype=torch.float64) -> BilevelProblem:
+def build_problem(
+    cfg, seed: int, clients: range, device: str | torch.device = "cpu", dtype=torch.float64
+) -> BilevelProblem:
     """The problem named by ``cfg.name`` (its entry in :data:`fednest_mpi.config.PROBLEMS`), hosting the
     client ids in ``clients``."""
     module, cls = config.PROBLEMS[cfg.name].implementation.split(":")

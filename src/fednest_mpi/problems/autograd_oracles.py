@@ -34,7 +34,9 @@ class AutogradOracles:
     def _grad_y_inner(self, clients, x, y, sample):
         with torch.enable_grad():
             y_leaf = self._leaf(y)
-            (gy,) = torch.autograd.grad(self._inner_losses(clients, x, y_leaf, sample, self.cfg.batch_size).sum(), y_leaf)
+            (gy,) = torch.autograd.grad(
+                self._inner_losses(clients, x, y_leaf, sample, self.cfg.batch_size).sum(), y_leaf
+            )
         return gy + self.cfg.inner_regularization * y
 
     def _grad_y_outer(self, clients, x, y, sample):

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+
 def squared_norms(rows: torch.Tensor) -> torch.Tensor:
     """||row||^2 of each row of (B, d) ``rows``; a shared row (``Tensor.expand``, stride 0) is
     reduced once instead of B times."""
@@ -117,8 +118,16 @@ class BilevelProblem(ABC):
         self.oracle_counts["jvp_xy_inner"] += len(clients)
         return self._jvp_xy_inner(clients, x, y, v, sample)
 
-    def local_sgd(self, clients, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float, key: int,
-                  anchor: torch.Tensor | None = None) -> torch.Tensor | None:
+    def local_sgd(
+        self,
+        clients,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        steps: int,
+        lr: float,
+        key: int,
+        anchor: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """The clients' y after ``steps`` local steps from the **shared** iterates x (d1,) and y (d2,)
         with minibatches Sample(key, nu), as (B, d2) rows: SGD y <- y - lr nabla_y g_i(x, y_nu) --
         LFedInn (Alg. 6) / FedAvg -- or, with the ``anchor`` q (d2,), FedInn's SVRG steps (Alg. 4)

@@ -12,17 +12,32 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.data import dirichlet_partition, iid_partition, load_mnist, resolve_data_dir, shard_partition, split_inner_outer
+from fednest_mpi.data import (
+    dirichlet_partition,
+    iid_partition,
+    load_mnist,
+    resolve_data_dir,
+    shard_partition,
+    split_inner_outer,
+)
 from fednest_mpi.errors import ConfigError
 
 
-def partition_clients(labels: np.ndarray, cfg, seed: int, equal_shards: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+def partition_clients(
+    labels: np.ndarray, cfg, seed: int, equal_shards: bool = True
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per client (inner/train indices, outer/validation indices) into ``labels``."""
     if cfg.partition == "iid":
         parts = iid_partition(len(labels), cfg.n_clients, seed)
     elif cfg.partition == "shards":
-        parts = shard_partition(labels, cfg.n_clients, seed, n_shards=cfg.n_clients * cfg.shards_per_client,
-                                shards_per_client=cfg.shards_per_client, equal_shards=equal_shards)
+        parts = shard_partition(
+            labels,
+            cfg.n_clients,
+            seed,
+            n_shards=cfg.n_clients * cfg.shards_per_client,
+            shards_per_client=cfg.shards_per_client,
+            equal_shards=equal_shards,
+        )
     else:
         parts = dirichlet_partition(labels, cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=2)
     splits = split_inner_outer(parts, cfg.val_fraction, seed)
@@ -33,14 +48,19 @@ def partition_clients(labels: np.ndarray, cfg, seed: int, equal_shards: bool = T
 def check_batch_sizes(splits: list[tuple[np.ndarray, np.ndarray]], cfg) -> None:
     """ConfigError when a minibatch is larger than the smallest client's split. The partition is
     the same on every rank, so is the verdict."""
-    for name, side, what in (("batch_size", 0, "inner (training)"), ("hypergradient_batch_size", 1, "outer (validation)")):
+    for name, side, what in (
+        ("batch_size", 0, "inner (training)"),
+        ("hypergradient_batch_size", 1, "outer (validation)"),
+    ):
         counts = np.array([len(split[side]) for split in splits])
         size = getattr(cfg, name)
         if size > counts.min():
             client = int(np.argmin(counts))
-            raise ConfigError(f"problem.{name}: {size} is more than the {counts[client]} {what} samples of the smallest client "
-                              f"(client {client} of the {cfg.partition} partition); lower problem.{name} to at most "
-                              f"{counts[client]}, or use fewer clients")
+            raise ConfigError(
+                f"problem.{name}: {size} is more than the {counts[client]} {what} samples of the smallest client "
+                f"(client {client} of the {cfg.partition} partition); lower problem.{name} to at most "
+                f"{counts[client]}, or use fewer clients"
+            )
 
 
 class ClientSplit:
@@ -128,6 +148,10 @@ class ImageClients(HostedSamples):
     def attach(self, problem) -> None:
         """Give ``problem`` the attributes the batched oracles read."""
         problem._first = self.first
-        problem.inputs, problem.targets, problem.inner, problem.outer = self.inputs, self.targets, self.inner, self.outer
+        problem.inputs, problem.targets, problem.inner, problem.outer = (
+            self.inputs,
+            self.targets,
+            self.inner,
+            self.outer,
+        )
         problem.test_inputs, problem.test_targets = self.test_inputs, self.test_targets
-

@@ -42,20 +42,30 @@ class CompositionalProblem(BilevelProblem):
         sums = dict.fromkeys(("R", "c", "p", "pa", "paa"), 0.0)
         for start in range(0, self.n_clients, _CHUNK):
             d = self._client_arrays(np.arange(start, min(start + _CHUNK, self.n_clients)))
-            part = {"R": d["R"].sum(0), "c": d["c"].sum(0), "p": d["p"].sum(0), "pa": (d["p"] * d["a"]).sum(0),
-                    "paa": (d["p"] * d["a"] ** 2).sum()}
+            part = {
+                "R": d["R"].sum(0),
+                "c": d["c"].sum(0),
+                "p": d["p"].sum(0),
+                "pa": (d["p"] * d["a"]).sum(0),
+                "paa": (d["p"] * d["a"] ** 2).sum(),
+            }
             sums = {k: sums[k] + part[k] for k in sums}
         self._global = {k: self._tensor(np.asarray(v) / self.n_clients) for k, v in sums.items()}
         self.x_star = self.solution()
 
     def _client_arrays(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        c, dx, dy, s = self.cfg, self.dim_x, self.dim_y, self.cfg.heterogeneity
+        dx, dy, s = self.dim_x, self.dim_y, self.cfg.heterogeneity
         keys = rng.key(self.seed, rng.Purpose.PROBLEM_DATA, ids)
         base = rng.key(self.seed, rng.Purpose.PROBLEM_DATA, -1)
         R0, Ri = (rng.normal(rng.key(k, 1), dy * dx).reshape(-1, dy, dx) / np.sqrt(dx) for k in (base, keys))
         c0, ci = (rng.normal(rng.key(k, 2), dy) for k in (base, keys))
         a0, ai = (rng.normal(rng.key(k, 3), dy) for k in (base, keys))
-        return {"R": R0 + s * Ri, "c": c0 + s * ci, "a": a0 + s * ai, "p": 0.5 + 1.5 * rng.uniform(rng.key(keys, 4), dy)}
+        return {
+            "R": R0 + s * Ri,
+            "c": c0 + s * ci,
+            "a": a0 + s * ai,
+            "p": 0.5 + 1.5 * rng.uniform(rng.key(keys, 4), dy),
+        }
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.ascontiguousarray(a), dtype=self.dtype, device=self.device)
@@ -111,8 +121,10 @@ class CompositionalProblem(BilevelProblem):
 
     # -- run interface ----------------------------------------------------------------------------
     def initial_point(self):
-        return (torch.zeros(self.dim_x, dtype=self.dtype, device=self.device),
-                torch.zeros(self.dim_y, dtype=self.dtype, device=self.device))
+        return (
+            torch.zeros(self.dim_x, dtype=self.dtype, device=self.device),
+            torch.zeros(self.dim_y, dtype=self.dtype, device=self.device),
+        )
 
     def metric_info(self):
         return {

@@ -69,7 +69,9 @@ def _adult(data_dir: str):
     return load_adult(resolve_data_dir(data_dir or None, "adult"))
 
 
-def fairness_splits(cells: np.ndarray, full_cells: np.ndarray, cfg, seed: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+def fairness_splits(
+    cells: np.ndarray, full_cells: np.ndarray, cfg, seed: int
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Per client (train indices, validation indices) and the per-sample validation cell sizes m_c
     (indexed by sample; 0 outside the pool). ``cells``: weighted cell of every training sample;
     ``full_cells``: its (group, label) pair, the Dirichlet label."""
@@ -84,12 +86,13 @@ def fairness_splits(cells: np.ndarray, full_cells: np.ndarray, cfg, seed: int) -
     pooled = np.concatenate(pool)
     rest = np.setdiff1d(np.arange(len(cells)), pooled)
     parts = dirichlet_partition(full_cells[rest], cfg.n_clients, cfg.dirichlet_alpha, seed, min_size=cfg.batch_size)
-    splits = [(np.sort(rest[p]), np.sort(pooled[i::cfg.n_clients])) for i, p in enumerate(parts)]
+    splits = [(np.sort(rest[p]), np.sort(pooled[i :: cfg.n_clients])) for i, p in enumerate(parts)]
     return splits, sizes
 
 
 class FairnessProblem(AutogradOracles, BilevelProblem):
-    """See the module docstring; oracles by autograd (:class:`AutogradOracles`). ``clients`` lists the client ids this instance hosts."""
+    """See the module docstring; oracles by autograd (:class:`AutogradOracles`). ``clients`` lists the
+    client ids this instance hosts."""
 
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float64):
         super().__init__()
@@ -106,7 +109,11 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.by_label = cfg.weight_cells == "group_label"
         cells = full if self.by_label else groups
         self.dim_x = 2 * self.n_groups if self.by_label else self.n_groups
-        columns = [k for k, name in enumerate(data.feature_names) if cfg.group_feature or not name.startswith(f"{cfg.sensitive}=")]
+        columns = [
+            k
+            for k, name in enumerate(data.feature_names)
+            if cfg.group_feature or not name.startswith(f"{cfg.sensitive}=")
+        ]
         self.n_features = len(columns)
         h = cfg.hidden
         self.dim_y = self.n_features + 1 if cfg.model == "logistic" else h * self.n_features + 2 * h + 1
@@ -116,19 +123,29 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         smallest = min(len(train) for train, _ in splits)
         for name in ("batch_size", "hypergradient_batch_size"):
             if getattr(cfg, name) > smallest:
-                raise ConfigError(f"problem.{name}: {getattr(cfg, name)} is more than the {smallest} training samples of the "
-                                  f"smallest client; lower it to at most {smallest}, raise dirichlet_alpha or use fewer clients")
+                raise ConfigError(
+                    f"problem.{name}: {getattr(cfg, name)} is more than the {smallest} training samples of the "
+                    f"smallest client; lower it to at most {smallest}, raise dirichlet_alpha or use fewer clients"
+                )
         # targets carry the (group, label) pair: label = t % 2, group = t // 2
         hosted = HostedSamples(data.train_x[:, columns], torch.as_tensor(full), splits, clients, self.device, dtype)
         self._first, self.inputs, self.targets = hosted.first, hosted.inputs, hosted.targets
         self.inner, self.outer = hosted.inner, hosted.outer
-        used = np.unique(np.concatenate([np.concatenate(splits[i]) for i in clients])) if len(clients) else np.zeros(0, np.int64)
-        self.inv_size = torch.as_tensor(np.where(sizes[used] > 0, 1.0 / np.maximum(sizes[used], 1), 0.0), dtype=dtype, device=self.device)
+        used = (
+            np.unique(np.concatenate([np.concatenate(splits[i]) for i in clients]))
+            if len(clients)
+            else np.zeros(0, np.int64)
+        )
+        self.inv_size = torch.as_tensor(
+            np.where(sizes[used] > 0, 1.0 / np.maximum(sizes[used], 1), 0.0), dtype=dtype, device=self.device
+        )
         self.test_inputs = data.test_x[:, columns].to(self.device, dtype)
         self.test_labels = data.test_y.to(self.device)
         self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
         self._cell_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
-        self._x0 = self.x_of_weights(cfg.initial_weights)  # parses problem.initial_weights: a bad value fails here, on every rank alike
+        self._x0 = self.x_of_weights(
+            cfg.initial_weights
+        )  # parses problem.initial_weights: a bad value fails here, on every rank alike
 
     # -- model -------------------------------------------------------------------------------------
     def _logits(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -138,7 +155,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             return torch.einsum("bnd,bd->bn", A, y[:, :d]) + y[:, d:]
         h = self.cfg.hidden
         W1 = y[:, : h * d].reshape(-1, h, d)
-        b1, w2, b2 = y[:, h * d: h * d + h], y[:, h * d + h: h * d + 2 * h], y[:, -1:]
+        b1, w2, b2 = y[:, h * d : h * d + h], y[:, h * d + h : h * d + 2 * h], y[:, -1:]
         hidden = torch.tanh(torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2)))
         return torch.einsum("bnh,bh->bn", hidden, w2) + b2
 
@@ -158,20 +175,26 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         pos, w = self._batch(self.inner, clients, sample, batch_size)
         t = self.targets[pos]
         cell = t if self.by_label else t // 2
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (t % 2).to(self.dtype), reduction="none")
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            self._logits(self.inputs[pos], y), (t % 2).to(self.dtype), reduction="none"
+        )
         return (w * torch.gather(self.cell_weights(x), 1, cell) * loss).sum(1)
 
     def _validation_losses(self, clients, y) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(positions, weights, per-sample logistic loss), each (B, n), on the clients' whole validation splits."""
         pos, w = self._batch(self.outer, clients, None, 0)  # V_i is small: always all of it
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none")
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none"
+        )
         return pos, w, loss
 
     def _cell_sums(self, clients, y) -> tuple[torch.Tensor, torch.Tensor]:
         """Per client (B, C): summed validation loss l_is and count n_is of every weighted cell s."""
         pos, w, loss = self._validation_losses(clients, y)
         t = self.targets[pos]
-        member = torch.nn.functional.one_hot(t if self.by_label else t // 2, self.dim_x).to(self.dtype) * (w > 0)[..., None]
+        member = (
+            torch.nn.functional.one_hot(t if self.by_label else t // 2, self.dim_x).to(self.dtype) * (w > 0)[..., None]
+        )
         return (member * loss[..., None]).sum(1), member.sum(1)
 
     @staticmethod
@@ -197,7 +220,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
     @contextmanager
     def outer_linearised(self, mean_statistics):
         """f_i = sum_s p_s l_is / nbar_s with p = softmax(L / tau) at the pooled L_s (module docstring)."""
-        sums, counts = mean_statistics[: self.dim_x], mean_statistics[self.dim_x:]
+        sums, counts = mean_statistics[: self.dim_x], mean_statistics[self.dim_x :]
         p = torch.softmax(self._scaled_cell_losses(sums, counts), dim=0)
         self._cell_factor = self._per_count(p, counts, 0.0)
         try:
@@ -243,19 +266,22 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             except ValueError:
                 weights[name] = math.nan  # reported below, with the non-positive and infinite ones
             if not (weights[name] > 0 and math.isfinite(weights[name])):
-                raise ConfigError(f"problem.initial_weights: the weight of {name} must be a positive number, got {value.strip()!r}; "
-                                  "write NAME=W pairs separated by commas")
+                raise ConfigError(
+                    f"problem.initial_weights: the weight of {name} must be a positive number, got {value.strip()!r}; "
+                    "write NAME=W pairs separated by commas"
+                )
         x = torch.log(torch.tensor([weights[n] for n in names], dtype=self.dtype, device=self.device))
         return x - x.mean()
 
     def initial_point(self):
-        """x = x0 (:meth:`x_of_weights` of ``initial_weights``; 0: unweighted); y = 0 for logistic regression, a keyed U(+-1/sqrt(fan_in)) MLP otherwise."""
+        """x = x0 (:meth:`x_of_weights` of ``initial_weights``; 0: unweighted); y = 0 for logistic
+        regression, a keyed U(+-1/sqrt(fan_in)) MLP otherwise."""
         x = self._x0.clone()
         if self.cfg.model == "logistic":
             return x, torch.zeros(self.dim_y, dtype=self.dtype, device=self.device)
         u = rng.uniform(rng.key(self.seed, rng.Purpose.INIT, 0), self.dim_y)
         scale = np.full(self.dim_y, 1 / math.sqrt(self.n_features))
-        scale[self.cfg.hidden * self.n_features + self.cfg.hidden:] = 1 / math.sqrt(self.cfg.hidden)
+        scale[self.cfg.hidden * self.n_features + self.cfg.hidden :] = 1 / math.sqrt(self.cfg.hidden)
         return x, torch.as_tensor((2 * u - 1) * scale, dtype=self.dtype, device=self.device)
 
     def cell_names(self) -> list[str]:
@@ -271,12 +297,24 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "worst_group_accuracy": ("lowest accuracy over the sensitive groups, adult.test", "%"),
             "group_accuracy_gap": ("highest minus lowest accuracy over the sensitive groups, adult.test", "%"),
             "test_loss": ("mean logistic loss on adult.test", "nats"),
-            "balanced_test_loss": ("mean over (group, label) cells of the test loss (the balanced outer objective's target)", "nats"),
-            "worst_group_test_loss": ("highest mean test loss over the sensitive groups (the worst_group outer objective's target "
-                                      "with weight_cells = group)", "nats"),
-            "worst_cell_accuracy": ("lowest accuracy over the (group, label) cells (group DRO's worst-group accuracy), adult.test", "%"),
-            "worst_cell_test_loss": ("highest mean test loss over the (group, label) cells (the worst_group outer objective's target "
-                                     "with weight_cells = group_label)", "nats"),
+            "balanced_test_loss": (
+                "mean over (group, label) cells of the test loss (the balanced outer objective's target)",
+                "nats",
+            ),
+            "worst_group_test_loss": (
+                "highest mean test loss over the sensitive groups (the worst_group outer objective's target "
+                "with weight_cells = group)",
+                "nats",
+            ),
+            "worst_cell_accuracy": (
+                "lowest accuracy over the (group, label) cells (group DRO's worst-group accuracy), adult.test",
+                "%",
+            ),
+            "worst_cell_test_loss": (
+                "highest mean test loss over the (group, label) cells (the worst_group outer objective's target "
+                "with weight_cells = group_label)",
+                "nats",
+            ),
         }
         for name in self.cell_names():
             info[f"weight_{name}"] = (f"cell weight w(x) of {name} (mean 1)", "1")

@@ -44,8 +44,8 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
-from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems import mlp
+from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems.base import BilevelProblem, Sample, squared_norms
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
 from fednest_mpi.problems.shared_start import private_weights_sgd, shared_start_sgd, worthwhile
@@ -58,7 +58,9 @@ def _cross_entropy(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """Per-sample cross-entropy (B, n) of logits z (B, n, C), computed on the contiguous (B n, C) view:
     the class-dim-1 layout z.transpose(1, 2) gives a strided gradient, and its weight-gradient bmm
     took 2.1 s instead of 0.2 s for 10 clients x 5,592 rows (measured, docs/performance.md)."""
-    return torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), t.reshape(-1), reduction="none").reshape(t.shape)
+    return torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), t.reshape(-1), reduction="none").reshape(
+        t.shape
+    )
 
 
 class LossTuningProblem(AutogradOracles, BilevelProblem):
@@ -80,8 +82,14 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         self.shapes = [(o, i) for i, o in zip(self.widths[:-1], self.widths[1:])]
         self.dim_x = 2 * N_CLASSES
         self.dim_y = sum(o * i + o for o, i in self.shapes)
-        data = ImageClients(cfg, seed, clients, self.device, dtype,
-                            select=lambda labels: long_tail_indices(labels, N_CLASSES, cfg.max_per_class, cfg.imbalance_ratio))
+        data = ImageClients(
+            cfg,
+            seed,
+            clients,
+            self.device,
+            dtype,
+            select=lambda labels: long_tail_indices(labels, N_CLASSES, cfg.max_per_class, cfg.imbalance_ratio),
+        )
         data.attach(self)
         self.class_sizes = np.bincount(data.train_labels, minlength=N_CLASSES)
         prior = self.class_sizes / self.class_sizes.sum()
@@ -92,9 +100,9 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         """[(W (B, out, in), b (B, out))] of the batched MLP parameters ``y`` (B, d2)."""
         layers, at = [], 0
         for out, inp in self.shapes:
-            W = y[:, at: at + out * inp].reshape(-1, out, inp)
+            W = y[:, at : at + out * inp].reshape(-1, out, inp)
             at += out * inp
-            layers.append((W, y[:, at: at + out]))
+            layers.append((W, y[:, at : at + out]))
             at += out
         return layers
 
@@ -159,7 +167,9 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
             return [(W[0], b[0]) for W, b in self._layers(vector[None])]
 
         run = shared_start_sgd if worthwhile(steps, self.cfg.batch_size, anchor is not None) else private_weights_sgd
-        return run(layers(y), batch, steps, lr, self.cfg.inner_regularization, None if anchor is None else layers(anchor))
+        return run(
+            layers(y), batch, steps, lr, self.cfg.inner_regularization, None if anchor is None else layers(anchor)
+        )
 
     # -- oracles: closed form when y (and v) are the shared global rows (mlp.py), else reverse-mode
     # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --
@@ -197,7 +207,9 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
     def _grad_y_inner(self, clients, x, y, sample):
         if not self._shared(y):
             return super()._grad_y_inner(clients, x, y, sample)
-        layers, inputs, pre, t, w, scale, shift = self._shared_pass(self.inner, clients, x, y, sample, self.cfg.batch_size)
+        layers, inputs, pre, t, w, scale, shift = self._shared_pass(
+            self.inner, clients, x, y, sample, self.cfg.batch_size
+        )
         G, _ = self._inner_residual(pre[-1], t, w, scale, shift)
         out = mlp.client_gradients(inputs, mlp.backward(layers, pre, G), self._rows_out(clients))
         return out.add_(y[0], alpha=self.cfg.inner_regularization)
@@ -205,14 +217,18 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
     def _grad_y_outer(self, clients, x, y, sample):
         if not self._shared(y):
             return super()._grad_y_outer(clients, x, y, sample)
-        layers, inputs, pre, t, w, _, _ = self._shared_pass(self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        layers, inputs, pre, t, w, _, _ = self._shared_pass(
+            self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size
+        )
         G, _ = self._softmax_residual(pre[-1], t, w * self.class_weights[t])
         return mlp.client_gradients(inputs, mlp.backward(layers, pre, G), self._rows_out(clients))
 
     def _second_order_pass(self, clients, x, y, v, sample):
         """The shared forward pass on the second-order minibatch and its R-forward along v:
         (layers, direction, inputs, pre, R-inputs, R-outputs, targets, weights, scale, shift)."""
-        layers, inputs, pre, t, w, scale, shift = self._shared_pass(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size)
+        layers, inputs, pre, t, w, scale, shift = self._shared_pass(
+            self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size
+        )
         direction = [(V[0], b[0]) for V, b in self._layers(v[:1])]
         r_inputs, r_pre = mlp.r_forward(layers, direction, inputs, pre)
         return layers, direction, inputs, pre, r_inputs, r_pre[-1], t, w, scale, shift
@@ -221,7 +237,9 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         """nabla^2_yy g_i v by the R-operator (mlp.py): R{dg/dlogits} = w s J (s R{logits}), J = diag(p) - p p^T."""
         if not self._shared(y, v):
             return super()._hvp_yy_inner(clients, x, y, v, sample)
-        layers, direction, inputs, pre, r_inputs, r_out, t, w, scale, shift = self._second_order_pass(clients, x, y, v, sample)
+        layers, direction, inputs, pre, r_inputs, r_out, t, w, scale, shift = self._second_order_pass(
+            clients, x, y, v, sample
+        )
         G, p = self._inner_residual(pre[-1], t, w, scale, shift)
         u = r_out if scale is None else r_out * scale
         r_G = (p * u - p * (p * u).sum(-1, keepdim=True)).mul_(w[..., None])
@@ -277,10 +295,12 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
             logits = torch.cat([self._logits(chunk[None], y[None])[0] for chunk in self.test_inputs.split(_EVAL_CHUNK)])
         t = self.test_targets
         correct = (logits.argmax(1) == t).to(torch.float64)
-        recall = torch.zeros(N_CLASSES, dtype=torch.float64).index_add_(0, t.cpu(), correct.cpu()) / torch.bincount(t.cpu(), minlength=N_CLASSES)
+        recall = torch.zeros(N_CLASSES, dtype=torch.float64).index_add_(0, t.cpu(), correct.cpu()) / torch.bincount(
+            t.cpu(), minlength=N_CLASSES
+        )
         return {
             "test_accuracy": 100.0 * float(correct.mean()),
             "balanced_accuracy": 100.0 * float(recall.mean()),
             "test_loss": float(torch.nn.functional.cross_entropy(logits, t)),
-            "tail_accuracy": 100.0 * float(recall[N_CLASSES // 2:].mean()),
+            "tail_accuracy": 100.0 * float(recall[N_CLASSES // 2 :].mean()),
         }

@@ -158,5 +158,7 @@ def fednest_sampling_floor(problem: MinimaxProblem, algorithm) -> tuple[float, f
     rho_x = (1 - algorithm.outer_lr * problem.cfg.outer_regularization) ** algorithm.outer_local_steps
     var_y = float(b.var(0).sum()) * shrink * (1 - rho) / (1 + rho)
     c = (1 - rho_x) / problem.cfg.outer_regularization
-    mix = float(t.mean()) ** 2 * (1 + rho * rho_x) / ((1 - rho_x**2) * (1 - rho * rho_x)) + float(t.var()) * shrink / (1 - rho_x**2)
+    mix = float(t.mean()) ** 2 * (1 + rho * rho_x) / ((1 - rho_x**2) * (1 - rho * rho_x)) + float(t.var()) * shrink / (
+        1 - rho_x**2
+    )
     return var_y, c**2 * var_y * mix

@@ -56,8 +56,13 @@ def backward(layers: Layers, pre: list[torch.Tensor], G: torch.Tensor) -> list[t
     return deltas
 
 
-def client_gradients(inputs: list[torch.Tensor], deltas: list[torch.Tensor], out: torch.Tensor,
-                     r_inputs: list[torch.Tensor] | None = None, r_deltas: list[torch.Tensor] | None = None) -> torch.Tensor:
+def client_gradients(
+    inputs: list[torch.Tensor],
+    deltas: list[torch.Tensor],
+    out: torch.Tensor,
+    r_inputs: list[torch.Tensor] | None = None,
+    r_deltas: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Per-client parameter gradients into ``out`` (C, d), layout [W_1, b_1, W_2, b_2, ...]:
     sum_j delta_j^T h_j and sum_j delta_j; with ``r_inputs``/``r_deltas`` their R-derivatives
     sum_j R{delta}_j^T h_j + delta_j^T R{h}_j and sum_j R{delta}_j instead."""
@@ -65,8 +70,8 @@ def client_gradients(inputs: list[torch.Tensor], deltas: list[torch.Tensor], out
     C = out.shape[0]
     for j, (h, delta) in enumerate(zip(inputs, deltas)):
         n_out, n_in = delta.shape[-1], h.shape[-1]
-        rows = out[:, at: at + n_out * n_in].view(C, n_out, n_in)
-        bias = out[:, at + n_out * n_in: at + n_out * n_in + n_out]
+        rows = out[:, at : at + n_out * n_in].view(C, n_out, n_in)
+        bias = out[:, at + n_out * n_in : at + n_out * n_in + n_out]
         if r_deltas is None:
             rows.baddbmm_(delta.transpose(1, 2), h, beta=0.0)
             bias.copy_(delta.sum(1))
@@ -79,7 +84,9 @@ def client_gradients(inputs: list[torch.Tensor], deltas: list[torch.Tensor], out
     return out
 
 
-def r_forward(layers: Layers, direction: Layers, inputs: list[torch.Tensor], pre: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def r_forward(
+    layers: Layers, direction: Layers, inputs: list[torch.Tensor], pre: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(R{h_{l-1}} of every layer, R{z_l} of every layer) along the shared ``direction``."""
     r_inputs, r_pre = [], []
     r_h = torch.zeros_like(inputs[0])
@@ -94,7 +101,9 @@ def r_forward(layers: Layers, direction: Layers, inputs: list[torch.Tensor], pre
     return r_inputs, r_pre
 
 
-def r_backward(layers: Layers, direction: Layers, pre: list[torch.Tensor], deltas: list[torch.Tensor], r_G: torch.Tensor) -> list[torch.Tensor]:
+def r_backward(
+    layers: Layers, direction: Layers, pre: list[torch.Tensor], deltas: list[torch.Tensor], r_G: torch.Tensor
+) -> list[torch.Tensor]:
     """R{delta_l} of every layer from R{G} (the R-derivative of dLoss/dz_L)."""
     r_deltas = [r_G]
     for j in range(len(layers) - 1, 0, -1):

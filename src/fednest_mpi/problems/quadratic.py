@@ -123,11 +123,18 @@ class QuadraticProblem(BilevelProblem):
             M, u = np.linalg.solve(d["G"], d["B"]), np.linalg.solve(d["G"], d["c"][..., None])[..., 0]
             r = u - d["a"]
             part = {
-                "G": d["G"].sum(0), "B": d["B"].sum(0), "c": d["c"].sum(0), "P": d["P"].sum(0),
-                "M": M.sum(0), "u": u.sum(0), "MPM": np.einsum("bji,bjk,bkl->il", M, d["P"], M),
-                "MPr": np.einsum("bji,bjk,bk->i", M, d["P"], r), "rPr": np.einsum("bi,bij,bj->", r, d["P"], r),
+                "G": d["G"].sum(0),
+                "B": d["B"].sum(0),
+                "c": d["c"].sum(0),
+                "P": d["P"].sum(0),
+                "M": M.sum(0),
+                "u": u.sum(0),
+                "MPM": np.einsum("bji,bjk,bkl->il", M, d["P"], M),
+                "MPr": np.einsum("bji,bjk,bk->i", M, d["P"], r),
+                "rPr": np.einsum("bi,bij,bj->", r, d["P"], r),
                 "Pa": np.einsum("bij,bj->i", d["P"], d["a"]),
-                "aPa": np.einsum("bi,bij,bj->", d["a"], d["P"], d["a"]), "e": d["e"].sum(0),
+                "aPa": np.einsum("bi,bij,bj->", d["a"], d["P"], d["a"]),
+                "e": d["e"].sum(0),
             }
             sums = part if sums is None else {k: sums[k] + part[k] for k in sums}
         assert sums is not None
@@ -154,7 +161,11 @@ class QuadraticProblem(BilevelProblem):
         return _rows_times(P, y - a) + self._noise(clients, sample, "grad_y_outer", self.dim_y)
 
     def _grad_x_outer(self, clients, x, y, sample):
-        return self.cfg.outer_regularization * x + self._local("e", clients) + self._noise(clients, sample, "grad_x_outer", self.dim_x)
+        return (
+            self.cfg.outer_regularization * x
+            + self._local("e", clients)
+            + self._noise(clients, sample, "grad_x_outer", self.dim_x)
+        )
 
     def _hvp_yy_inner(self, clients, x, y, v, sample):
         return _rows_times(self._local("G", clients), v)
@@ -186,7 +197,8 @@ class QuadraticProblem(BilevelProblem):
         return torch.linalg.solve(g["G"], g["B"] @ x + g["c"])
 
     def hypergradient(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        """Surrogate nabla-bar f(x, y) of eq. (5) with the global Hessian; the true nabla h(x) when y = y*(x) (default)."""
+        """Surrogate nabla-bar f(x, y) of eq. (5) with the global Hessian; the true nabla h(x) when
+        y = y*(x) (default)."""
         g = self._global
         y = self.inner_solution(x) if y is None else y
         return self.cfg.outer_regularization * x + g["e"] + g["B"].T @ torch.linalg.solve(g["G"], g["P"] @ y - g["Pa"])
@@ -196,13 +208,22 @@ class QuadraticProblem(BilevelProblem):
         g = self._global
         M = torch.linalg.solve(g["G"], g["B"])
         u = torch.linalg.solve(g["G"], g["c"])
-        lhs = self.cfg.outer_regularization * torch.eye(self.dim_x, dtype=self.dtype, device=self.device) + M.T @ g["P"] @ M
+        lhs = (
+            self.cfg.outer_regularization * torch.eye(self.dim_x, dtype=self.dtype, device=self.device)
+            + M.T @ g["P"] @ M
+        )
         return torch.linalg.solve(lhs, -g["e"] - M.T @ (g["P"] @ u - g["Pa"]))
 
     def outer_objective(self, x, y) -> torch.Tensor:
         """f(x, y) = mean_i f_i(x, y)."""
         g = self._global
-        return 0.5 * y @ g["P"] @ y - y @ g["Pa"] + 0.5 * g["aPa"] + 0.5 * self.cfg.outer_regularization * x @ x + g["e"] @ x
+        return (
+            0.5 * y @ g["P"] @ y
+            - y @ g["Pa"]
+            + 0.5 * g["aPa"]
+            + 0.5 * self.cfg.outer_regularization * x @ x
+            + g["e"] @ x
+        )
 
     def inner_objective(self, x, y) -> torch.Tensor:
         """g(x, y) = mean_i g_i(x, y)."""
@@ -233,16 +254,27 @@ class QuadraticProblem(BilevelProblem):
     def local_outer_objective(self, x: torch.Tensor) -> torch.Tensor:
         """h(x) = mean_i f_i(x, y*_i(x))."""
         g = self._global
-        return 0.5 * x @ g["MPM"] @ x + x @ g["MPr"] + 0.5 * g["rPr"] + 0.5 * self.cfg.outer_regularization * x @ x + g["e"] @ x
+        return (
+            0.5 * x @ g["MPM"] @ x
+            + x @ g["MPr"]
+            + 0.5 * g["rPr"]
+            + 0.5 * self.cfg.outer_regularization * x @ x
+            + g["e"] @ x
+        )
 
     # -- run interface -------------------------------------------------------------------------
     def initial_point(self):
-        return (torch.zeros(self.dim_x, dtype=self.dtype, device=self.device),
-                torch.zeros(self.dim_y, dtype=self.dtype, device=self.device))
+        return (
+            torch.zeros(self.dim_x, dtype=self.dtype, device=self.device),
+            torch.zeros(self.dim_y, dtype=self.dtype, device=self.device),
+        )
 
     def metric_info(self):
         return {
-            "outer_objective": ("f(x, y*(x)): the bilevel objective at x (lower_level = local: mean_i f_i(x, y*_i(x)))", "1"),
+            "outer_objective": (
+                "f(x, y*(x)): the bilevel objective at x (lower_level = local: mean_i f_i(x, y*_i(x)))",
+                "1",
+            ),
             "outer_loss": ("f(x, y) = mean_i f_i(x, y) at the current inner iterate", "1"),
             "inner_loss": ("g(x, y) = mean_i g_i(x, y)", "1"),
             "x_error": ("||x - x*|| (x* of the problem named by lower_level)", "1"),

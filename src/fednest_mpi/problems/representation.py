@@ -62,7 +62,7 @@ def _weight_and_bias_rows(G: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor
     B, n_out, n_in = G.shape[0], G.shape[2], inputs.shape[2]
     out = G.new_empty(B, n_out * n_in + n_out)
     torch.bmm(G.transpose(1, 2), inputs, out=out[:, : n_out * n_in].view(B, n_out, n_in))
-    torch.sum(G, 1, out=out[:, n_out * n_in:])
+    torch.sum(G, 1, out=out[:, n_out * n_in :])
     return out
 
 
@@ -114,8 +114,12 @@ class FeatureStore:
         out = like.new_zeros(len(entries), width, hidden)
         counts = np.array([n for _, n in entries], dtype=np.int64)
         if entries:
-            flat = np.repeat(np.arange(len(entries)) * width - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-            out.view(-1, hidden).index_copy_(0, torch.from_numpy(flat).to(out.device), torch.cat([H for H, _ in entries]))
+            flat = np.repeat(np.arange(len(entries)) * width - np.cumsum(counts) + counts, counts) + np.arange(
+                int(counts.sum())
+            )
+            out.view(-1, hidden).index_copy_(
+                0, torch.from_numpy(flat).to(out.device), torch.cat([H for H, _ in entries])
+            )
         self.assembled = ((split, clients.tobytes(), width), out)
         self._evict(keep=len(entries), recent_rows=int(counts.sum()), row_bytes=hidden * out.element_size())
         return out
@@ -156,11 +160,11 @@ class RepresentationProblem(BilevelProblem):
     # -- parameters ----------------------------------------------------------------------------
     def _unpack_x(self, x):
         h, d = self.hidden, self.n_inputs
-        return x[:, : h * d].reshape(-1, h, d), x[:, h * d:]
+        return x[:, : h * d].reshape(-1, h, d), x[:, h * d :]
 
     def _unpack_y(self, y):
         h, c = self.hidden, self.n_classes
-        return y[:, : c * h].reshape(-1, c, h), y[:, c * h:]
+        return y[:, : c * h].reshape(-1, c, h), y[:, c * h :]
 
     def initial_point(self):
         """PyTorch's default Linear initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), keyed by the seed."""
@@ -329,7 +333,7 @@ class RepresentationProblem(BilevelProblem):
     def _jvp_xy_inner(self, clients, x, y, v, sample):
         s = self._forward(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size, need_x=True)
         Ju, V2 = self._glm_hessian(s, v)
-        grad_h = (torch.bmm(self._residual(s), V2) + torch.bmm(Ju * s["w"][..., None], s["W2"]))
+        grad_h = torch.bmm(self._residual(s), V2) + torch.bmm(Ju * s["w"][..., None], s["W2"])
         return self._backprop_x(s, grad_h)
 
     def _cross_entropy(self, split, clients, x, y) -> torch.Tensor:

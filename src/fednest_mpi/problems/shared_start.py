@@ -31,8 +31,8 @@ autograd SGD and the problem's own oracle loop in ``tests/unit/test_shared_start
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -90,16 +90,22 @@ class LowRankRows:
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         at = 0
         for W, H, D, b in zip(self.shared, self.inputs, self.grads, self.biases):
-            rows = out[:, at: at + W.numel()].view(C, *W.shape)
+            rows = out[:, at : at + W.numel()].view(C, *W.shape)
             rows.copy_(W.expand(C, -1, -1)).baddbmm_(D.transpose(1, 2), H)
             at += W.numel()
-            out[:, at: at + W.shape[0]] = b
+            out[:, at : at + W.shape[0]] = b
             at += W.shape[0]
         return out
 
 
-def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: int, lr: float, decay: float,
-                     anchor: mlp.Layers | None = None) -> LowRankRows:
+def shared_start_sgd(
+    layers: mlp.Layers,
+    batch: Callable[[int], Batch],
+    steps: int,
+    lr: float,
+    decay: float,
+    anchor: mlp.Layers | None = None,
+) -> LowRankRows:
     """Run ``steps`` SGD (or, with ``anchor``, SVRG) steps of a ReLU MLP for a block of C clients
     from shared weights.
 
@@ -141,7 +147,10 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
             inputs.append(H)
             z = shared(H, layer, mlp.linear).add_(bias[layer][:, None, :])
             if filled:
-                z.baddbmm_(torch.bmm(H, history_in[layer][:, past].transpose(1, 2)).mul_(coef[:, past]), history_grad[layer][:, past])
+                z.baddbmm_(
+                    torch.bmm(H, history_in[layer][:, past].transpose(1, 2)).mul_(coef[:, past]),
+                    history_grad[layer][:, past],
+                )
             pre.append(z)
             if layer < len(layers) - 1:
                 H = torch.relu(z)
@@ -150,7 +159,10 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
             D = deltas[0]
             dH = shared(D, layer, mlp.back)
             if filled:
-                dH.baddbmm_(torch.bmm(D, history_grad[layer][:, past].transpose(1, 2)).mul_(coef[:, past]), history_in[layer][:, past])
+                dH.baddbmm_(
+                    torch.bmm(D, history_grad[layer][:, past].transpose(1, 2)).mul_(coef[:, past]),
+                    history_in[layer][:, past],
+                )
             deltas.insert(0, dH.mul_(pre[layer - 1] > 0))
         coef[:, past] *= rho
         new = slice(filled, filled + b)
@@ -166,7 +178,9 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
             for layer, (_, b0) in enumerate(layers):
                 history_in[layer][:, new] = inputs0[layer]
                 history_grad[layer][:, new] = deltas0[layer]
-                bias[layer].add_(deltas0[layer].sum(1), alpha=lr).add_(b0, alpha=lr * decay).sub_(anchor[layer][1], alpha=lr)
+                bias[layer].add_(deltas0[layer].sum(1), alpha=lr).add_(b0, alpha=lr * decay).sub_(
+                    anchor[layer][1], alpha=lr
+                )
             coef[:, new] = lr
             c = rho * c - lr
         a = rho * a + (lr * decay if anchor is not None else 0.0)
@@ -175,8 +189,14 @@ def shared_start_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: i
     return LowRankRows(dense_part, history_in, [D.mul_(coef.T) for D in history_grad], bias)
 
 
-def private_weights_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps: int, lr: float, decay: float,
-                        anchor: mlp.Layers | None = None) -> torch.Tensor:
+def private_weights_sgd(
+    layers: mlp.Layers,
+    batch: Callable[[int], Batch],
+    steps: int,
+    lr: float,
+    decay: float,
+    anchor: mlp.Layers | None = None,
+) -> torch.Tensor:
     """The same local steps as :func:`shared_start_sgd` (same arguments) with a private copy of the
     weights per client, updated in place -- the cheaper form for long local runs (many steps of large
     minibatches, where the low-rank history would outgrow the weights). Closed-form batched
@@ -207,6 +227,8 @@ def private_weights_sgd(layers: mlp.Layers, batch: Callable[[int], Batch], steps
             b.mul_(rho).sub_(deltas[layer].sum(1), alpha=lr)
             if anchor is not None:
                 W0, b0 = layers[layer]
-                W.baddbmm_(deltas0[layer].transpose(1, 2), inputs0[layer], alpha=lr).add_(W0 * (lr * decay) - anchor[layer][0] * lr)
+                W.baddbmm_(deltas0[layer].transpose(1, 2), inputs0[layer], alpha=lr).add_(
+                    W0 * (lr * decay) - anchor[layer][0] * lr
+                )
                 b.add_(deltas0[layer].sum(1), alpha=lr).add_(b0 * (lr * decay) - anchor[layer][1] * lr)
     return torch.cat([part for W, b in zip(weights, biases) for part in (W.flatten(1), b)], dim=1)

@@ -59,7 +59,9 @@ class SyntheticProblem(RepresentationProblem):
         self.spec = SyntheticSpec.from_config(cfg)
         self._set_shape(cfg.n_inputs, cfg.hidden, cfg.n_classes)
         eval_ids = np.arange(min(cfg.eval_clients, cfg.n_clients))
-        inputs, labels, _ = generate(self.spec, seed, eval_ids, np.full(eval_ids.size, cfg.eval_samples), stream=_TEST_STREAM)
+        inputs, labels, _ = generate(
+            self.spec, seed, eval_ids, np.full(eval_ids.size, cfg.eval_samples), stream=_TEST_STREAM
+        )
         self.test_inputs = inputs.to(self.device, self.dtype)
         self.test_targets = labels.to(self.device)
         self._sets: OrderedDict[bytes, _ClientSet] = OrderedDict()
