@@ -71,6 +71,17 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps):
     torch.testing.assert_close(rows.weighted_sum(w), w @ reference, rtol=1e-12, atol=1e-12)
 
 
+def _oracle_loop(prob, ids, X, Y0, steps, lr, key, anchor):
+    """The reference: the problem's gradient oracle step by step (SVRG-corrected with an anchor)."""
+    Y = Y0
+    for nu in range(steps):
+        d = prob.grad_y_inner(ids, X, Y, Sample(key, nu))
+        if anchor is not None:
+            d = d - prob.grad_y_inner(ids, X, Y0, Sample(key, nu)) + anchor
+        Y = Y - lr * d
+    return Y
+
+
 @requires("mnist")
 @pytest.mark.parametrize("tune_loss", [True, False])
 @pytest.mark.parametrize("hidden", [(7, 5), (0, 0)])
@@ -87,13 +98,9 @@ def test_loss_tuning_local_sgd_equals_its_gradient_oracle_loop(tune_loss, hidden
         prob.oracle_counts.clear()
         fused = prob.local_sgd(ids, x, y, steps, lr, key, anchor=anchor)
         assert prob.oracle_counts["grad_y_inner"] == steps * ids.size * (1 if anchor is None else 2)
-        Y = Y0
-        for nu in range(steps):
-            d = prob.grad_y_inner(ids, X, Y, Sample(key, nu))
-            if anchor is not None:
-                d = d - prob.grad_y_inner(ids, X, Y0, Sample(key, nu)) + anchor
-            Y = Y - lr * d
-        torch.testing.assert_close(dense(fused), Y, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            dense(fused), _oracle_loop(prob, ids, X, Y0, steps, lr, key, anchor), rtol=1e-10, atol=1e-12
+        )
 
 
 @requires("mnist")
@@ -110,10 +117,4 @@ def test_long_local_runs_use_private_weights_equal_to_the_oracle_loop(anchored):
     anchor = prob.grad_y_inner(ids, X, Y0, None).mean(0) if anchored else None
     fused = prob.local_sgd(ids, x, y, steps, lr, key, anchor=anchor)
     assert isinstance(fused, torch.Tensor)
-    Y = Y0
-    for nu in range(steps):
-        d = prob.grad_y_inner(ids, X, Y, Sample(key, nu))
-        if anchor is not None:
-            d = d - prob.grad_y_inner(ids, X, Y0, Sample(key, nu)) + anchor
-        Y = Y - lr * d
-    torch.testing.assert_close(fused, Y, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(fused, _oracle_loop(prob, ids, X, Y0, steps, lr, key, anchor), rtol=1e-9, atol=1e-11)
