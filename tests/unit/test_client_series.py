@@ -244,6 +244,12 @@ def _layout(path, blocks, n_clients):
     )
 
 
+def _row(ids, k):
+    """Client rows of iteration k: everyone took part, inner_loss = 100 id + k, the rest NaN."""
+    rest = {n: np.full(len(ids), np.nan) for n in S.CLIENT_SERIES if n not in ("participation", "inner_loss")}
+    return {"participation": np.ones(len(ids), np.uint8), "inner_loss": 100.0 * ids + k, **rest}
+
+
 def _write_rank_files(path, blocks, K):
     """Per-rank files whose entries encode (client, iteration): participation 1, inner_loss = 100 client + k."""
     for rank, rows in enumerate(blocks):
@@ -252,15 +258,7 @@ def _write_rank_files(path, blocks, K):
         for k in range(K):
             f.append(
                 k,
-                {
-                    "participation": np.ones(len(ids), np.uint8),
-                    "inner_loss": 100.0 * ids + k,
-                    **{
-                        n: np.full(len(ids), np.nan)
-                        for n in S.CLIENT_SERIES
-                        if n not in ("participation", "inner_loss")
-                    },
-                },
+                _row(ids, k),
             )
         f.close()
 
@@ -279,15 +277,7 @@ def test_a_reader_sees_the_per_rank_rows_through_the_run_file_while_they_are_wri
             ids = np.arange(rows.start, rows.stop)
             f.append(
                 k,
-                {
-                    "participation": np.ones(len(ids), np.uint8),
-                    "inner_loss": 100.0 * ids + k,
-                    **{
-                        n: np.full(len(ids), np.nan)
-                        for n in S.CLIENT_SERIES
-                        if n not in ("participation", "inner_loss")
-                    },
-                },
+                _row(ids, k),
             )
         writer.append({"iteration": k, "x_error": 1.0})
         seen = subprocess.run([sys.executable, "-c", reader, str(path)], capture_output=True, text=True, timeout=60)
