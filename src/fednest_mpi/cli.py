@@ -18,6 +18,7 @@ import logging
 import sys
 
 from fednest_mpi import __version__
+from fednest_mpi.config import DATASETS
 from fednest_mpi.errors import UsageError
 
 EPILOG_RUN = """\
@@ -173,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example:\n  fednest-mpi download mnist --dest ~/data && export FEDNEST_DATA=~/data",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    dl.add_argument("datasets", nargs="+", choices=("mnist", "fashion", "adult"), help="data set(s) to fetch")
+    dl.add_argument("datasets", nargs="+", choices=tuple(DATASETS), help="data set(s) to fetch")
     dl.add_argument("--dest", "-d", help="data root (default: $FEDNEST_DATA); the files go to DEST/mnist, ...")
     dl.add_argument("--mirror", help="base URL replacing the default mirror (file:// works too)")
     sub.add_parser(
