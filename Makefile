@@ -56,7 +56,8 @@ install-openmpi:
 	$(OMPI_BIN)/pip install -q -U pip "setuptools>=77" wheel
 	MPICC=$(OMPI_MPICC) CFLAGS="$(MPI4PY_CFLAGS)" $(OMPI_BIN)/pip install -q --no-cache-dir --no-binary=mpi4py \
 	  $$(grep '^mpi4py==' requirements.txt)
-	$(OMPI_BIN)/pip install -q $$(grep -v -E '^(#|mpi4py|mpich)' requirements.txt)
+	grep -v -E '^(mpi4py|mpich)' requirements.txt > $(OMPI_VENV)/requirements.txt
+	$(OMPI_BIN)/pip install -q -r $(OMPI_VENV)/requirements.txt
 	$(OMPI_BIN)/pip install -q --no-deps -e .
 	$(OMPI_BIN)/python -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
 
