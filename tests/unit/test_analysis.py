@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from mpi4py import MPI
+from small_configs import make_config
 
-from fednest_mpi import config, post
+from fednest_mpi import post
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.h5 import RunWriter, read_run
 from fednest_mpi.post.plotting import _auto_log
@@ -23,23 +24,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _write_run(path, algorithm: str, seed: int, **algorithm_fields) -> None:
     """A real run written like `fednest-mpi run` does (1 rank, in process)."""
-    cfg = config.from_dict(
-        {
-            "seed": seed,
-            "problem": {"name": "quadratic", "n_clients": 12, "dim_x": 4, "dim_y": 6},
-            "algorithm": {
-                "name": algorithm,
-                "outer_iterations": ITERATIONS,
-                "clients_per_round": 6,
-                "inner_local_steps": 5,
-                "inner_lr": 0.05,
-                "outer_lr": 0.2,
-                "neumann_steps": 4,
-                "neumann_scale": 0.25,
-                **algorithm_fields,
-            },
-            "run": {"output": str(path), "progress": "never"},
-        }
+    cfg = make_config(
+        seed=seed,
+        algorithm={"name": algorithm, "outer_iterations": ITERATIONS, **algorithm_fields},
+        run={"output": str(path), "progress": "never"},
     )
     sim = Simulation(cfg, MPI.COMM_SELF)
     attrs = {
