@@ -25,10 +25,16 @@ import numpy as np
 import torch
 
 
+def is_shared(rows: torch.Tensor) -> bool:
+    """Whether (B, d) ``rows`` are one row shared by the block (``Tensor.expand``: stride 0), the way
+    algorithms pass the global x or y; oracles may then compute what depends on it once."""
+    return bool(rows.shape[0]) and rows.stride(0) == 0
+
+
 def squared_norms(rows: torch.Tensor) -> torch.Tensor:
     """||row||^2 of each row of (B, d) ``rows``; a shared row (``Tensor.expand``, stride 0) is
     reduced once instead of B times."""
-    if rows.shape[0] and rows.stride(0) == 0:
+    if is_shared(rows):
         return (rows[0] @ rows[0]).expand(rows.shape[0])
     return (rows * rows).sum(1)
 

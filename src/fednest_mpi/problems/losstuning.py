@@ -46,7 +46,7 @@ from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems import mlp
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
-from fednest_mpi.problems.base import BilevelProblem, Sample, squared_norms
+from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, squared_norms
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
 from fednest_mpi.problems.shared_start import private_weights_sgd, shared_start_sgd, worthwhile
 
@@ -175,7 +175,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
     # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --
     @staticmethod
     def _shared(*rows) -> bool:
-        return all(r.shape[0] and r.stride(0) == 0 for r in rows)
+        return all(is_shared(r) for r in rows)
 
     def _shared_pass(self, split, clients, x, y, sample, batch_size):
         """Forward pass of the shared network y on the clients' (mini)batches: (layers, inputs,

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.problems.base import BilevelProblem, squared_norms
+from fednest_mpi.problems.base import BilevelProblem, is_shared, squared_norms
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
@@ -179,7 +179,7 @@ class RepresentationProblem(BilevelProblem):
     def _hidden(self, A, x):
         """Pre-activations A W1^T + b1 for (B, b, d) inputs and x rows (one GEMM when x is shared)."""
         W1, b1 = self._unpack_x(x)
-        if x.shape[0] and x.stride(0) == 0:
+        if is_shared(x):
             return torch.addmm(b1[0], A.reshape(-1, A.shape[-1]), W1[0].T).view(*A.shape[:-1], -1)
         return torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2))
 
@@ -201,7 +201,7 @@ class RepresentationProblem(BilevelProblem):
         at this x, in one GEMM. ``create``: compute the missing rows; otherwise None when any is
         missing.
         """
-        if self.cfg.dropout > 0 or not (x.shape[0] and x.stride(0) == 0):
+        if self.cfg.dropout > 0 or not is_shared(x):
             return None
         store = self._features
         if not store.matches(x):
