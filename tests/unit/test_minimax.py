@@ -22,17 +22,18 @@ ALGORITHMS = {  # the three algorithms of Figure 4
 }
 
 
+STEPS = {  # the step sizes and local steps of the Figure 4 runs
+    "inner_lr": 0.1,
+    "outer_lr": 0.01,
+    "inner_local_steps": 10,
+    "outer_local_steps": 10,
+    "neumann_steps": 1,
+    "neumann_scale": 1.0,
+}
+
+
 def _config(n_clients=100, s=1.0, dim=3, seed=4, **algorithm):
-    algo = {
-        "outer_iterations": 40,
-        "clients_per_round": n_clients,
-        "inner_lr": 0.1,
-        "outer_lr": 0.01,
-        "inner_local_steps": 10,
-        "outer_local_steps": 10,
-        "neumann_steps": 1,
-        "neumann_scale": 1.0,
-    }
+    algo = {"outer_iterations": 40, "clients_per_round": n_clients, **STEPS}
     return config.from_dict(
         {
             "seed": seed,
@@ -186,17 +187,7 @@ def test_paper_scale_1000_clients_50_per_round_runs(name):
             "problem": {"name": "minimax", "n_clients": 1000, "heterogeneity": 10.0},
             "algorithm": config.algorithm_fields(
                 name,
-                {
-                    "outer_iterations": 5,
-                    "clients_per_round": 50,
-                    "inner_lr": 0.1,
-                    "outer_lr": 0.01,
-                    "inner_local_steps": 10,
-                    "outer_local_steps": 10,
-                    "neumann_steps": 1,
-                    "neumann_scale": 1.0,
-                }
-                | ALGORITHMS[name],
+                {"outer_iterations": 5, "clients_per_round": 50, **STEPS} | ALGORITHMS[name],
             ),
         }
     )
