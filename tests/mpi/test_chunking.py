@@ -35,6 +35,18 @@ def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = 
             "lower_level": "local" if name.startswith("fedbio") else "global",
         },
         "minimax": {"name": "minimax", "n_clients": 40, "dim": 4, "heterogeneity": 10.0},
+        "synthetic": {  # float32, ragged clients: fused head steps, feature blocks, generated data
+            "name": "synthetic",
+            "n_clients": 60,
+            "hidden": 8,
+            "n_inputs": 10,
+            "samples_per_client": 12,
+            "size_distribution": "lognormal",
+            "size_sigma": 0.5,
+            "batch_size": 2,
+            "eval_clients": 5,
+            "eval_samples": 10,
+        },
     }
     return config.from_dict(
         {
@@ -52,12 +64,12 @@ def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = 
                     "outer_lr": 0.05,
                     "outer_local_steps": 2,
                     "neumann_steps": 3,
-                    "neumann_scale": 0.25,
+                    "neumann_scale": 0.05 if problem == "synthetic" else 0.25,
                     "ihgp_mode": "randomized",
                 },
             ),
             "federation": {"reduction": reduction},
-            "run": {"chunk_clients": chunk},
+            "run": {"chunk_clients": chunk, "dtype": "float32" if problem == "synthetic" else "float64"},
         }
     )
 
@@ -73,6 +85,14 @@ def test_ordered_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(n
     reference = simulate(_config(name, 0), MPI.COMM_SELF)
     for chunk in (1, 7, 0):
         _same(simulate(_config(name, chunk), MPI.COMM_WORLD), reference)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg"])
+def test_synthetic_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
+    reference = simulate(_config(name, 0, problem="synthetic"), MPI.COMM_SELF)
+    for chunk in (1, 7, 0):
+        _same(simulate(_config(name, chunk, problem="synthetic"), MPI.COMM_WORLD), reference)
 
 
 @pytest.mark.mpi

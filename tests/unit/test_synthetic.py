@@ -166,3 +166,23 @@ def test_shared_x_feature_cache_gives_the_oracles_of_unshared_rows(problem):
                 )
     assert prob._cached_features(prob.inner, ids, shared) is not None
     assert prob._cached_features(prob.inner, ids, (x + 0).expand(4, -1)) is None  # same values, other storage
+
+
+@pytest.mark.parametrize("budget", [0, 2**30])
+def test_feature_blocks_assemble_overlapping_sets_exactly(problem, monkeypatch, budget):
+    """Client sets that overlap earlier ones (in another order, with new clients) are assembled from
+    the stored blocks; with no budget beyond the newest block, nothing a set needs is lost."""
+    from fednest_mpi.problems import representation
+
+    monkeypatch.setattr(representation, "FEATURE_BUDGET_BYTES", budget)
+    prob, _ = problem
+    x, y = prob.initial_point()
+    x = x + 0.0  # a storage of its own: a fresh store
+    for ids in ([3, 9, 14], [14, 2, 9, 30], [30, 3, 41, 2, 9], [41]):
+        ids = np.array(ids)
+        shared, rows, Y = x.expand(ids.size, -1), x.expand(ids.size, -1).clone(), y.expand(ids.size, -1)
+        for name in ("grad_y_inner", "grad_x_outer"):
+            torch.testing.assert_close(
+                getattr(prob, name)(ids, shared, Y, None), getattr(prob, name)(ids, rows, Y, None)
+            )
+    assert len(prob._features.blocks) == (1 if budget == 0 else 6)  # inner and outer: [3, 9, 14], [2, 30], [41]

@@ -19,7 +19,7 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.federation import Federation, Participants
-from fednest_mpi.problems.base import BilevelProblem
+from fednest_mpi.problems.base import BilevelProblem, shared_rows
 from fednest_mpi.recorder import OFF
 
 ClientRows = dict[str, tuple[np.ndarray, torch.Tensor]]  # name -> (client ids, one row per id)
@@ -188,4 +188,4 @@ class Algorithm(ABC):
 
     @staticmethod
     def _rows(vector: torch.Tensor, n: int) -> torch.Tensor:
-        return vector.expand(n, vector.shape[0])
+        return shared_rows(vector, n)

@@ -64,16 +64,35 @@ def check_batch_sizes(splits: list[tuple[np.ndarray, np.ndarray]], cfg) -> None:
 
 
 class ClientSplit:
-    """One kind of local data (inner or outer) of the hosted clients, padded to a matrix."""
+    """One kind of local data (inner or outer) of the hosted clients, padded to a matrix.
 
-    def __init__(self, index_lists: list[np.ndarray]):
-        self.count = np.array([len(ix) for ix in index_lists], dtype=np.int64)
-        width = int(self.count.max()) if len(index_lists) else 1
-        pad = np.full((len(index_lists), width), -1, dtype=np.int64)
+    The padded width must not depend on which clients are held together: CPU kernels reduce a
+    client's (zero-padded) samples in an order that can depend on the padded length (``bmm`` and
+    ``sum`` over 11 samples padded to 16 or to 34 differ in the last bit), so the data sources pad
+    every client to one width of the whole population (``width``), which keeps runs bitwise the
+    same for every chunk size and rank count."""
+
+    def __init__(self, index: np.ndarray, count: np.ndarray):
+        self.index = index  # rows: hosted clients; entries: positions in the rank's sample tensor, -1 = padding
+        self.count = count  # each row's number of samples
+        self._last_shuffle: tuple | None = None  # (key, permutations) of the last epoch shuffle, see batch
+
+    @classmethod
+    def from_lists(cls, index_lists: list[np.ndarray], width: int) -> ClientSplit:
+        """From each client's sample positions, padded to ``width`` columns."""
+        count = np.array([len(ix) for ix in index_lists], dtype=np.int64)
+        pad = np.full((len(index_lists), max(width, int(count.max(initial=1)))), -1, dtype=np.int64)
         for row, ix in enumerate(index_lists):
             pad[row, : len(ix)] = ix
-        self.index = pad  # rows: hosted clients; entries: positions in the rank's sample tensor
-        self._last_shuffle: tuple | None = None  # (key, permutations) of the last epoch shuffle, see batch
+        return cls(pad, count)
+
+    @classmethod
+    def contiguous(cls, start: np.ndarray, count: np.ndarray, width: int) -> ClientSplit:
+        """Client i's samples at positions start[i] .. start[i] + count[i] - 1 (vectorised), padded
+        to ``width`` columns."""
+        cols = np.arange(max(width, int(count.max(initial=1))))
+        index = np.where(cols < count[:, None], start[:, None] + cols, -1)
+        return cls(index.astype(np.int64, copy=False), np.asarray(count, dtype=np.int64))
 
     def _shuffle(self, key: int, clients: np.ndarray, epoch: np.ndarray, count: np.ndarray) -> np.ndarray:
         """Each client's epoch permutation of its columns (padding last), keyed by (key, client,
@@ -112,7 +131,10 @@ class ClientSplit:
 
 
 class HostedSamples:
-    """The samples of the hosted ``clients`` (a range of client ids) with their two splits."""
+    """The samples of the hosted ``clients`` (a range of client ids) with their two splits, each
+    padded to the largest split of **all** clients (not only the hosted ones): a client's padded
+    width, and with it every reduction over its samples, is then the same on any number of ranks
+    (see :class:`ClientSplit`)."""
 
     def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, splits, clients: range, device, dtype):
         self.first = clients.start if len(clients) else 0
@@ -122,8 +144,9 @@ class HostedSamples:
         where[used] = np.arange(len(used))
         self.inputs = train_x[used].to(device, dtype)
         self.targets = train_y[used].to(device)
-        self.inner = ClientSplit([where[tr] for tr, _ in hosted])
-        self.outer = ClientSplit([where[va] for _, va in hosted])
+        widths = [max((len(split[side]) for split in splits), default=1) for side in (0, 1)]
+        self.inner = ClientSplit.from_lists([where[tr] for tr, _ in hosted], widths[0])
+        self.outer = ClientSplit.from_lists([where[va] for _, va in hosted], widths[1])
 
 
 class ImageClients(HostedSamples):

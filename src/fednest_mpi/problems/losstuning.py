@@ -46,7 +46,7 @@ from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems import mlp
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
-from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, squared_norms
+from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, squared_norms
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
 from fednest_mpi.problems.shared_start import private_weights_sgd, shared_start_sgd, worthwhile
 
@@ -155,7 +155,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         clients = np.asarray(clients, dtype=np.int64)
         if clients.size == 0 or steps == 0:
             return y.expand(clients.size, -1).clone()
-        X = x.expand(clients.size, -1)
+        X = shared_rows(x, clients.size)
         scale = 2.0 * torch.sigmoid(X[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
         shift = X[:, None, N_CLASSES:] if self.cfg.tune_loss else None
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,7 +42,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.problems.base import BilevelProblem, is_shared, squared_norms
+from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, softmax_, squared_norms
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
@@ -67,21 +66,23 @@ def _weight_and_bias_rows(G: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor
 
 
 class FeatureStore:
-    """Hidden features relu(A W1^T + b1) of whole client splits for **one** shared x, per client.
+    """Hidden features relu(A W1^T + b1) of whole client splits for **one** shared x, in blocks.
 
     Every oracle of an outer iteration sees the same x (FedInn freezes it; the hypergradient,
     FedIHGP included, is taken at it), but on several client sets (FedInn's, FedOut's, FedIHGP's
     fresh S_n): a client drawn again reads its rows instead of recomputing them. An entry is valid
     while x is the same storage at the same version (the store holds a reference to x, so the
-    storage cannot be reused); a new x empties it. Rows are kept per (split, client), oldest
-    evicted first beyond the clients of the set being assembled plus :data:`FEATURE_BUDGET_BYTES`.
-    The last assembled set is remembered, so FedInn's minibatch steps gather from it directly.
+    storage cannot be reused); a new x empties it. Features are kept as the (B, width, H) blocks
+    they were computed in (padding rows zero), the oldest evicted first beyond the newest block
+    plus :data:`FEATURE_BUDGET_BYTES`; a request for exactly a stored block's clients returns
+    the block itself (no copy), any other set is assembled from the blocks holding its clients
+    (vectorised per block, no per-client Python loop). The last assembled set is remembered, so
+    FedInn's minibatch steps gather from it directly.
     """
 
     def __init__(self):
-        self.x = None  # (x, version) the rows belong to
-        self.rows: OrderedDict = OrderedDict()  # (split, client) -> ((n_c, H) features, n_c)
-        self.total_rows = 0  # sum of n_c over the entries (kept, so that eviction never walks the store)
+        self.x = None  # (x, version) the blocks belong to
+        self.blocks: list[tuple[object, np.ndarray, torch.Tensor]] = []  # (split, clients, (B, width, H)), oldest first
         self.assembled = None  # ((split, clients bytes, width), (B, width, H))
 
     def matches(self, x) -> bool:
@@ -89,46 +90,63 @@ class FeatureStore:
 
     def reset(self, x) -> None:
         self.x, self.assembled = (x, x._version), None
-        self.rows.clear()
-        self.total_rows = 0
+        self.blocks.clear()
 
     def lookup(self, split, clients: np.ndarray, width: int):
         key = (split, clients.tobytes(), width)
-        return self.assembled[1] if self.assembled is not None and self.assembled[0] == key else None
+        if self.assembled is not None and self.assembled[0] == key:
+            return self.assembled[1]
+        for s, ids, feats in reversed(self.blocks):
+            if s == split and feats.shape[1] == width and np.array_equal(ids, clients):
+                self.assembled = (key, feats)
+                return feats
+        return None
 
     def missing(self, split, clients: np.ndarray) -> np.ndarray:
-        return np.array([c for c in clients.tolist() if (split, c) not in self.rows], dtype=np.int64)
+        found = np.zeros(clients.size, dtype=bool)
+        for s, ids, _ in self.blocks:
+            if s == split:
+                found |= np.isin(clients, ids)
+        return clients[~found]
 
     def add(self, split, clients: np.ndarray, counts: np.ndarray, features: torch.Tensor) -> None:
-        """Keep rows [:count] of each client's (padded) features."""
-        for c, n, H in zip(clients.tolist(), counts.tolist(), features.unbind(0)):
-            old = self.rows.pop((split, c), None)
-            self.total_rows += n - (old[1] if old is not None else 0)
-            self.rows[(split, c)] = (H[:n], n)
+        """Keep a block of (B, width, H) features; rows at or beyond a client's count are zeroed."""
+        pad = torch.as_tensor(np.arange(features.shape[1])[None, :] >= counts[:, None], device=features.device)
+        self.blocks.append((split, clients.copy(), features.masked_fill_(pad[..., None], 0.0)))
 
     def assemble(self, split, clients: np.ndarray, width: int, hidden: int, like: torch.Tensor) -> torch.Tensor:
-        """(B, width, H): each client's rows, zero rows as padding (their weights are 0)."""
-        entries = [self.rows[(split, c)] for c in clients.tolist()]
-        for c in clients.tolist():
-            self.rows.move_to_end((split, c))
-        out = like.new_zeros(len(entries), width, hidden)
-        counts = np.array([n for _, n in entries], dtype=np.int64)
-        if entries:
-            flat = np.repeat(np.arange(len(entries)) * width - np.cumsum(counts) + counts, counts) + np.arange(
-                int(counts.sum())
-            )
-            out.view(-1, hidden).index_copy_(
-                0, torch.from_numpy(flat).to(out.device), torch.cat([H for H, _ in entries])
-            )
-        self.assembled = ((split, clients.tobytes(), width), out)
-        self._evict(keep=len(entries), recent_rows=int(counts.sum()), row_bytes=hidden * out.element_size())
+        """(B, width, H): each client's rows from the newest block holding it, zero rows as padding;
+        then the blocks beyond the budget are dropped (the newest one stays)."""
+        out = self.lookup(split, clients, width)
+        if out is None:
+            out = self._gather(split, clients, width, hidden, like)
+            self.assembled = ((split, clients.tobytes(), width), out)
+        self._evict()
         return out
 
-    def _evict(self, keep: int, recent_rows: int, row_bytes: int) -> None:
-        """Drop the oldest entries beyond the ``keep`` most recent (``recent_rows`` rows) and the budget."""
-        while len(self.rows) > keep and (self.total_rows - recent_rows) * row_bytes > FEATURE_BUDGET_BYTES:
-            _, (_, n) = self.rows.popitem(last=False)
-            self.total_rows -= n
+    def _gather(self, split, clients: np.ndarray, width: int, hidden: int, like: torch.Tensor) -> torch.Tensor:
+        out = like.new_zeros(clients.size, width, hidden)
+        todo = np.ones(clients.size, dtype=bool)
+        for s, ids, feats in reversed(self.blocks):
+            if s != split or not todo.any():
+                continue
+            order = np.argsort(ids, kind="stable")
+            at = np.minimum(np.searchsorted(ids, clients, sorter=order), ids.size - 1)
+            take = todo & (ids[order[at]] == clients)
+            if take.any():
+                w = min(width, feats.shape[1])
+                dest = torch.as_tensor(np.flatnonzero(take), device=out.device)
+                src = torch.as_tensor(order[at[take]], device=out.device)
+                out[:, :w].index_copy_(0, dest, feats[:, :w].index_select(0, src))
+                todo &= ~take
+        return out
+
+    def _evict(self) -> None:
+        """Drop the oldest blocks beyond the newest one and the budget."""
+        sizes = [f.numel() * f.element_size() for _, _, f in self.blocks]
+        while len(self.blocks) > 1 and sum(sizes[:-1]) > FEATURE_BUDGET_BYTES:
+            self.blocks.pop(0)
+            sizes.pop(0)
 
 
 class RepresentationProblem(BilevelProblem):
@@ -189,7 +207,7 @@ class RepresentationProblem(BilevelProblem):
         once, now (one GEMM), and every local step only gathers its minibatch rows: the d x H
         product leaves the local-step loop (see :meth:`_features_of`)."""
         clients = np.asarray(clients, dtype=np.int64)
-        self._features_of(self.inner, clients, x.expand(len(clients), -1), create=True)
+        self._features_of(self.inner, clients, shared_rows(x, len(clients)), create=True)
         yield
 
     def _features_of(self, split, clients, x, create: bool):
@@ -233,7 +251,7 @@ class RepresentationProblem(BilevelProblem):
         s = self._minibatch(split, np.asarray(clients, dtype=np.int64), x, sample, batch_size, need_x)
         W2, b2 = self._unpack_y(y)
         logits = torch.baddbmm(b2[:, None, :], s["H"], W2.transpose(1, 2))
-        return s | {"W2": W2, "P": torch.softmax(logits, dim=-1), "logits": logits}
+        return s | {"W2": W2, "P": softmax_(logits.clone()), "logits": logits}
 
     def _minibatch(self, split, clients, x, sample, batch_size, need_x):
         """Inputs A (when the features are computed here, or ``need_x``), weights, pre-activations,
@@ -311,6 +329,59 @@ class RepresentationProblem(BilevelProblem):
         U = torch.baddbmm(vb2[:, None, :], s["H"], V2.transpose(1, 2))
         P = s["P"]
         return P * U - P * (P * U).sum(-1, keepdim=True), V2  # J u per sample
+
+    # -- fused local steps of the head (FedInn's SVRG, LFedInn / FedAvg's SGD) ---------------------
+    def _local_sgd(self, clients, x, y, steps, lr, key, anchor):
+        """``steps`` local steps of the head from the shared y at the shared x (no dropout), fused:
+        the features of the clients' whole inner splits are computed once (one GEMM, or read from
+        the feature store), each step gathers its minibatch rows, evaluates the logits once and
+        updates the clients' rows in place (``baddbmm_`` into the weight block). With the SVRG
+        anchor q of FedInn (Alg. 4), the two minibatch gradients of a step share their features and
+        the one-hot labels cancel:
+
+            G_i(y_nu; B) - G_i(y; B) = sum_{j in B} m_j (p_j(y_nu) - p_j(y)) [h_j; 1]^T + lambda (y_nu - y)
+
+        with p_j(y) of every sample computed once per call (the anchor's logits are one GEMM since
+        y is shared). Same minibatches as the step-by-step oracle loop (tested equal to it)."""
+        if self.cfg.dropout > 0:
+            return None  # fresh dropout masks per step: the oracle loop
+        clients = np.asarray(clients, dtype=np.int64)
+        B = clients.size
+        Y = y.expand(B, -1).clone()
+        if B == 0 or steps == 0:
+            return Y
+        feats = self._features_of(self.inner, clients, shared_rows(x, B), create=True)  # (B, width, H)
+        part, rows, _, targets = self._locate(self.inner, clients)
+        width, C, lam = feats.shape[1], self.n_classes, self.cfg.inner_regularization
+        flat_feats = feats.flatten(0, 1)
+        W, b = self._unpack_y(Y)  # views into Y, updated in place
+        if anchor is not None:
+            W0, b0 = self._unpack_y(y[None])
+            P0 = softmax_(torch.addmm(b0[0], flat_feats, W0[0].T))  # (B width, C): p_j(y) of every sample
+            drift = lr * (anchor - lam * y)  # the constant part of lr * (direction - lambda y_nu)
+        offsets = np.arange(B, dtype=np.int64)[:, None] * width
+        Hb = G = Pb = None
+        for nu in range(steps):
+            cols, weights = part.batch(rows, clients, Sample(key, nu), self.cfg.batch_size)
+            flat = torch.as_tensor((cols + offsets).reshape(-1), device=self.device)
+            Hb = torch.index_select(flat_feats, 0, flat, out=Hb) if Hb is not None else flat_feats.index_select(0, flat)
+            Hb3 = Hb.view(B, cols.shape[1], -1)
+            G = torch.baddbmm(b[:, None, :], Hb3, W.transpose(1, 2), out=G)
+            softmax_(G)
+            if anchor is not None:
+                Pb = torch.index_select(P0, 0, flat, out=Pb) if Pb is not None else P0.index_select(0, flat)
+                G.sub_(Pb.view_as(G))
+            else:
+                pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
+                G.view(-1, C).scatter_add_(1, _rows(targets, pos).view(-1, 1), G.new_full((G.numel() // C, 1), -1.0))
+            G.mul_(torch.as_tensor(weights, dtype=self.dtype, device=self.device)[..., None])
+            if lam:
+                Y.mul_(1.0 - lr * lam)
+            if anchor is not None:
+                Y.sub_(drift)
+            W.baddbmm_(G.transpose(1, 2), Hb3, alpha=-lr)
+            b.sub_(G.sum(1), alpha=lr)
+        return Y
 
     # -- oracles -------------------------------------------------------------------------------
     def _grad_y_inner(self, clients, x, y, sample):

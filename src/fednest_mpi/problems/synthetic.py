@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fednest_mpi.data.synthetic import SyntheticSpec, generate
+from fednest_mpi.data.synthetic import SyntheticSpec, generate, sample_counts
 from fednest_mpi.problems.clientdata import ClientSplit
 from fednest_mpi.problems.representation import RepresentationProblem
 
@@ -65,14 +65,30 @@ class SyntheticProblem(RepresentationProblem):
         self.test_inputs = inputs.to(self.device, self.dtype)
         self.test_targets = labels.to(self.device)
         self._sets: OrderedDict[bytes, _ClientSet] = OrderedDict()
+        self.widths = self._split_widths()
+
+    def _outer_counts(self, counts: np.ndarray) -> np.ndarray:
+        """Each client's outer (validation) samples; the rest are its inner ones. Both grow with n_i."""
+        return np.clip(np.rint(self.cfg.val_fraction * counts), 1, counts - 1).astype(np.int64)
+
+    def _split_widths(self) -> tuple[int, int]:
+        """(inner, outer) padded widths: those of the population's largest client (see ClientSplit:
+        a client's padding must not depend on the clients generated with it). Vectorised over the
+        ids in pieces of 2^20."""
+        largest = max(
+            int(sample_counts(self.spec, self.seed, np.arange(lo, min(lo + 2**20, self.n_clients))).max())
+            for lo in range(0, self.n_clients, 2**20)
+        )
+        n_outer = int(self._outer_counts(np.array([largest]))[0])
+        return largest - n_outer, n_outer
 
     def _generate(self, ids: np.ndarray) -> _ClientSet:
         inputs, labels, counts = generate(self.spec, self.seed, ids)
-        n_outer = np.clip(np.rint(self.cfg.val_fraction * counts), 1, counts - 1).astype(np.int64)
+        n_outer = self._outer_counts(counts)
         start = np.concatenate([[0], np.cumsum(counts)[:-1]])
         split_at = start + counts - n_outer
-        inner = ClientSplit([np.arange(a, b) for a, b in zip(start.tolist(), split_at.tolist())])
-        outer = ClientSplit([np.arange(a, b) for a, b in zip(split_at.tolist(), (start + counts).tolist())])
+        inner = ClientSplit.contiguous(start, counts - n_outer, self.widths[0])
+        outer = ClientSplit.contiguous(split_at, n_outer, self.widths[1])
         return _ClientSet(ids, inputs.to(self.device, self.dtype), labels.to(self.device), inner, outer)
 
     def client_set(self, clients) -> tuple[_ClientSet, np.ndarray]:
