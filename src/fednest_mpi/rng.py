@@ -86,40 +86,115 @@ def integer(k: np.ndarray, low: int, high: int) -> int:
     return low + int(uniform(k, 1)[0] * (high - low))
 
 
+STREAM_BLOCK = 1 << 15
+"""Words (two normals each) that :func:`stream_normals` hashes and transforms per pass, in buffers of about 32
+bytes per word that stay in the core's L2 cache (instead of stream-sized temporaries streamed through memory).
+The values do not depend on it (tested with blocks that end inside streams)."""
+
+_FEW_DROPS = 32  # up to this many odd streams ending in a block, their dropped numbers are cut by slice copies
+_TWO_PI = np.float32(2.0 * math.pi)
+
+
 def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
     """Standard normals (float32) of many keyed streams at once, concatenated: the first
     ``lengths[i]`` numbers of stream ``keys[i]``, for every i, in one vectorised pass (no loop over
     streams). Stream k's j-th 64-bit word is the SplitMix64 output ``mix(k + (j + 1) * golden)``;
     each word gives two normals by Box-Muller (radius from its high 23 bits, angle from its low
     half's; values within about 5.7 standard deviations). A stream's numbers depend on its key
-    alone, not on which other streams are drawn with it (tested bitwise across groupings)."""
+    alone, not on which other streams are drawn with it (tested bitwise across groupings).
+
+    Exactly, in float32, with a half's 23 high bits as the mantissa of u in [1, 2): radius =
+    sqrt(-2 log(2 - u_high)), angle = (u_low - 1) * fl(2 pi), numbers (radius cos(angle), radius sin(angle));
+    an odd-length stream drops the second number of its last word. The words are made :data:`STREAM_BLOCK` at
+    a time in buffers allocated once per call and each block's numbers written into the output, so memory is
+    the output plus O(block). log, sqrt, cos and sin are torch's kernels (numpy's float32 ones round
+    differently); every other step is exact or one correctly rounded float32 operation. The output is
+    allocated by numpy (which asks for transparent huge pages: its first touch costs a third of torch's
+    4 KiB pages here) and shared with the returned tensor."""
     keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    flat = np.empty(int(lengths.sum()), dtype=np.float32)
     words = (lengths + 1) // 2
-    if keys.size and np.all(words == words[0]):  # equal streams: a (streams, words) grid
-        z = keys[:, None] + np.arange(1, int(words[0]) + 1, dtype=np.uint64)[None, :] * _GOLDEN
-    else:
-        total = int(words.sum())
-        counter = np.arange(1, total + 1, dtype=np.uint64) - np.repeat(np.cumsum(words) - words, words).astype(
-            np.uint64
-        )
-        z = keys[np.repeat(np.arange(keys.size), words)] + counter * _GOLDEN
-    with np.errstate(over="ignore"):
-        z ^= z >> np.uint64(30)
-        z *= _M1
-        z ^= z >> np.uint64(27)
-        z *= _M2
-        z ^= z >> np.uint64(31)
-    halves = z.reshape(-1).view(np.uint32).reshape(-1, 2)  # little-endian: (low, high) 32-bit halves
-    unit = torch.from_numpy(((halves >> np.uint32(9)) | np.uint32(0x3F800000)).view(np.float32))  # [1, 2)
-    radius = unit[:, 1].neg().add_(2.0).log_().mul_(-2.0).sqrt_()  # from u in (0, 1]
-    angle = unit[:, 0].sub(1.0).mul_(2.0 * math.pi)
-    out = torch.empty(unit.shape, dtype=torch.float32)
-    out[:, 0] = radius * torch.cos(angle)
-    out[:, 1] = radius.mul_(torch.sin(angle))
-    out = out.reshape(-1)
-    if np.any(lengths % 2):  # an odd-length stream drops the second number of its last word
-        keep = np.ones(out.numel(), dtype=bool)
-        keep[2 * np.cumsum(words)[lengths % 2 == 1] - 1] = False
-        out = out[torch.from_numpy(keep)]
-    return out
+    total = int(words.sum())
+    if total == 0:
+        return torch.from_numpy(flat)
+    ends = np.cumsum(words)  # stream i owns the words [starts[i], ends[i]) of the concatenation
+    starts = ends - words
+    odd = lengths % 2 == 1
+    any_odd = bool(odd.any())
+    block = min(STREAM_BLOCK, total)
+    with np.errstate(over="ignore"):  # word g of stream i is mix(base[i] + g * golden), all mod 2^64
+        base = keys + (np.uint64(1) - starts.astype(np.uint64)) * _GOLDEN
+        step = np.arange(block, dtype=np.uint64) * _GOLDEN
+    # Two word-sized buffers: z holds the words, then radius and angle; tmp the mix's shifts, then the halves as
+    # floats u in [1, 2), then cos and sin (each read before it is overwritten).
+    z = np.empty(block, dtype=np.uint64)
+    tmp = np.empty(block, dtype=np.uint64)
+    halves = z.view(np.uint32).reshape(block, 2)  # little-endian: (low, high) 32-bit halves
+    unit_bits = tmp.view(np.uint32).reshape(block, 2)
+    unit = tmp.view(np.float32).reshape(block, 2)
+    radius, angle = z.view(np.float32)[:block], z.view(np.float32)[block:]
+    cos, sin = tmp.view(np.float32)[:block], tmp.view(np.float32)[block:]
+    radius_t, angle_t, cos_t, sin_t = (torch.from_numpy(x) for x in (radius, angle, cos, sin))
+    pairs = np.empty((block if any_odd else 0, 2), dtype=np.float32)  # a block's numbers before odd cuts
+    no_drops = np.empty(0, dtype=np.int64)
+    o = 0  # output position of the block's first number
+    for a in range(0, total, block):
+        n = min(block, total - a)
+        b = a + n
+        s0 = int(np.searchsorted(ends, a, side="right"))  # the streams with words in [a, b)
+        s1 = int(np.searchsorted(starts, b, side="left"))
+        zb, tb = (z, tmp) if n == block else (z[:n], tmp[:n])
+        firsts = base[s0:s1] + np.uint64(a * int(_GOLDEN) % 2**64)  # z = base[stream] + a * golden + step
+        if s1 - s0 > 1:
+            firsts = np.repeat(firsts, np.minimum(ends[s0:s1], b) - np.maximum(starts[s0:s1], a))
+        np.add(firsts, step[:n], out=zb)
+        np.right_shift(zb, np.uint64(30), out=tb)  # SplitMix64's mix, in place
+        np.bitwise_xor(zb, tb, out=zb)
+        np.multiply(zb, _M1, out=zb)
+        np.right_shift(zb, np.uint64(27), out=tb)
+        np.bitwise_xor(zb, tb, out=zb)
+        np.multiply(zb, _M2, out=zb)
+        np.right_shift(zb, np.uint64(31), out=tb)
+        np.bitwise_xor(zb, tb, out=zb)
+        if n == block:
+            u, r, an, c, s = unit, radius, angle, cos, sin
+            r_t, an_t, c_t, s_t = radius_t, angle_t, cos_t, sin_t
+        else:
+            u, r, an, c, s = unit[:n], radius[:n], angle[:n], cos[:n], sin[:n]
+            r_t, an_t, c_t, s_t = radius_t[:n], angle_t[:n], cos_t[:n], sin_t[:n]
+        np.right_shift(halves[:n], np.uint32(9), out=unit_bits[:n])
+        np.bitwise_or(unit_bits[:n], np.uint32(0x3F800000), out=unit_bits[:n])
+        np.subtract(np.float32(2.0), u[:, 1], out=r)  # in (0, 1], exact
+        np.subtract(u[:, 0], np.float32(1.0), out=an)  # exact
+        torch.log(r_t, out=r_t)
+        np.multiply(r, np.float32(-2.0), out=r)
+        torch.sqrt(r_t, out=r_t)
+        np.multiply(an, _TWO_PI, out=an)
+        torch.cos(an_t, out=c_t)
+        torch.sin(an_t, out=s_t)
+        dropped = no_drops  # positions in the block's numbers of the second number of an odd stream's last word
+        if any_odd:
+            last = ends[s0:s1]
+            dropped = 2 * (last[odd[s0:s1] & (last <= b)] - a) - 1
+        if not dropped.size:
+            dest = flat[o : o + 2 * n].reshape(n, 2)
+            np.multiply(r, c, out=dest[:, 0])
+            np.multiply(r, s, out=dest[:, 1])
+            o += 2 * n
+            continue
+        np.multiply(r, c, out=pairs[:n, 0])
+        np.multiply(r, s, out=pairs[:n, 1])
+        numbers = pairs[:n].reshape(-1)
+        if dropped.size <= _FEW_DROPS:  # copy the runs between dropped numbers
+            cut = 0
+            for stop in dropped.tolist() + [2 * n]:
+                flat[o : o + stop - cut] = numbers[cut:stop]
+                o += stop - cut
+                cut = stop + 1
+        else:
+            keep = np.ones(2 * n, dtype=bool)
+            keep[dropped] = False
+            flat[o : o + 2 * n - dropped.size] = numbers[keep]
+            o += 2 * n - dropped.size
+    return torch.from_numpy(flat)

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from fednest_mpi import rng
 
@@ -52,3 +53,45 @@ def test_stream_normals_depend_on_the_key_alone_and_are_standard_normal():
     z = rng.stream_normals(rng.key(9, np.arange(100)), np.full(100, 10000)).double()
     assert abs(float(z.mean())) < 5 / 1000 and abs(float(z.std()) - 1) < 0.005
     assert abs(float((z**3).mean())) < 0.02 and abs(float((z**4).mean()) - 3) < 0.05
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's output function on a Python integer (mod 2^64)."""
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    return z ^ (z >> 31)
+
+
+def _reference_stream_normals(keys, lengths):
+    """stream_normals from its definition, one stream and one word at a time."""
+    import math
+
+    import torch
+
+    streams = []
+    for k, n in zip(np.asarray(keys).tolist(), np.asarray(lengths).tolist()):
+        words = np.array([_mix((k + (j + 1) * 0x9E3779B97F4A7C15) % 2**64) for j in range((n + 1) // 2)], np.uint64)
+        low = ((words & np.uint64(0xFFFFFFFF)) >> np.uint64(9)).astype(np.uint32) | np.uint32(0x3F800000)
+        high = (words >> np.uint64(41)).astype(np.uint32) | np.uint32(0x3F800000)
+        u_low, u_high = torch.from_numpy(low.view(np.float32)), torch.from_numpy(high.view(np.float32))  # [1, 2)
+        radius = torch.sqrt(-2.0 * torch.log(2.0 - u_high))
+        angle = (u_low - 1.0) * (2.0 * math.pi)
+        streams.append(torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), 1).reshape(-1)[:n])
+    return torch.cat(streams)
+
+
+@pytest.mark.parametrize("block, few_drops", [(1, 32), (7, 32), (7, 0), (64, 0), (1 << 15, 32)])
+def test_stream_normals_match_their_definition_across_blocks(monkeypatch, block, few_drops):
+    import torch
+
+    # small blocks end inside streams; few_drops 0 cuts odd streams' last numbers by mask instead of slices
+    monkeypatch.setattr(rng, "STREAM_BLOCK", block)
+    monkeypatch.setattr(rng, "_FEW_DROPS", few_drops)
+    keys = rng.key(4, np.arange(14))
+    ragged = np.array([0, 1, 2, 13, 14, 15, 40, 101, 3, 0, 64, 77, 1, 30])
+    for lengths in (ragged, np.full(14, 21), np.full(14, 22)):
+        expected = _reference_stream_normals(keys, lengths)
+        got = rng.stream_normals(keys, lengths)
+        assert got.dtype == torch.float32 and got.shape == (int(lengths.sum()),)
+        assert torch.equal(got, expected)
+    assert rng.stream_normals(keys[:0], ragged[:0]).shape == (0,)
