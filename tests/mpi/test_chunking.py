@@ -7,6 +7,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from shared_data import DATA, requires
 
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
@@ -109,3 +110,47 @@ def test_sum_reduction_chunks_agree_to_rounding(name):
     for chunk in (1, 7):
         run = simulate(_config(name, chunk, reduction="sum"), MPI.COMM_WORLD)
         assert_histories_match(run.history, reference.history, rtol=1e-12, atol=1e-13)
+
+
+def _mnist_config(problem: dict, name: str, chunk: int) -> config.RunConfig:
+    return config.from_dict(
+        {
+            "seed": 5,
+            "problem": {"data_dir": str(DATA), "n_clients": 20, "batch_size": 4, **problem},
+            "algorithm": config.algorithm_fields(
+                name,
+                {
+                    "name": name,
+                    "outer_iterations": 2,
+                    "clients_per_round": 9,
+                    "inner_local_steps": 3,
+                    "neumann_steps": 2,
+                    "inner_lr": 0.05,
+                    "outer_lr": 0.05,
+                },
+            ),
+            "federation": {"reduction": "ordered"},
+            "run": {"chunk_clients": chunk, "dtype": "float32"},
+        }
+    )
+
+
+RAGGED_MNIST = {  # clients of different sizes (the padding must not depend on the chunk or the rank)
+    "hyperrep_dirichlet": {
+        "name": "hyper_representation",
+        "partition": "dirichlet",
+        "dirichlet_alpha": 0.3,
+        "hidden": 16,
+    },
+    "loss_tuning_long_tail": {"name": "loss_tuning", "hidden1": 12, "hidden2": 8, "max_per_class": 300},
+}
+
+
+@pytest.mark.mpi
+@requires("mnist")
+@pytest.mark.parametrize("problem", sorted(RAGGED_MNIST))
+@pytest.mark.parametrize("name", ["fednest", "fedavg"])
+def test_ragged_mnist_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(problem, name):
+    reference = simulate(_mnist_config(RAGGED_MNIST[problem], name, 0), MPI.COMM_SELF)
+    for chunk in (1, 7, 0):
+        _same(simulate(_mnist_config(RAGGED_MNIST[problem], name, chunk), MPI.COMM_WORLD), reference)

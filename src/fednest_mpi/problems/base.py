@@ -46,14 +46,6 @@ def squared_norms(rows: torch.Tensor) -> torch.Tensor:
     return (rows * rows).sum(1)
 
 
-def softmax_(logits: torch.Tensor) -> torch.Tensor:
-    """softmax over the last axis, in place: exp(z - max z) / sum exp(z - max z). On CPU,
-    ``torch.softmax`` over short rows (10 classes) is about 6x slower than these four vectorised
-    passes (33 vs 5.3 ms for 10,000 x 16 x 10, docs/performance.md)."""
-    logits.sub_(logits.amax(-1, keepdim=True)).exp_()
-    return logits.div_(logits.sum(-1, keepdim=True))
-
-
 class Sample(NamedTuple):
     """Names a stochastic draw: ``key`` from :func:`fednest_mpi.rng.key` (seed, purpose, round, ...),
     ``step`` the local step (or Neumann term) within that round."""

@@ -22,17 +22,21 @@ from __future__ import annotations
 
 import torch
 
+from fednest_mpi.problems.kernels import rowwise_linear
+
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # [(W_l (out, in), b_l (out,))]
 
 
 def linear(h: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """h W^T for (C, b, in) rows and shared (out, in) weights: one GEMM of C b rows."""
-    return torch.mm(h.reshape(-1, h.shape[-1]), W.T).view(*h.shape[:-1], W.shape[0])
+    """h W^T for (C, b, in) rows and shared (out, in) weights: GEMMs over the C b rows in fixed
+    tiles (:func:`~fednest_mpi.problems.kernels.rowwise_linear`: a row's result does not depend on
+    the block)."""
+    return rowwise_linear(h, W.T)
 
 
 def back(delta: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """delta W for (C, b, out) rows and shared (out, in) weights."""
-    return torch.mm(delta.reshape(-1, delta.shape[-1]), W).view(*delta.shape[:-1], W.shape[1])
+    """delta W for (C, b, out) rows and shared (out, in) weights (row-wise, as :func:`linear`)."""
+    return rowwise_linear(delta, W)
 
 
 def forward(layers: Layers, A: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, softmax_, squared_norms
+from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, squared_norms
+from fednest_mpi.problems.kernels import rowwise_linear, softmax_
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
@@ -198,7 +199,7 @@ class RepresentationProblem(BilevelProblem):
         """Pre-activations A W1^T + b1 for (B, b, d) inputs and x rows (one GEMM when x is shared)."""
         W1, b1 = self._unpack_x(x)
         if is_shared(x):
-            return torch.addmm(b1[0], A.reshape(-1, A.shape[-1]), W1[0].T).view(*A.shape[:-1], -1)
+            return rowwise_linear(A, W1[0].T, b1[0])
         return torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2))
 
     @contextmanager
@@ -357,7 +358,7 @@ class RepresentationProblem(BilevelProblem):
         W, b = self._unpack_y(Y)  # views into Y, updated in place
         if anchor is not None:
             W0, b0 = self._unpack_y(y[None])
-            P0 = softmax_(torch.addmm(b0[0], flat_feats, W0[0].T))  # (B width, C): p_j(y) of every sample
+            P0 = softmax_(rowwise_linear(flat_feats, W0[0].T, b0[0]))  # (B width, C): p_j(y) of every sample
             drift = lr * (anchor - lam * y)  # the constant part of lr * (direction - lambda y_nu)
         offsets = np.arange(B, dtype=np.int64)[:, None] * width
         Hb = G = Pb = None

@@ -1,0 +1,49 @@
+"""Dense kernels of the batched oracles whose results must not depend on how clients are grouped.
+
+A run is bitwise the same for every chunk size and rank count (``federation.reduction =
+"ordered"``) only if a client's numbers do not depend on the other clients evaluated with it. Two
+CPU facts break that for products over many clients' rows at once: BLAS chooses its blocking, and
+with it the order of the additions, by the shape of the whole product (the row of one sample in
+``addmm`` over 8 rows and over 28 rows of 784 inputs differs in the last bit), and reductions over a
+zero-padded axis are not always padding-invariant (``bmm`` and ``sum`` over 11 samples padded to
+16 or 34 differ). So: products of shared weights with the rows of a block go through
+:func:`rowwise_linear`, which always multiplies fixed-shape tiles of :data:`TILE_ROWS` rows (the
+last one zero-padded) by the same 2-d ``addmm``: every row meets the same kernel whatever the block (tested in
+``tests/unit/test_kernels.py`` and end to end in ``tests/mpi/test_chunking.py``); padded widths
+come from the whole population (:class:`~fednest_mpi.problems.clientdata.ClientSplit`).
+Cost: 5-25 % over one ``addmm`` of the whole block at 640-5,000 rows (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+TILE_ROWS = 128
+
+
+def rowwise_linear(rows: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows @ weight_t (+ bias)`` for (..., K) ``rows`` and a shared (K, N) ``weight_t``, with
+    each row's result independent of the other rows: one ``addmm`` per tile of :data:`TILE_ROWS`
+    rows, the last tile zero-padded (a batched ``baddbmm`` of the tiles is not enough: in float64
+    it rounds a tile differently in a batch of 6 than alone)."""
+    K, N = weight_t.shape
+    flat = rows.reshape(-1, K)
+    M = flat.shape[0]
+    out = flat.new_empty(M, N)
+    base = (flat.new_zeros(()) if bias is None else bias).expand(TILE_ROWS, N)
+    full = M - M % TILE_ROWS
+    for lo in range(0, full, TILE_ROWS):
+        torch.addmm(base, flat[lo : lo + TILE_ROWS], weight_t, out=out[lo : lo + TILE_ROWS])
+    if full < M:
+        tile = flat.new_zeros(TILE_ROWS, K)
+        tile[: M - full] = flat[full:]
+        out[full:] = torch.addmm(base, tile, weight_t)[: M - full]
+    return out.view(*rows.shape[:-1], N)
+
+
+def softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """softmax over the last axis, in place: exp(z - max z) / sum exp(z - max z). On CPU,
+    ``torch.softmax`` over short rows (10 classes) is about 6x slower than these four vectorised
+    passes (33 vs 5.3 ms for 10,000 x 16 x 10, docs/performance.md)."""
+    logits.sub_(logits.amax(-1, keepdim=True)).exp_()
+    return logits.div_(logits.sum(-1, keepdim=True))

@@ -1,0 +1,34 @@
+"""Kernels whose results must not depend on how clients are grouped (problems/kernels.py)."""
+
+import pytest
+import torch
+
+from fednest_mpi.problems import kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(784, 200), (64, 10), (60, 64)])
+def test_rowwise_linear_gives_a_row_the_same_bits_in_every_block(dtype, shape):
+    K, N = shape
+    gen = torch.Generator().manual_seed(K)
+    W = torch.randn(N, K, generator=gen, dtype=dtype)
+    b = torch.randn(N, generator=gen, dtype=dtype)
+    X = torch.randn(700, K, generator=gen, dtype=dtype)
+    alone = kernels.rowwise_linear(X[:1], W.T, b)[0]
+    tol = 1e-4 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(alone, torch.addmm(b, X[:1], W.T)[0], rtol=tol, atol=tol)  # to rounding
+    for M in (2, 7, kernels.TILE_ROWS, kernels.TILE_ROWS + 1, 700):
+        for at in (0, M // 2, M - 1):  # the row at the start, inside and at the end of full and padded tiles
+            block = X[1:M].clone() if M > 1 else X[:0].clone()
+            block = torch.cat([block[:at], X[:1], block[at:]])
+            assert torch.equal(kernels.rowwise_linear(block, W.T, b)[at], alone), (M, at)
+    batched = kernels.rowwise_linear(X[:30].view(5, 6, K), W.T)  # leading axes kept, no bias
+    torch.testing.assert_close(batched, (X[:30] @ W.T).view(5, 6, N), rtol=tol, atol=tol)
+
+
+def test_softmax_in_place_matches_torch():
+    z = torch.randn(50, 16, 10, dtype=torch.float64) * 30
+    expected = torch.softmax(z, -1)
+    out = kernels.softmax_(z)
+    assert out.data_ptr() == z.data_ptr()
+    torch.testing.assert_close(out, expected, rtol=1e-14, atol=1e-15)
