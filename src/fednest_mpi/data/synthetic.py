@@ -83,13 +83,15 @@ def client_model(spec: SyntheticSpec, seed: int, client: int) -> tuple[torch.Ten
     return W[0], b[0], v[0]
 
 
-def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int = 0):
+def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int = 0, pad_to: int = 0):
     """All samples of ``clients``, concatenated in the given order: (inputs (sum n_i, d) float32
     tensor, labels (sum n_i,) int64 tensor, n_i numpy array).
 
     ``stream`` 0 draws the clients' own data; other values fresh samples of the same distributions
     (e.g. a test set). Labels are argmax_c (W_i a + b_i)_c (the softmax is monotone), computed in
-    float32 by one batched product over the clients (padded to the largest n_i).
+    float32 by one batched product over the clients, padded to the largest n_i or to ``pad_to``
+    when larger: a caller that passes the population's largest n_i gets labels that do not depend
+    on which clients are generated together (the product's rounding can depend on its padded shape).
     """
     clients = np.asarray(clients, dtype=np.int64).reshape(-1)
     counts = sample_counts(spec, seed, clients) if counts is None else np.asarray(counts, dtype=np.int64)
@@ -97,12 +99,13 @@ def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int =
     W, b, v = _models(spec, seed, clients)
     inputs = rng.stream_normals(_keys(seed, clients, _SAMPLES, stream), counts * d).view(-1, d)
     inputs.mul_(torch.arange(1, d + 1, dtype=torch.float32) ** -0.6)  # sqrt of Sigma_jj = j^-1.2
-    owner = torch.from_numpy(np.repeat(np.arange(clients.size), counts))
-    inputs.add_(v[owner])
-    width = int(counts.max()) if clients.size else 0
-    if np.all(counts == width):
+    width = max(int(counts.max()), pad_to) if clients.size else 0
+    if np.all(counts == width):  # equal clients: v_i broadcast over each client's rows
         padded, rows = inputs.view(clients.size, width, d), None
+        padded.add_(v[:, None, :])
     else:
+        owner = torch.from_numpy(np.repeat(np.arange(clients.size), counts))
+        inputs.add_(v[owner])
         rows = (
             torch.from_numpy(np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
             + owner * width

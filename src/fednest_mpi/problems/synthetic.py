@@ -83,7 +83,7 @@ class SyntheticProblem(RepresentationProblem):
         return largest - n_outer, n_outer
 
     def _generate(self, ids: np.ndarray) -> _ClientSet:
-        inputs, labels, counts = generate(self.spec, self.seed, ids)
+        inputs, labels, counts = generate(self.spec, self.seed, ids, pad_to=sum(self.widths))
         n_outer = self._outer_counts(counts)
         start = np.concatenate([[0], np.cumsum(counts)[:-1]])
         split_at = start + counts - n_outer
