@@ -149,7 +149,7 @@ RAGGED_MNIST = {  # clients of different sizes (the padding must not depend on t
 @pytest.mark.mpi
 @requires("mnist")
 @pytest.mark.parametrize("problem", sorted(RAGGED_MNIST))
-@pytest.mark.parametrize("name", ["fednest", "fedavg"])
+@pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg"])
 def test_ragged_mnist_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(problem, name):
     reference = simulate(_mnist_config(RAGGED_MNIST[problem], name, 0), MPI.COMM_SELF)
     for chunk in (1, 7, 0):

@@ -32,6 +32,23 @@ def shared_rows(vector: torch.Tensor, n: int) -> torch.Tensor:
     return vector.as_strided((n, vector.shape[0]), (0, vector.stride(0)), vector.storage_offset())
 
 
+def _one_client_as_two(oracle, clients, *args):
+    """``oracle(clients, *args)``, with a block of one client evaluated as two copies of it (row 0
+    returned): ``bmm`` multiplies a batch of one matrix by another kernel than a batch of several
+    (a (64 x 784) x (784 x 200) product differs in the last bit), so without this a client would
+    round differently when it is alone in its chunk or on its rank. Rows keep their layout (shared
+    rows stay shared)."""
+    if len(clients) != 1:
+        return oracle(clients, *args)
+
+    def twice(a):
+        if not isinstance(a, torch.Tensor):
+            return a  # the Sample
+        return shared_rows(a[0], 2) if is_shared(a) else torch.cat([a, a])
+
+    return oracle(np.repeat(np.asarray(clients), 2), *(twice(a) for a in args))[:1]
+
+
 def is_shared(rows: torch.Tensor) -> bool:
     """Whether (B, d) ``rows`` are one row shared by the block (``Tensor.expand``: stride 0), the way
     algorithms pass the global x or y; oracles may then compute what depends on it once."""
@@ -109,27 +126,27 @@ class BilevelProblem(ABC):
     def grad_x_outer(self, clients, x, y, sample) -> torch.Tensor:
         """Direct gradient nabla_x f_i(x, y; xi), shape (B, d1) -- eq. (5a)."""
         self.oracle_counts["grad_x_outer"] += len(clients)
-        return self._grad_x_outer(clients, x, y, sample)
+        return _one_client_as_two(self._grad_x_outer, clients, x, y, sample)
 
     def grad_y_outer(self, clients, x, y, sample) -> torch.Tensor:
         """nabla_y f_i(x, y; xi), shape (B, d2): the vector of FedIHGP (Alg. 3, p_{i,0})."""
         self.oracle_counts["grad_y_outer"] += len(clients)
-        return self._grad_y_outer(clients, x, y, sample)
+        return _one_client_as_two(self._grad_y_outer, clients, x, y, sample)
 
     def grad_y_inner(self, clients, x, y, sample) -> torch.Tensor:
         """nabla_y g_i(x, y; zeta), shape (B, d2): the FedInn direction (Alg. 4/6)."""
         self.oracle_counts["grad_y_inner"] += len(clients)
-        return self._grad_y_inner(clients, x, y, sample)
+        return _one_client_as_two(self._grad_y_inner, clients, x, y, sample)
 
     def hvp_yy_inner(self, clients, x, y, v, sample) -> torch.Tensor:
         """nabla^2_yy g_i(x, y; zeta) v, shape (B, d2) -- the products of eq. (10b)."""
         self.oracle_counts["hvp_yy_inner"] += len(clients)
-        return self._hvp_yy_inner(clients, x, y, v, sample)
+        return _one_client_as_two(self._hvp_yy_inner, clients, x, y, v, sample)
 
     def jvp_xy_inner(self, clients, x, y, v, sample) -> torch.Tensor:
         """nabla^2_xy g_i(x, y; zeta) v = nabla_x <nabla_y g_i, v>, shape (B, d1) -- eq. (10a)."""
         self.oracle_counts["jvp_xy_inner"] += len(clients)
-        return self._jvp_xy_inner(clients, x, y, v, sample)
+        return _one_client_as_two(self._jvp_xy_inner, clients, x, y, v, sample)
 
     def local_sgd(
         self,
@@ -149,7 +166,11 @@ class BilevelProblem(ABC):
         tensor; :meth:`Federation.mean_over` averages it as it is). None when the problem has no
         fused form (the algorithm then calls :meth:`grad_y_inner` step by step). Counted as the
         inner gradient calls it replaces (one or two per step and client)."""
-        rows = self._local_sgd(clients, x, y, steps, lr, key, anchor)
+        if len(clients) == 1:  # see _one_client_as_two
+            rows = self._local_sgd(np.repeat(np.asarray(clients), 2), x, y, steps, lr, key, anchor)
+            rows = None if rows is None else (rows if isinstance(rows, torch.Tensor) else rows.dense())[:1]
+        else:
+            rows = self._local_sgd(clients, x, y, steps, lr, key, anchor)
         if rows is not None:
             self.oracle_counts["grad_y_inner"] += len(clients) * steps * (1 if anchor is None else 2)
         return rows
