@@ -160,6 +160,8 @@ class Federation:
         self.chunk_clients = (
             0  # members a rank evaluates at once in mean_over (0: all); set by the run from its memory budget
         )
+        self.block_bytes = 0  # that budget in bytes (0: none), for calls that state their own bytes per client
+        self.fixed_chunk = False  # chunk_clients was set by the user (run.chunk_clients): no call may change it
         self.round_times: list[tuple[float, float]] | None = None  # a list: record (enter, exit) of every round
 
     # ---------------------------------------------------------------------------------------
@@ -207,7 +209,16 @@ class Federation:
         """
         return self._reduce(part, [(part, vectors)], weights)
 
-    def mean_over(self, part: Participants, local_rows, weights: np.ndarray | None = None) -> list[torch.Tensor]:
+    def chunk_for(self, client_bytes: int | None) -> int:
+        """Members per chunk for a call whose working set is ``client_bytes`` per client (None: the
+        problem's default estimate, i.e. :attr:`chunk_clients`); the user's run.chunk_clients wins."""
+        if client_bytes is None or self.fixed_chunk or self.block_bytes <= 0:
+            return self.chunk_clients
+        return max(1, self.block_bytes // max(1, client_bytes))
+
+    def mean_over(
+        self, part: Participants, local_rows, weights: np.ndarray | None = None, client_bytes: int | None = None
+    ) -> list[torch.Tensor]:
         """:meth:`mean` of rows that this rank computes chunk by chunk: ``local_rows(piece)`` returns,
         for a piece of :meth:`Participants.chunks` (at most :attr:`chunk_clients` members), one
         tensor ``(len(piece.local_slots), d_k)`` per vector. Each piece's rows are folded into the
@@ -216,8 +227,11 @@ class Federation:
 
         With ``reduction="ordered"`` the result is bitwise that of :meth:`mean` on all rows at once
         (each row lands in its slot, whatever the chunk); with ``"sum"`` it equals it to rounding
-        (the weighted sum is accumulated chunk by chunk; one chunk: bitwise). **Collective**."""
-        return self._reduce(part, ((piece, local_rows(piece)) for piece in part.chunks(self.chunk_clients)), weights)
+        (the weighted sum is accumulated chunk by chunk; one chunk: bitwise). ``client_bytes``: this
+        call's working set per client when it differs from the problem's default (:meth:`chunk_for`).
+        **Collective**."""
+        pieces = part.chunks(self.chunk_for(client_bytes))
+        return self._reduce(part, ((piece, local_rows(piece)) for piece in pieces), weights)
 
     def _reduce(self, part: Participants, pieces, weights) -> list[torch.Tensor]:
         """The reduction of :meth:`mean` over ``(piece, rows)`` pairs that cover this rank's members."""

@@ -221,6 +221,7 @@ class Simulation:
                 self.problem = problem_wrapper(self.problem)
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
             self.fed.chunk_clients = chunk_size(cfg.run, self.problem)
+            self.fed.block_bytes, self.fed.fixed_chunk = cfg.run.block_memory * 2**20, cfg.run.chunk_clients > 0
         except UsageError as exc:
             error = exc
         except MemoryError as exc:  # beyond the estimate of check_memory

@@ -21,3 +21,16 @@ def test_balanced_assignment_counts_and_home_members(n_clients, size, ranks):
         moved = rank != home
         assert all(counts[h] == np.sum(rank == h) for h in home[moved])  # whoever moved left a full home
         assert moved.sum() == sum(max(0, int(np.sum(home == r)) - int(counts[r])) for r in range(ranks))
+
+
+def test_a_call_with_its_own_bytes_per_client_gets_its_own_chunk_unless_the_user_fixed_one():
+    from mpi4py import MPI
+
+    from fednest_mpi.federation import Federation
+
+    fed = Federation(MPI.COMM_SELF, 100, "ordered", "auto", "block")
+    fed.chunk_clients, fed.block_bytes = 7, 1000
+    assert fed.chunk_for(None) == 7  # the problem's default estimate
+    assert fed.chunk_for(30) == 33 and fed.chunk_for(5000) == 1  # the budget over this call's bytes, at least 1
+    fed.fixed_chunk = True  # run.chunk_clients set by the user
+    assert fed.chunk_for(30) == 7

@@ -155,7 +155,10 @@ class InnerLevel(Algorithm):
         """FedInn (Alg. 4) or LFedInn (Alg. 6): y+ = mean_S y_{i,tau}. Rounds: 2 (SVRG) or 1."""
         S = self.sample_clients(P.INNER_CLIENTS, k, t)
         q = self._inner_anchor(S, x, y)
-        (y_new,) = self.fed.mean_over(S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)])
+        size = self.problem.local_sgd_bytes(self.cfg.inner_local_steps, q is not None)
+        (y_new,) = self.fed.mean_over(
+            S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)], client_bytes=size
+        )
         return y_new
 
 

@@ -178,6 +178,11 @@ class BilevelProblem(ABC):
     def _local_sgd(self, clients, x, y, steps, lr, key, anchor) -> torch.Tensor | None:
         return None
 
+    def local_sgd_bytes(self, steps: int, anchored: bool) -> int | None:
+        """Working set per client of :meth:`local_sgd`, when it differs from :meth:`client_bytes`
+        (e.g. a factored form that never holds a client's y); None: that estimate."""
+        return None
+
     # -- values (optional, not counted) ------------------------------------------------------------
     def inner_value(self, clients, x, y) -> torch.Tensor | None:
         """g_i(x, y) on each client's whole local inner data, shape (B,), or None where the problem

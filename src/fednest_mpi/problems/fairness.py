@@ -149,15 +149,18 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
 
     # -- model -------------------------------------------------------------------------------------
     def _logits(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Logits (B, n) of inputs A (B, n, d) under the classifiers y (B, d2)."""
+        """Logits (B, n) of inputs A (B, n, d) under the classifiers y (B, d2). The per-client dot
+        products are a product and a sum over the last axis: ``einsum`` or ``bmm`` with one column
+        round a client's numbers differently with its place in the block (BLAS matrix-vector
+        kernels depend on the operand's alignment), so a run would depend on the chunk size."""
         d = self.n_features
         if self.cfg.model == "logistic":
-            return torch.einsum("bnd,bd->bn", A, y[:, :d]) + y[:, d:]
+            return (A * y[:, None, :d]).sum(-1) + y[:, d:]
         h = self.cfg.hidden
         W1 = y[:, : h * d].reshape(-1, h, d)
         b1, w2, b2 = y[:, h * d : h * d + h], y[:, h * d + h : h * d + 2 * h], y[:, -1:]
         hidden = torch.tanh(torch.baddbmm(b1[:, None, :], A, W1.transpose(1, 2)))
-        return torch.einsum("bnh,bh->bn", hidden, w2) + b2
+        return (hidden * w2[:, None, :]).sum(-1) + b2
 
     def cell_weights(self, x: torch.Tensor) -> torch.Tensor:
         """w(x) = C softmax(x), rows (B, C)."""

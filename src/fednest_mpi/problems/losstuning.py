@@ -132,7 +132,8 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         rows = clients - self._first
         cols, weights = split.batch(rows, clients, sample, batch_size)
         pos = torch.as_tensor(split.positions(rows, cols), device=self.device)
-        return self.inputs[pos], self.targets[pos], torch.as_tensor(weights, dtype=self.dtype, device=self.device)
+        inputs = self.inputs.index_select(0, pos.reshape(-1)).view(*pos.shape, self.inputs.shape[1])  # 2x inputs[pos]
+        return inputs, self.targets[pos], torch.as_tensor(weights, dtype=self.dtype, device=self.device)
 
     def _inner_losses(self, clients, x, y, sample, batch_size):
         """Per-client VS-loss (B,) without the regulariser."""
@@ -170,6 +171,18 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         return run(
             layers(y), batch, steps, lr, self.cfg.inner_regularization, None if anchor is None else layers(anchor)
         )
+
+    def local_sgd_bytes(self, steps, anchored):
+        """The low-rank form (short local runs) holds per client its history (inputs and logit
+        gradients of every layer, steps x batch rows, twice with the anchor), a step's activations
+        and, for the ordered reduction, one dense row of y; longer runs keep private weights: the
+        default estimate."""
+        if not worthwhile(steps, self.cfg.batch_size, anchored):
+            return None
+        rows = steps * self.cfg.batch_size * (2 if anchored else 1)
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        widths = sum(self.widths)
+        return itemsize * (self.dim_y + 2 * rows * widths + 4 * self.cfg.batch_size * widths)
 
     # -- oracles: closed form when y (and v) are the shared global rows (mlp.py), else reverse-mode
     # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --
