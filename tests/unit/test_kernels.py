@@ -13,11 +13,12 @@ def test_rowwise_linear_gives_a_row_the_same_bits_in_every_block(dtype, shape):
     gen = torch.Generator().manual_seed(K)
     W = torch.randn(N, K, generator=gen, dtype=dtype)
     b = torch.randn(N, generator=gen, dtype=dtype)
-    X = torch.randn(700, K, generator=gen, dtype=dtype)
+    X = torch.randn(2 * 4096 + 3, K, generator=gen, dtype=dtype)
     alone = kernels.rowwise_linear(X[:1], W.T, b)[0]
     tol = 1e-4 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(alone, torch.addmm(b, X[:1], W.T)[0], rtol=tol, atol=tol)  # to rounding
-    for M in (2, 7, kernels.TILE_ROWS, kernels.TILE_ROWS + 1, 700):
+    T = kernels.tile_rows(K, N, X.element_size())
+    for M in (2, 7, T, T + 1, 2 * T + 3):
         for at in (0, M // 2, M - 1):  # the row at the start, inside and at the end of full and padded tiles
             block = X[1:M].clone() if M > 1 else X[:0].clone()
             block = torch.cat([block[:at], X[:1], block[at:]])
