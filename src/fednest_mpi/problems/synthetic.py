@@ -110,10 +110,11 @@ class SyntheticProblem(RepresentationProblem):
         return cs, np.searchsorted(ids, clients)
 
     def client_bytes(self) -> int:
-        """The default estimate plus a client's generated samples and their features, several times
-        over (inputs, features, pre-activations, their minibatch gathers): chunks stay small enough
-        for their sample blocks to be reused by the allocator (fednest_mpi.allocator)."""
-        return super().client_bytes() + 6 * self.cfg.samples_per_client * (self.cfg.n_inputs + self.hidden) * 4
+        """The default estimate plus a client's generated samples and their features at the padded
+        width (the population's largest client), several times over (inputs, features,
+        pre-activations, their minibatch gathers): chunks stay small enough for their sample blocks
+        to be reused by the allocator (fednest_mpi.allocator)."""
+        return super().client_bytes() + 6 * sum(self.widths) * (self.cfg.n_inputs + self.hidden) * 4
 
     def _locate(self, split, clients):
         cs, rows = self.client_set(clients)
