@@ -30,3 +30,21 @@ def make_config(**sections) -> config.RunConfig:
         else:
             data[name] = values
     return config.from_dict(data)
+
+
+def small_synthetic(**fields) -> dict:
+    """The problem section of a small Synthetic run with clients of different sizes (40 clients of
+    lognormal sizes around 12, d = 9, H = 6, 4 classes); ``fields`` add or replace fields."""
+    return {
+        "name": "synthetic",
+        "n_clients": 40,
+        "hidden": 6,
+        "n_inputs": 9,
+        "n_classes": 4,
+        "samples_per_client": 12,
+        "size_distribution": "lognormal",
+        "size_sigma": 0.5,
+        "eval_clients": 5,
+        "eval_samples": 10,
+        **fields,
+    }

@@ -9,7 +9,7 @@ import torch
 from histories import assert_histories_match
 from mpi4py import MPI
 from shared_data import requires, small_mnist_config
-from small_configs import make_config
+from small_configs import make_config, small_synthetic
 
 from fednest_mpi import config
 from fednest_mpi.federation import Federation
@@ -41,19 +41,7 @@ def test_balanced_placement_is_rank_count_invariant(name):
     cfg = config.from_dict(
         {
             "seed": 2,
-            "problem": {
-                "name": "synthetic",
-                "n_clients": 40,
-                "hidden": 6,
-                "n_inputs": 9,
-                "n_classes": 4,
-                "samples_per_client": 12,
-                "size_distribution": "lognormal",
-                "size_sigma": 0.5,
-                "batch_size": 4,
-                "eval_clients": 5,
-                "eval_samples": 10,
-            },
+            "problem": small_synthetic(batch_size=4),
             "algorithm": {
                 "name": name,
                 "outer_iterations": 3,

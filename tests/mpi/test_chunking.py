@@ -8,6 +8,7 @@ import torch
 from histories import assert_histories_match
 from mpi4py import MPI
 from shared_data import DATA, requires
+from small_configs import small_synthetic
 
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
@@ -36,18 +37,8 @@ def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = 
             "lower_level": "local" if name.startswith("fedbio") else "global",
         },
         "minimax": {"name": "minimax", "n_clients": 40, "dim": 4, "heterogeneity": 10.0},
-        "synthetic": {  # float32, ragged clients: fused head steps, feature blocks, generated data
-            "name": "synthetic",
-            "n_clients": 60,
-            "hidden": 8,
-            "n_inputs": 10,
-            "samples_per_client": 12,
-            "size_distribution": "lognormal",
-            "size_sigma": 0.5,
-            "batch_size": 2,
-            "eval_clients": 5,
-            "eval_samples": 10,
-        },
+        # float32, ragged clients: fused head steps, feature blocks, generated data
+        "synthetic": small_synthetic(n_clients=60, hidden=8, n_inputs=10, n_classes=10, batch_size=2),
     }
     return config.from_dict(
         {

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from shared_data import requires, small_mnist_config
+from small_configs import small_synthetic
 
 from fednest_mpi.federation import dense
 from fednest_mpi.problems import build_problem
@@ -129,18 +130,13 @@ def test_representation_head_local_sgd_equals_its_gradient_oracle_loop(sizes, re
 
     cfg = config.from_dict(
         {
-            "problem": {
-                "name": "synthetic",
-                "n_clients": 40,
-                "hidden": 6,
-                "n_inputs": 9,
-                "n_classes": 4,
-                "samples_per_client": 20,
-                "size_distribution": sizes,
-                "size_sigma": 0.6,
-                "batch_size": 3,
-                "inner_regularization": regularization,
-            },
+            "problem": small_synthetic(
+                samples_per_client=20,
+                size_distribution=sizes,
+                size_sigma=0.6,
+                batch_size=3,
+                inner_regularization=regularization,
+            ),
             "run": {"dtype": "float64"},
         }
     )
