@@ -33,3 +33,29 @@ def test_softmax_in_place_matches_torch():
     out = kernels.softmax_(z)
     assert out.data_ptr() == z.data_ptr()
     torch.testing.assert_close(out, expected, rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sigmoid_gives_an_element_the_same_bits_at_every_position(dtype):
+    z = torch.randn(4096 + 7, generator=torch.Generator().manual_seed(1), dtype=dtype) * 5
+    whole = kernels.sigmoid(z)
+    torch.testing.assert_close(whole, torch.sigmoid(z))
+    for at in range(0, 4096, 37):  # alone: the element is in the part of the tensor that fills no vector register
+        assert torch.equal(kernels.sigmoid(z[at : at + 1])[0], whole[at])
+
+
+def test_logistic_loss_value_gradient_and_hessian_match_torch():
+    gen = torch.Generator().manual_seed(2)
+    z = (torch.randn(300, generator=gen, dtype=torch.float64) * 8).requires_grad_()
+    z.data[:3] = torch.tensor([0.0, 40.0, -40.0], dtype=torch.float64)  # the kink-free point 0 and both tails
+    t = (torch.rand(300, generator=gen, dtype=torch.float64) > 0.5).to(torch.float64)
+    w = torch.randn(300, generator=gen, dtype=torch.float64)
+    ours = kernels.binary_cross_entropy_with_logits(z, t)
+    theirs = torch.nn.functional.binary_cross_entropy_with_logits(z, t, reduction="none")
+    torch.testing.assert_close(ours, theirs, rtol=1e-14, atol=1e-13)
+    (g1,) = torch.autograd.grad((w * ours).sum(), z, create_graph=True)
+    (g2,) = torch.autograd.grad((w * theirs).sum(), z, create_graph=True)
+    torch.testing.assert_close(g1, g2, rtol=1e-14, atol=1e-15)
+    (h1,) = torch.autograd.grad(g1.sum(), z)
+    (h2,) = torch.autograd.grad(g2.sum(), z)
+    torch.testing.assert_close(h1, h2, rtol=1e-12, atol=1e-15)

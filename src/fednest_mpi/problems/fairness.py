@@ -60,6 +60,7 @@ from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems.base import BilevelProblem, squared_norms
 from fednest_mpi.problems.clientdata import HostedSamples
+from fednest_mpi.problems.kernels import binary_cross_entropy_with_logits
 
 _POOL = 201  # stream of the validation pool (beyond rng.Purpose and data.partition's purposes)
 
@@ -178,16 +179,14 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         pos, w = self._batch(self.inner, clients, sample, batch_size)
         t = self.targets[pos]
         cell = t if self.by_label else t // 2
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            self._logits(self.inputs[pos], y), (t % 2).to(self.dtype), reduction="none"
-        )
+        loss = binary_cross_entropy_with_logits(self._logits(self.inputs[pos], y), (t % 2).to(self.dtype))
         return (w * torch.gather(self.cell_weights(x), 1, cell) * loss).sum(1)
 
     def _validation_losses(self, clients, y) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(positions, weights, per-sample logistic loss), each (B, n), on the clients' whole validation splits."""
         pos, w = self._batch(self.outer, clients, None, 0)  # V_i is small: always all of it
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype), reduction="none"
+        loss = binary_cross_entropy_with_logits(
+            self._logits(self.inputs[pos], y), (self.targets[pos] % 2).to(self.dtype)
         )
         return pos, w, loss
 
@@ -327,7 +326,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         with torch.no_grad():
             z = self._logits(self.test_inputs[None], y[None])[0]
             t, g = self.test_labels, self.test_groups
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(z, t.to(z.dtype), reduction="none")
+            loss = binary_cross_entropy_with_logits(z, t.to(z.dtype))
             pred = z > 0
             correct = (pred == t.bool()).to(torch.float64)
             acc, positive, tpr, cell_loss, cell_acc, group_loss = [], [], [], [], [], []

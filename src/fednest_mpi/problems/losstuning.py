@@ -44,7 +44,7 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
-from fednest_mpi.problems import mlp
+from fednest_mpi.problems import kernels, mlp
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, squared_norms
 from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
@@ -140,7 +140,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         A, t, w = self._batch(self.inner, clients, sample, batch_size)
         z = self._logits(A, y)
         if self.cfg.tune_loss:
-            z = z * (2.0 * torch.sigmoid(x[:, None, :N_CLASSES])) + x[:, None, N_CLASSES:]
+            z = z * (2.0 * kernels.sigmoid(x[:, None, :N_CLASSES])) + x[:, None, N_CLASSES:]
         return (w * _cross_entropy(z, t)).sum(1)
 
     def _outer_losses(self, clients, y, sample):
@@ -157,7 +157,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         if clients.size == 0 or steps == 0:
             return y.expand(clients.size, -1).clone()
         X = shared_rows(x, clients.size)
-        scale = 2.0 * torch.sigmoid(X[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
+        scale = 2.0 * kernels.sigmoid(X[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
         shift = X[:, None, N_CLASSES:] if self.cfg.tune_loss else None
 
         def batch(nu):
@@ -196,7 +196,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         A, t, w = self._batch(split, clients, sample, batch_size)
         layers = [(W[0], b[0]) for W, b in self._layers(y[:1])]
         inputs, pre = mlp.forward(layers, A)
-        scale = 2.0 * torch.sigmoid(x[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
+        scale = 2.0 * kernels.sigmoid(x[:, None, :N_CLASSES]) if self.cfg.tune_loss else None
         shift = x[:, None, N_CLASSES:] if self.cfg.tune_loss else None
         return layers, inputs, pre, t, w, scale, shift
 
