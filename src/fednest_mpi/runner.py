@@ -26,6 +26,7 @@ from fednest_mpi.errors import ConfigError, DataError, UsageError
 from fednest_mpi.federation import Federation, torch_device
 from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
+from fednest_mpi.problems.base import shared_rows
 
 logger = logging.getLogger(__name__)
 
@@ -120,22 +121,39 @@ TRAINING_COLUMNS = {
 }
 
 
-def training_sums(problem, block: range, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> np.ndarray:
-    """[sum_i f_i, sum_i g_i, clients, correct, samples] over the whole local data of
-    the clients in ``block`` (NaN sums where the problem defines no value oracle), ``chunk`` clients at
-    a time. No MPI."""
+def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> np.ndarray:
+    """[sum_i f_i, sum_i g_i, clients, correct, samples] over the whole local data of the clients
+    in this rank's block (NaN sums where the problem defines no value oracle), ``chunk`` clients at
+    a time, for the bookkeeping SUM over ranks. With ``federation.reduction = "ordered"`` the loss
+    sums are formed in client-id order from one slot per client (an extra uncounted reduction of
+    2 M numbers) and contributed by rank 0 alone, so they are bitwise the same on any number of
+    ranks (as the iterates are); the counts are integers, exact in any order. **Collective** when
+    ordered."""
+    block = fed.block
+    values = np.full((block.stop - block.start, 2), np.nan)
     sums = np.zeros(5)
     with torch.no_grad():
         for lo in range(block.start, block.stop, chunk):
             ids = np.arange(lo, min(lo + chunk, block.stop))
-            X, Y = x.expand(ids.size, -1), y.expand(ids.size, -1)
-            for slot, values in ((0, problem.outer_value(ids, X, Y)), (1, problem.inner_value(ids, X, Y))):
-                sums[slot] += math.nan if values is None else float(values.sum())
+            X, Y = shared_rows(x, ids.size), shared_rows(y, ids.size)
+            for slot, v in ((0, problem.outer_value(ids, X, Y)), (1, problem.inner_value(ids, X, Y))):
+                if v is not None:
+                    values[ids - block.start, slot] = v.double().numpy(force=True)
             counts = problem.correct_counts(ids, X, Y)
             if counts is not None:
                 sums[3] += float(counts[0].sum())
                 sums[4] += float(counts[1].sum())
             sums[2] += ids.size
+    if fed.reduction != "ordered":
+        sums[:2] = values.sum(0)
+        return sums
+    slots = np.zeros((fed.n_clients, 2))
+    slots[block.start : block.stop] = values
+    ordered = fed.sum_uncounted(slots)
+    total = ordered[0].copy()
+    for row in ordered[1:]:
+        total += row
+    sums[:2] = total if fed.rank == 0 else 0.0
     return sums
 
 
@@ -303,7 +321,7 @@ class Simulation:
             t0 = time.perf_counter()
             metrics = problem.evaluate(x, y)
             train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
-            train = training_sums(problem, fed.block, x, y) if train_due else np.zeros(5)
+            train = training_sums(problem, fed, x, y) if train_due else np.zeros(5)
             eval_seconds = time.perf_counter() - t0
             finite = all(math.isfinite(v) for v in metrics.values()) and bool(
                 torch.isfinite(x).all() and torch.isfinite(y).all()

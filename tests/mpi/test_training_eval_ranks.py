@@ -29,3 +29,29 @@ def test_training_metrics_do_not_depend_on_the_rank_count():
     single = simulate(cfg, MPI.COMM_SELF).history
     for name in ("outer_loss", "inner_loss", "train_accuracy"):
         np.testing.assert_allclose(world[name], single[name], rtol=1e-12, err_msg=name)
+
+
+@pytest.mark.mpi
+@requires("mnist")
+def test_with_the_ordered_reduction_the_training_metrics_are_bitwise_the_same_on_any_rank_count():
+    cfg = config.from_dict(
+        {
+            "problem": {
+                "name": "loss_tuning",
+                "data_dir": str(DATA),
+                "n_clients": 30,
+                "hidden1": 12,
+                "hidden2": 0,
+                "max_per_class": 300,
+                "batch_size": 8,
+                "tune_loss": False,
+            },
+            "algorithm": {"name": "fedavg", "outer_iterations": 2, "clients_per_round": 5, "inner_local_steps": 3},
+            "federation": {"reduction": "ordered"},
+            "run": {"dtype": "float64", "train_eval_every": 1, "client_series": False, "output": "unused.h5"},
+        }
+    )
+    world = simulate(cfg, MPI.COMM_WORLD).history
+    single = simulate(cfg, MPI.COMM_SELF).history
+    for name in ("outer_loss", "inner_loss", "train_accuracy"):
+        np.testing.assert_array_equal(world[name], single[name], err_msg=name)
