@@ -9,7 +9,7 @@ MPI_TIMEOUT ?= timeout -k 10 300
 export MPI4PY_RC_THREAD_LEVEL ?= single
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test lint test-serial test-mpi docs bench clean install-openmpi test-openmpi test-cluster
+.PHONY: install test lint test-serial test-mpi docs bench invariance clean install-openmpi test-openmpi test-cluster
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,11 @@ test-cluster:
 # short benchmark (a few minutes on 2 cores): side-by-side table, bench/results/quick.h5 and plots
 bench:
 	$(TIMEOUT) $(BIN)/python -m bench bench/quick.toml
+
+# every shipped config: bitwise the same for chunk sizes 1, 7 and automatic on RANKS ranks as on one (4.5 min on 2 cores)
+RANKS ?= 2
+invariance:
+	timeout -k 10 3600 $(MPIEXEC) -n $(RANKS) $(BIN)/python bench/invariance.py $$(find configs -name '*.toml' | sort)
 
 docs:
 	$(BIN)/fednest-mpi config-doc > docs/config.md
