@@ -48,3 +48,39 @@ def assert_row_independent_of_block(problem, sample):
     alone = problem.grad_y_inner(np.array([7]), x.expand(1, -1), y.expand(1, -1), sample)
     batched = problem.grad_y_inner(np.array([4, 7, 11]), x.expand(3, -1), y.expand(3, -1), sample)
     torch.testing.assert_close(alone[0], batched[1], rtol=1e-12, atol=1e-14)
+
+
+def small_fairness_config(name="fednest", objective="balanced", cells="group", reduction="ordered", chunk=0):
+    """A small fair-FL run on UCI Adult (8 clients by race, 5 per round, 3 outer iterations) of
+    algorithm ``name`` with the given outer objective, weighted cells, reduction and chunk size."""
+    from fednest_mpi import config
+
+    algorithm = {
+        "name": name,
+        "outer_iterations": 3,
+        "clients_per_round": 5,
+        "inner_lr": 0.5,
+        "outer_lr": 5.0,
+        "neumann_steps": 3,
+        "neumann_scale": 0.5,
+        "inner_local_steps": 3,
+    }
+    return config.from_dict(
+        {
+            "seed": 2,
+            "problem": {
+                "name": "fairness",
+                "n_clients": 8,
+                "data_dir": str(DATA),
+                "sensitive": "race",
+                "val_per_cell": 40,
+                "weight_cells": cells,
+                "outer_objective": objective,
+                "worst_group_temperature": 0.1,
+                "hypergradient_batch_size": 64,
+            },
+            "algorithm": config.algorithm_fields(name, algorithm),
+            "federation": {"reduction": reduction},
+            "run": {"output": "unused.h5", "chunk_clients": chunk},
+        }
+    )

@@ -7,7 +7,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
-from shared_data import DATA, requires
+from shared_data import DATA, requires, small_fairness_config
 from small_configs import small_synthetic
 
 from fednest_mpi import config
@@ -147,46 +147,13 @@ def test_ragged_mnist_float32_runs_are_bitwise_the_same_for_every_chunk_size_and
         _same(simulate(_mnist_config(RAGGED_MNIST[problem], name, chunk), MPI.COMM_WORLD), reference)
 
 
-def _fairness_config(name: str, objective: str, chunk: int) -> config.RunConfig:
-    return config.from_dict(
-        {
-            "seed": 2,
-            "problem": {
-                "name": "fairness",
-                "n_clients": 8,
-                "data_dir": str(DATA),
-                "sensitive": "race",
-                "val_per_cell": 40,
-                "weight_cells": "group_label" if objective == "worst_group" else "group",
-                "outer_objective": objective,
-                "worst_group_temperature": 0.1,
-                "hypergradient_batch_size": 64,
-            },
-            "algorithm": config.algorithm_fields(
-                name,
-                {
-                    "name": name,
-                    "outer_iterations": 3,
-                    "clients_per_round": 5,
-                    "inner_lr": 0.5,
-                    "outer_lr": 5.0,
-                    "neumann_steps": 3,
-                    "neumann_scale": 0.5,
-                    "inner_local_steps": 3,
-                },
-            ),
-            "federation": {"reduction": "ordered"},
-            "run": {"chunk_clients": chunk},
-        }
-    )
-
-
 @pytest.mark.mpi
 @requires("adult")
 @pytest.mark.parametrize("name, objective", [("fednest", "worst_group"), ("fedbioacc", "balanced")])
 def test_fairness_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name, objective):
     """Per-client classifiers through autograd (FedBiOAcc) and the pooled worst-group loss: the
     logistic loss and its sigmoid must not depend on an element's place in the block."""
-    reference = simulate(_fairness_config(name, objective, 0), MPI.COMM_SELF)
+    cells = "group_label" if objective == "worst_group" else "group"
+    reference = simulate(small_fairness_config(name, objective, cells), MPI.COMM_SELF)
     for chunk in (1, 2, 0):
-        _same(simulate(_fairness_config(name, objective, chunk), MPI.COMM_WORLD), reference)
+        _same(simulate(small_fairness_config(name, objective, cells, chunk=chunk), MPI.COMM_WORLD), reference)
