@@ -321,6 +321,14 @@ class Federation:
         self.round_times = []
         return times
 
+    def block_slots(self, rows: np.ndarray) -> np.ndarray:
+        """(n_clients, k) float64: this rank's block's per-client ``rows`` in their clients' slots,
+        zero elsewhere; summed over ranks (:meth:`sum_uncounted`), every slot is exact, and
+        :func:`sum_in_client_order` then gives a total that no rank count can change."""
+        slots = np.zeros((self.n_clients, rows.shape[1]))
+        slots[self.block.start : self.block.stop] = rows
+        return slots
+
     def sum_uncounted(self, values: np.ndarray) -> np.ndarray:
         """SUM over ranks of a small float64 array for bookkeeping (oracle counts, health flags).
 
@@ -330,6 +338,14 @@ class Federation:
         if self.size > 1:
             self._allreduce_array(buf)
         return buf
+
+
+def sum_in_client_order(slots: np.ndarray) -> np.ndarray:
+    """The sum of the rows of ``slots`` (one per client), added in client-id order."""
+    total = slots[0].copy()
+    for row in slots[1:]:
+        total += row
+    return total
 
 
 def node_layout(comm) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, UsageError
-from fednest_mpi.federation import Federation, torch_device
+from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
 from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
 from fednest_mpi.problems.base import shared_rows
@@ -121,14 +121,14 @@ TRAINING_COLUMNS = {
 }
 
 
-def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> np.ndarray:
-    """[sum_i f_i, sum_i g_i, clients, correct, samples] over the whole local data of the clients
-    in this rank's block (NaN sums where the problem defines no value oracle), ``chunk`` clients at
-    a time, for the bookkeeping SUM over ranks. With ``federation.reduction = "ordered"`` the loss
-    sums are formed in client-id order from one slot per client (an extra uncounted reduction of
-    2 M numbers) and contributed by rank 0 alone, so they are bitwise the same on any number of
-    ranks (as the iterates are); the counts are integers, exact in any order. **Collective** when
-    ordered."""
+def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """([sum_i f_i, sum_i g_i, clients, correct, samples], slots) over the whole local data of the
+    clients in this rank's block (NaN sums where the problem defines no value oracle), ``chunk``
+    clients at a time, for the bookkeeping SUM over ranks. With ``federation.reduction = "ordered"``
+    the two loss sums are left 0 and each client's (f_i, g_i) goes to its slot instead
+    (:meth:`Federation.block_slots`, carried by the same bookkeeping reduction), so that the
+    caller adds them in client-id order: bitwise the same on any number of ranks, as the iterates
+    are; else ``slots`` is empty. The counts are integers, exact in any order. No MPI."""
     block = fed.block
     values = np.full((block.stop - block.start, 2), np.nan)
     sums = np.zeros(5)
@@ -144,17 +144,10 @@ def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor, chunk: int = 1
                 sums[3] += float(counts[0].sum())
                 sums[4] += float(counts[1].sum())
             sums[2] += ids.size
-    if fed.reduction != "ordered":
-        sums[:2] = values.sum(0)
-        return sums
-    slots = np.zeros((fed.n_clients, 2))
-    slots[block.start : block.stop] = values
-    ordered = fed.sum_uncounted(slots)
-    total = ordered[0].copy()
-    for row in ordered[1:]:
-        total += row
-    sums[:2] = total if fed.rank == 0 else 0.0
-    return sums
+    if fed.reduction == "ordered":
+        return sums, fed.block_slots(values)
+    sums[:2] = values.sum(0)
+    return sums, np.zeros((0, 2))
 
 
 def training_metrics(totals: np.ndarray, names) -> dict[str, float]:
@@ -172,25 +165,29 @@ class Bookkeeping:
     """The fields of the per-iteration bookkeeping reduction (one uncounted float64 ``Allreduce``), in
     buffer order with their lengths (None: whatever remains -- the per-rank phase times)."""
 
+    VARIABLE = -1  # a length the caller states (the same on every rank)
     FIELDS: dict[str, int | None] = {
         "oracle_counts": len(ORACLES),
         "health": 2,
         "stop_requests": 1,
         "training": 5,
+        "training_slots": VARIABLE,  # per-client (f_i, g_i) with the ordered reduction, see training_sums
         "phases": None,
     }
 
     @classmethod
     def pack(cls, **parts) -> np.ndarray:
         for name, size in cls.FIELDS.items():
-            if size is not None and len(parts[name]) != size:
+            if size is not None and size != cls.VARIABLE and len(parts[name]) != size:
                 raise ValueError(f"bookkeeping field {name}: {len(parts[name])} numbers, expected {size}")
-        return np.concatenate([np.asarray(parts[name], dtype=np.float64) for name in cls.FIELDS])
+        return np.concatenate([np.asarray(parts[name], dtype=np.float64).reshape(-1) for name in cls.FIELDS])
 
     @classmethod
-    def unpack(cls, buffer: np.ndarray) -> dict[str, np.ndarray]:
+    def unpack(cls, buffer: np.ndarray, **lengths: int) -> dict[str, np.ndarray]:
+        """The fields of ``buffer``; ``lengths`` gives those of the VARIABLE fields (default 0)."""
         out, at = {}, 0
         for name, size in cls.FIELDS.items():
+            size = lengths.get(name, 0) if size == cls.VARIABLE else size
             end = len(buffer) if size is None else at + size
             out[name], at = buffer[at:end], end
         return out
@@ -321,13 +318,13 @@ class Simulation:
             t0 = time.perf_counter()
             metrics = problem.evaluate(x, y)
             train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
-            train = training_sums(problem, fed, x, y) if train_due else np.zeros(5)
+            train, slots = training_sums(problem, fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
             eval_seconds = time.perf_counter() - t0
             finite = all(math.isfinite(v) for v in metrics.values()) and bool(
                 torch.isfinite(x).all() and torch.isfinite(y).all()
             )
-            # one small bookkeeping reduction: oracle counts (sum), the health of every rank (count of
-            # failing ranks, sum of their ranks) and stop requests
+            # one bookkeeping reduction: oracle counts (sum), the health of every rank (count of failing
+            # ranks, sum of their ranks), stop requests and the training-set sums (or their client slots)
             health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
             totals = Bookkeeping.unpack(
@@ -337,10 +334,14 @@ class Simulation:
                         health=health,
                         stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
                         training=train,
+                        training_slots=slots,
                         phases=phases,
                     )
-                )
+                ),
+                training_slots=slots.size,
             )
+            if slots.size:  # the ordered reduction: the loss sums in client-id order
+                totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
             counts = totals["oracle_counts"]
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
             if n_bad > 0:

@@ -51,7 +51,7 @@ import torch
 
 from fednest_mpi.algorithms.base import Algorithm, ClientStore, State
 from fednest_mpi.algorithms.fednest import LocalHypergradient, P
-from fednest_mpi.federation import Federation
+from fednest_mpi.federation import Federation, sum_in_client_order
 from fednest_mpi.problems.base import BilevelProblem, Sample
 from fednest_mpi.recorder import INNER, OUTER
 
@@ -167,12 +167,7 @@ class FedBiO(LocalHypergradient, Algorithm):
         rank-count invariant); else each rank's partial sum."""
         fed, like = self.fed, self.store.initial[name]
         if fed.reduction == "ordered":
-            buf = np.zeros((fed.n_clients, like.shape[0]))
-            buf[fed.block.start : fed.block.stop] = self.store.block_rows(name).numpy(force=True)
-            total = fed.sum_uncounted(buf).reshape(fed.n_clients, -1)
-            out = total[0].copy()
-            for row in total[1:]:
-                out += row
+            out = sum_in_client_order(fed.sum_uncounted(fed.block_slots(self.store.block_rows(name).numpy(force=True))))
         else:
             out = fed.sum_uncounted(self.store.block_sum(name).numpy(force=True))
         return torch.as_tensor(out / fed.n_clients, dtype=like.dtype, device=like.device)
