@@ -209,6 +209,12 @@ class Federation:
         """
         return self._reduce(part, [(part, vectors)], weights)
 
+    def configure_chunks(self, chunk_clients: int, block_bytes: int, client_bytes: int) -> None:
+        """``run.chunk_clients`` (0: automatic), ``run.block_memory`` in bytes and the problem's
+        default bytes per client (:meth:`BilevelProblem.client_bytes`): sets :attr:`chunk_clients`."""
+        self.block_bytes, self.fixed_chunk = block_bytes, chunk_clients > 0
+        self.chunk_clients = chunk_clients if self.fixed_chunk else max(1, block_bytes // max(1, client_bytes))
+
     def chunk_for(self, client_bytes: int | None) -> int:
         """Members per chunk for a call whose working set is ``client_bytes`` per client (None: the
         problem's default estimate, i.e. :attr:`chunk_clients`); the user's run.chunk_clients wins."""

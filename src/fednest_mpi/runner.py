@@ -193,14 +193,6 @@ class Bookkeeping:
         return out
 
 
-def chunk_size(run, problem: BilevelProblem) -> int:
-    """Clients a rank evaluates at once: ``run.chunk_clients``, or as many as fit ``run.block_memory``
-    MiB by the problem's estimate of its bytes per client (:meth:`BilevelProblem.client_bytes`)."""
-    if run.chunk_clients > 0:
-        return run.chunk_clients
-    return max(1, run.block_memory * 2**20 // max(1, problem.client_bytes()))
-
-
 class Simulation:
     """A run of ``cfg`` on ``comm``: problem, federation and algorithm, built on every rank.
 
@@ -235,8 +227,7 @@ class Simulation:
             if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
                 self.problem = problem_wrapper(self.problem)
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
-            self.fed.chunk_clients = chunk_size(cfg.run, self.problem)
-            self.fed.block_bytes, self.fed.fixed_chunk = cfg.run.block_memory * 2**20, cfg.run.chunk_clients > 0
+            self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
         except UsageError as exc:
             error = exc
         except MemoryError as exc:  # beyond the estimate of check_memory
