@@ -121,15 +121,16 @@ TRAINING_COLUMNS = {
 }
 
 
-def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> tuple[np.ndarray, np.ndarray]:
+def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """([sum_i f_i, sum_i g_i, clients, correct, samples], slots) over the whole local data of the
-    clients in this rank's block (NaN sums where the problem defines no value oracle), ``chunk``
-    clients at a time, for the bookkeeping SUM over ranks. With ``federation.reduction = "ordered"``
-    the two loss sums are left 0 and each client's (f_i, g_i) goes to its slot instead
+    clients in this rank's block (NaN sums where the problem defines no value oracle), a chunk of
+    clients at a time (:attr:`Federation.chunk_clients`), for the bookkeeping SUM over ranks. With
+    ``federation.reduction = "ordered"`` the two loss sums are left 0 and each client's (f_i, g_i) goes
+    to its slot instead
     (:meth:`Federation.block_slots`, carried by the same bookkeeping reduction), so that the
     caller adds them in client-id order: bitwise the same on any number of ranks, as the iterates
     are; else ``slots`` is empty. The counts are integers, exact in any order. No MPI."""
-    block = fed.block
+    block, chunk = fed.block, max(1, fed.chunk_clients)
     values = np.full((block.stop - block.start, 2), np.nan)
     sums = np.zeros(5)
     with torch.no_grad():
