@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fednest_mpi import numerics
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.text import did_you_mean
 
@@ -650,6 +651,14 @@ class RunSection:
     device: str = spec("cpu", "torch device", choices=("cpu", "cuda"))
     dtype: str = spec("float64", "floating-point precision of iterates and oracles", choices=("float32", "float64"))
     torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
+    numerics: str = spec(
+        numerics.DEFAULT,
+        "which code paths of MKL, ATen and OpenBLAS compute the run: reproducible = chunk- and rank-count "
+        "invariant on every x86-64 CPU, the same bits on every Intel CPU with AVX2; portable = also the same "
+        "bits on Intel and AMD (slower products); native = each library's fastest path, no guarantee across "
+        "CPUs (docs/design.md)",
+        choices=tuple(numerics.MODES),
+    )
     chunk_clients: int = spec(
         0,
         "clients a rank evaluates at once; a round's members are processed chunk by chunk, so memory "
