@@ -9,9 +9,10 @@ The bits of a run depend on the code path each library picks for the CPU it runs
   (CNR) mode pins a code branch; ``STRICT`` also makes it independent of alignment.
 * **ATen** (torch's own vectorised kernels: exp, softmax, sums) dispatches by vector width
   (``ATEN_CPU_CAPABILITY``: AVX2 or AVX-512 lanes sum in a different order).
-* **OpenBLAS** (numpy's LAPACK: the quadratic problem's QR and solves at set-up) dispatches by core
-  type (``OPENBLAS_CORETYPE``: SkylakeX kernels on AVX-512 CPUs, Haswell kernels elsewhere; the two
-  give other bits for the same QR).
+* **OpenBLAS** (numpy's BLAS and LAPACK) dispatches by core type (``OPENBLAS_CORETYPE``: SkylakeX
+  kernels on AVX-512 CPUs, Haswell kernels elsewhere; the two give other bits for the same QR), so the
+  package computes nothing of a run with it (the quadratic problem's QR and solves go through torch)
+  and pins it only for the users' own numpy code.
 
 :data:`MODES` names what ``run.numerics`` pins; :func:`establish` puts a mode in force (MKL through
 ``mkl_cbwr_set``, which works until MKL's first computation, ATen and OpenBLAS through their variables,
@@ -194,10 +195,11 @@ def in_force() -> dict[str, str]:
 
 
 def cpu_class(paths: dict[str, str]) -> str:
-    """The class of machines that give the same bits as this one: vendor, MKL setting, ATen and OpenBLAS
-    paths (the CPU model does not enter: a code path is the same on every model that runs it)."""
+    """The class of machines that give the same bits as this one: vendor, MKL setting and ATen path (the
+    CPU model does not enter: a code path is the same on every model that runs it; OpenBLAS computes
+    nothing of a run)."""
     vendor = "any x86-64" if paths["mkl"].startswith("COMPATIBLE") else paths["cpu_vendor"]
-    return f"{vendor}; MKL {paths['mkl']}; ATen {paths['aten']}; OpenBLAS {paths['openblas']}"
+    return f"{vendor}; MKL {paths['mkl']}; ATen {paths['aten']}"
 
 
 def establish(name: str) -> dict[str, str]:
@@ -238,3 +240,23 @@ def establish(name: str) -> dict[str, str]:
                 "run.numerics = 'native'"
             )
     return paths
+
+
+def describe(name: str = DEFAULT) -> str:
+    """Lines that say where a program runs: the CPU, the libraries and the code paths of mode ``name`` (CI's
+    summary; ``python -c "from fednest_mpi import numerics; print(numerics.describe())"``)."""
+    import numpy
+    import torch
+
+    paths = establish(name)
+    paths = in_force()  # numpy is loaded now: OpenBLAS's core is known
+    return "\n".join(
+        (
+            f"CPU: {paths['cpu_model']} ({paths['cpu_vendor']}; {paths['cpu_flags']})",
+            f"libraries: torch {torch.__version__} (MKL: {torch.backends.mkl.is_available()}), "
+            f"numpy {numpy.__version__}",
+            f"numerical mode {name!r}: MKL CNR {paths['mkl']}, ATen {paths['aten']} "
+            f"(numpy's OpenBLAS: {paths['openblas']})",
+            f"CPU class: {cpu_class(paths)}",
+        )
+    )

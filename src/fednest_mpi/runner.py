@@ -44,12 +44,21 @@ BOOKKEEPING = {
     "wall_time": ("wall time since the start of the loop", "s"),
     "algorithm_time": ("wall time of the iteration's algorithm part on rank 0", "s"),
     "evaluation_time": ("wall time of the iteration's evaluation", "s"),
-    "hypergradient_estimate_norm": (
-        "||h||, the aggregated hypergradient estimate of FedOut (NaN for local variants)",
-        "1",
-    ),
 }
 ORACLE_COLUMNS = {f"oracle_{name}": (f"cumulative {name} oracle calls, summed over clients", "1") for name in ORACLES}
+
+
+def diagnostic_values(algorithm: type, diag: dict) -> dict[str, float]:
+    """The columns of the algorithm's declared :attr:`~fednest_mpi.algorithms.Algorithm.diagnostics` from
+    one step's ``diag`` (NaN where it reports none); a key it does not declare is an error of the algorithm."""
+    declared = algorithm.diagnostics  # type: ignore[attr-defined]
+    extra = sorted(set(diag) - set(declared))
+    if extra:
+        raise TypeError(
+            f"{algorithm.__qualname__}.step returned the diagnostics {', '.join(map(repr, extra))}, which "
+            f"{algorithm.__qualname__}.diagnostics does not declare; add name -> (description, units) there"
+        )
+    return {name: float(diag.get(name, math.nan)) for name in declared}
 
 
 @dataclass
@@ -260,6 +269,7 @@ class Simulation:
     def columns(self) -> dict[str, tuple[str, str]]:
         """name -> (description, units) of every per-iteration value :meth:`run` records."""
         cols = dict(BOOKKEEPING)
+        cols.update(type(self.algorithm).diagnostics)
         cols.update(ORACLE_COLUMNS)
         cols.update(self.problem.metric_info())
         for name, info in self._training_columns().items():
@@ -368,8 +378,8 @@ class Simulation:
                 "wall_time": base_wall + time.perf_counter() - start,
                 "algorithm_time": alg_seconds,
                 "evaluation_time": eval_seconds,
-                "hypergradient_estimate_norm": diag.get("hypergradient_estimate_norm", math.nan),
             }
+            row.update(diagnostic_values(type(self.algorithm), diag))
             row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
             if train_columns:
