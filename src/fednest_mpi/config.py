@@ -68,6 +68,10 @@ class QuadraticConfig:
         choices=("global", "local"),
     )
 
+    def stored_numbers_per_client(self) -> int:
+        """G, P (dim_y^2 each), B (dim_y x dim_x), c, a (dim_y), e (dim_x): the memory check (memory.py)."""
+        return 2 * self.dim_y**2 + self.dim_y * self.dim_x + 2 * self.dim_y + self.dim_x
+
 
 @dataclass(frozen=True)
 class DataSetSpec:
@@ -164,6 +168,10 @@ class MinimaxConfig:
     )
     initial_value: float = spec(10.0, "every coordinate of x0 and y0 (authors' notebook: 10)")
 
+    def stored_numbers_per_client(self) -> int:
+        """t_i and b_i (dim): the memory check (memory.py)."""
+        return 1 + self.dim
+
 
 @dataclass(frozen=True)
 class CompositionalConfig:
@@ -176,6 +184,10 @@ class CompositionalConfig:
     heterogeneity: float = spec(
         1.0, "scale of client-to-client differences in r_i and f_i (0 = identical clients)", low=0.0
     )
+
+    def stored_numbers_per_client(self) -> int:
+        """R (dim_y x dim_x), c, a, p (dim_y): the memory check (memory.py)."""
+        return self.dim_y * self.dim_x + 3 * self.dim_y
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,14 @@ class Registry(dict[str, S], Generic[S]):
     def resolve(self, name: str) -> S | None:
         """The spec of ``name``, loading it from an entry point or a ``"module:Class"`` name if needed;
         None when there is no such name."""
-        if name in self:
-            return self[name]
         eps = self.entry_points()
+        if name in self:
+            if name in eps and eps[name].value != self[name].implementation:  # type: ignore[attr-defined]
+                raise ConfigError(
+                    f"{self.kind}.name: {name!r} is registered twice (by {self[name].implementation} and by the "  # type: ignore[attr-defined]
+                    f"entry point {eps[name].value} of group {self.group}); rename the plugin's entry point"
+                )
+            return self[name]
         if name in eps:
             cls = _load(self.kind, name, eps[name].value, f"entry point {name!r} of group {self.group}")
         elif ":" in name:
