@@ -43,13 +43,14 @@ class HyperCleaningParams(ImageClientsConfig):
 
 
 def detection_auc(scores: np.ndarray, positive: np.ndarray) -> float:
-    """Area under the ROC curve of ``scores`` for the ``positive`` samples (Mann-Whitney, ties count 1/2)."""
+    """Area under the ROC curve of ``scores`` for the ``positive`` samples (Mann-Whitney, ties count 1/2);
+    0.5 when one class is empty (nothing to tell apart; a NaN would stop the run)."""
     order = np.argsort(scores, kind="stable")
     _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
     ranks = np.empty(len(scores))
     ranks[order] = np.repeat(first + (counts + 1) / 2, counts)
     n1, n0 = int(positive.sum()), int((~positive).sum())
-    return float((ranks[positive].sum() - n1 * (n1 + 1) / 2) / (n1 * n0)) if n1 and n0 else float("nan")
+    return float((ranks[positive].sum() - n1 * (n1 + 1) / 2) / (n1 * n0)) if n1 and n0 else 0.5
 
 
 class HyperCleaning(BilevelProblem):
