@@ -28,7 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fednest_mpi.errors import DataError
+from fednest_mpi.errors import DataError, UsageError
 from fednest_mpi.io.safe import open_checked, reading
 
 FORMAT = "fednest-mpi/federated-data"
@@ -94,7 +94,7 @@ class FederatedFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        f, _ = open_checked(self.path, "federated data file", hint=f"; {FIX}")
+        f = self._open()
         with f, reading(self.path, "federated data file"):
             self._check_header(f)
             self.version, self.n_classes = int(f.attrs["format_version"]), int(f.attrs["n_classes"])
@@ -107,6 +107,16 @@ class FederatedFile:
                 self._check_split(f, prefix)
             if "sample_ids" in f:
                 self._check_labelled(f, "sample_ids", f["features"].shape[0])
+
+    def _open(self) -> h5py.File:
+        """The file opened by :func:`~fednest_mpi.io.safe.open_checked` (empty, foreign, truncated or
+        damaged files refused there), its refusal as a DataError with the fix."""
+        try:
+            return open_checked(self.path, "federated data file", hint=f"; {FIX}")[0]
+        except DataError:
+            raise
+        except UsageError as exc:
+            raise DataError(f"{exc}; copy the file again or {FIX}") from None
 
     def _fail(self, defect: str, fix: str = FIX) -> DataError:
         return DataError(f"federated data file {str(self.path)!r}: {defect}; {fix}")
@@ -202,7 +212,7 @@ class FederatedFile:
         return self._rows("test/", 0, self.n_test) if self.has_test else None
 
     def _rows(self, prefix: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        f, _ = open_checked(self.path, "federated data file")
+        f = self._open()
         with f, reading(self.path, "federated data file"):
             features, labels = f[prefix + "features"][lo:hi], f[prefix + "labels"][lo:hi].astype(np.int64)
         if features.dtype.kind == "f" and not np.isfinite(features).all():
