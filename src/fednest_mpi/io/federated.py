@@ -195,6 +195,12 @@ class FederatedFile:
             raise self._fail(f"/{name} has {ds.shape[0]} entries but its features have {n} rows")
         return ds
 
+    def labels(self) -> np.ndarray:
+        """Every training label, (N,) int64 (8 bytes per sample)."""
+        f = self._open()
+        with f, reading(self.path, "federated data file"):
+            return f["labels"][()].astype(np.int64)
+
     def client_sizes(self) -> np.ndarray:
         """Number of samples of every client, (M,)."""
         return np.diff(self.offsets)
