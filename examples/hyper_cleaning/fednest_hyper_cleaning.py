@@ -26,6 +26,7 @@ import torch
 from fednest_mpi import rng
 from fednest_mpi.config import ImageClientsConfig, spec
 from fednest_mpi.data import load_mnist, resolve_data_dir
+from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems.base import BilevelProblem
 from fednest_mpi.problems.clientdata import HostedSamples, partition_clients
 
@@ -60,6 +61,8 @@ class HyperCleaning(BilevelProblem):
 
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
         super().__init__()
+        if cfg.data_file:  # the corruption is keyed by MNIST indices
+            raise ConfigError("problem.data_file: hyper_cleaning draws its clients from MNIST itself; leave it empty")
         self.cfg, self.n_clients, self.device, self.dtype = cfg, cfg.n_clients, torch.device(device), dtype
         data = load_mnist(resolve_data_dir(cfg.data_dir or None, cfg.dataset), variant=cfg.dataset)
         labels = data.train_y.numpy()

@@ -96,6 +96,11 @@ def test_corruption_keyed_by_sample_and_at_its_rate(registered):
     assert not np.array_equal(HyperCleaning(cfg, 1, range(0, 4)).clean, a.clean)
 
 
+def test_data_file_is_refused(registered):
+    with pytest.raises(config.ConfigError, match="problem.data_file: hyper_cleaning draws its clients from MNIST"):
+        HyperCleaning(_cfg().problem.__class__(data_file="own.h5"), 0, range(2))
+
+
 def test_auc_against_all_pairs():
     gen = np.random.default_rng(0)
     scores, positive = gen.integers(0, 5, 200).astype(float), gen.random(200) < 0.3
