@@ -89,10 +89,10 @@ class HyperCleaning(BilevelProblem):
         clients = np.asarray(clients, dtype=np.int64)
         rows = clients - self._first
         cols, w = split.batch(rows, clients, sample, size)
-        a = self.inputs[torch.as_tensor(split.positions(rows, cols), device=self.device)]
+        pos = torch.as_tensor(split.positions(rows, cols), device=self.device)
+        a = self.inputs[pos]
         p = torch.softmax(a @ y.reshape(len(clients), N_CLASSES, 785).transpose(1, 2), -1)
-        labels = self.targets[torch.as_tensor(split.positions(rows, cols), device=self.device)]
-        r = p - torch.nn.functional.one_hot(labels, N_CLASSES).to(p.dtype)
+        r = p - torch.nn.functional.one_hot(self.targets[pos], N_CLASSES).to(p.dtype)
         w = torch.as_tensor(w, dtype=self.dtype, device=self.device)
         at = torch.as_tensor(self.offsets[clients][:, None] + cols, device=self.device)
         s = torch.sigmoid(torch.gather(x, 1, at)) if split is self.inner else torch.ones_like(w)
@@ -125,8 +125,7 @@ class HyperCleaning(BilevelProblem):
         return out.scatter_add_(1, at, w * s * (1 - s) * (r * u).sum(-1))
 
     def initial_point(self):
-        zeros = (torch.zeros(n, dtype=self.dtype, device=self.device) for n in (self.dim_x, self.dim_y))
-        return tuple(zeros)
+        return tuple(torch.zeros(n, dtype=self.dtype, device=self.device) for n in (self.dim_x, self.dim_y))
 
     def evaluate(self, x, y):
         W = y.reshape(N_CLASSES, 785)
