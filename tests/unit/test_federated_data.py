@@ -152,6 +152,10 @@ def test_converter_refuses_bad_arrays_with_the_fix(tmp_path):
         convert_arrays(np.zeros((5, 2)), np.arange(5), tmp_path / "o.h5", n_clients=2, n_classes=2)
     with pytest.raises(DataError, match="features row 0 holds NaN or infinite values"):
         convert_arrays(np.full((4, 2), np.inf), np.zeros(4, int), tmp_path / "o.h5", n_clients=2)
+    with pytest.raises(DataError, match="--partition dirichlet with --clients 9: alpha must be positive"):
+        convert_arrays(np.zeros((40, 2)), np.arange(40) % 3, tmp_path / "o.h5", "dirichlet", 9, alpha=-1.0)
+    with pytest.raises(DataError, match="--partition shards: a client would have no sample; use fewer --clients"):
+        convert_arrays(np.zeros((40, 2)), np.arange(40) % 3, tmp_path / "o.h5", "shards", 30)
     assert not list(tmp_path.iterdir())
     np.savez(tmp_path / "k.npz", pixels=np.zeros(3))
     with pytest.raises(DataError, match="holds the arrays pixels; it needs 'features' and 'labels'"):

@@ -68,7 +68,7 @@ def client_indices(
         if partition == "dirichlet":
             return dirichlet_partition(labels, n_clients, alpha, seed, min_size=min_size)
     except ValueError as exc:
-        raise DataError(f"--partition {partition}: {exc}") from None
+        raise DataError(f"--partition {partition} with --clients {n_clients}: {exc}") from None
     raise DataError(f"--partition: unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
 
 
@@ -103,7 +103,7 @@ def convert_arrays(
         raise DataError(f"--n-classes {n_classes}: the labels go up to {top}; give at least {max(2, top + 1)}")
     parts = client_indices(labels, partition, n_clients, seed, alpha, shards_per_client, min_size)
     if min(len(p) for p in parts) == 0:
-        raise DataError(f"--partition {partition}: a client would have no sample; use fewer clients or --min-size 1")
+        raise DataError(f"--partition {partition}: a client would have no sample; use fewer --clients")
     order = np.concatenate(parts)
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
     return write_federated(
