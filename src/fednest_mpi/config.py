@@ -98,6 +98,11 @@ class ImageClientsConfig:
     name: str = spec("", "problem kind")
     dataset: str = spec("mnist", "image data set (same IDX format)", choices=IMAGE_DATASETS)
     data_dir: str = spec("", "data directory; empty: the FEDNEST_DATA environment variable")
+    data_file: str = spec(
+        "",
+        "your own data: a federated data-set file (docs/data.md; `fednest-mpi data convert`) of 784 features "
+        "and 10 classes, whose clients replace dataset and partition; empty: the data set split by partition",
+    )
     n_clients: int = spec(100, "number of clients M", low=1)
     partition: str = spec(
         "shards",
@@ -930,6 +935,7 @@ def validate_relations(cfg: RunConfig) -> None:
         )
     if (
         isinstance(p, HyperRepresentationConfig)
+        and not p.data_file
         and p.partition == "shards"
         and 60000 % (p.n_clients * p.shards_per_client)
     ):

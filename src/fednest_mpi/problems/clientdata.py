@@ -3,7 +3,9 @@ inner (train, g_i) and outer (validation, f_i) split, padded to matrices for bat
 
 Deterministic in the seed and independent of the number of ranks: the partition is computed
 identically on every rank from the full label vector, and each rank then keeps only the samples
-of the clients it hosts, once, normalised, on the device.
+of the clients it hosts, once, normalised, on the device. With ``problem.data_file`` the clients
+are those of a federated data-set file (docs/data.md) instead, and a rank reads only its block's
+rows (:class:`FileClients`; :func:`image_clients` picks the source).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from fednest_mpi.data import (
     shard_partition,
     split_inner_outer,
 )
-from fednest_mpi.errors import ConfigError
+from fednest_mpi.errors import ConfigError, DataError
+from fednest_mpi.io.federated import FederatedFile
 
 
 def partition_clients(
@@ -178,3 +181,57 @@ class ImageClients(HostedSamples):
             self.outer,
         )
         problem.test_inputs, problem.test_targets = self.test_inputs, self.test_targets
+
+
+class FileClients(HostedSamples):
+    """The clients of the federated data-set file ``cfg.data_file`` (docs/data.md): its partition
+    replaces ``cfg.partition``; each client's rows are split into inner and outer parts by
+    :func:`~fednest_mpi.data.split_inner_outer` (keyed by the seed and the client id, as for
+    :class:`ImageClients`); only the hosted block's rows are read, used as stored (no
+    normalisation); the metrics use the file's test set. Samples must have ``n_features`` numbers
+    and labels ``n_classes`` classes."""
+
+    def __init__(self, cfg, seed: int, clients: range, device, dtype, n_features: int, n_classes: int):
+        data = FederatedFile(cfg.data_file)
+        where = f"problem.data_file {cfg.data_file!r}"
+        if data.n_clients != cfg.n_clients:
+            raise ConfigError(
+                f"problem.n_clients: {cfg.n_clients}, but {where} holds {data.n_clients} clients; "
+                f"set problem.n_clients = {data.n_clients}"
+            )
+        if int(np.prod(data.feature_shape)) != n_features or data.n_classes != n_classes:
+            raise DataError(
+                f"{where} holds samples of shape {data.feature_shape} in {data.n_classes} classes; "
+                f"problem {cfg.name!r} needs {n_features} numbers per sample and {n_classes} classes"
+            )
+        offsets = data.offsets
+        try:
+            splits = split_inner_outer(
+                [np.arange(a, b) for a, b in zip(offsets[:-1], offsets[1:])], cfg.val_fraction, seed
+            )
+        except ValueError as exc:
+            raise ConfigError(f"problem.val_fraction: {exc}") from None
+        check_batch_sizes(splits, cfg)
+        block, lo = data.read_clients(clients), int(offsets[clients.start])
+        rows = torch.from_numpy(block.features.reshape(len(block.features), n_features))
+        shifted = [(tr - lo, va - lo) for tr, va in splits]  # positions in the block's rows (only hosted ones are read)
+        super().__init__(rows, torch.from_numpy(block.labels), shifted, clients, device, dtype)
+        self.train_labels = data.labels()  #: every client's labels
+        test = data.read_test()
+        if test is None:
+            raise DataError(
+                f"{where} has no test set, which the metrics need; convert it with test_features and test_labels"
+            )
+        test_x, test_y = test
+        self.test_inputs = torch.from_numpy(test_x.reshape(len(test_x), n_features)).to(device, dtype)
+        self.test_targets = torch.from_numpy(test_y).to(device)
+
+    attach = ImageClients.attach
+
+
+def image_clients(cfg, seed: int, clients: range, device, dtype, select=None, n_features=784, n_classes=10):
+    """The hosted clients' data: :class:`FileClients` when ``cfg.data_file`` is set (``select``
+    unused: the file is taken as it is), else :class:`ImageClients`."""
+    if cfg.data_file:
+        return FileClients(cfg, seed, clients, device, dtype, n_features, n_classes)
+    return ImageClients(cfg, seed, clients, device, dtype, select=select)

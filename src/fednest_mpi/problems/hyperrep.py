@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fednest_mpi.problems.clientdata import ImageClients
+from fednest_mpi.problems.clientdata import image_clients
 from fednest_mpi.problems.representation import RepresentationProblem
 
 N_PIXELS, N_CLASSES = 784, 10
@@ -35,7 +35,7 @@ class HyperRepresentationProblem(RepresentationProblem):
         self.n_clients = cfg.n_clients
         self.device, self.dtype = torch.device(device), dtype
         self._set_shape(N_PIXELS, cfg.hidden, N_CLASSES)
-        ImageClients(cfg, seed, clients, self.device, self.dtype).attach(self)
+        image_clients(cfg, seed, clients, self.device, self.dtype).attach(self)
 
     def _locate(self, split, clients):
         return split, np.asarray(clients, dtype=np.int64) - self._first, self.inputs, self.targets

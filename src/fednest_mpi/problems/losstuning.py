@@ -47,7 +47,7 @@ from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems import kernels, mlp
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
 from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, squared_norms
-from fednest_mpi.problems.clientdata import ClientSplit, ImageClients
+from fednest_mpi.problems.clientdata import ClientSplit, image_clients
 from fednest_mpi.problems.shared_start import private_weights_sgd, shared_start_sgd, worthwhile
 
 N_PIXELS, N_CLASSES = 784, 10
@@ -82,7 +82,7 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         self.shapes = [(o, i) for i, o in zip(self.widths[:-1], self.widths[1:])]
         self.dim_x = 2 * N_CLASSES
         self.dim_y = sum(o * i + o for o, i in self.shapes)
-        data = ImageClients(
+        data = image_clients(
             cfg,
             seed,
             clients,

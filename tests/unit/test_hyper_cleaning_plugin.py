@@ -1,0 +1,116 @@
+"""The data hyper-cleaning plugin of examples/hyper_cleaning: its closed-form oracles against autograd
+on losses written with torch.nn.functional, its keyed label corruption, its AUC, and a FedNest run
+through runner.simulate (registered here by inserting a ProblemSpec into config.PROBLEMS, until
+plugins are discovered through their entry points)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from shared_data import DATA, requires
+
+from fednest_mpi import config, rng
+from fednest_mpi.comm import SerialComm
+from fednest_mpi.problems.base import Sample
+from fednest_mpi.runner import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper_cleaning"))
+from fednest_hyper_cleaning import HyperCleaning, detection_auc  # noqa: E402
+
+pytestmark = requires("mnist")
+SPEC = config.ProblemSpec("hyper_cleaning", HyperCleaning.Params, "fednest_hyper_cleaning:HyperCleaning")
+
+
+def _cfg(**algorithm):
+    problem = {"name": "hyper_cleaning", "data_dir": str(DATA), "n_samples": 3000, "n_clients": 10}
+    fields = {"seed": 0, "problem": {**problem, "partition": "iid", "batch_size": 16}, "run": {"dtype": "float64"}}
+    return config.from_dict({**fields, "algorithm": {"clients_per_round": 5, **algorithm}})
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    monkeypatch.setitem(config.PROBLEMS, "hyper_cleaning", SPEC)
+
+
+@pytest.fixture
+def problem(registered):
+    cfg = _cfg().problem
+    return HyperCleaning(cfg, 0, range(3, 8), dtype=torch.float64), cfg
+
+
+def _losses(prob, clients, x, y, sample, size, inner):
+    """g_i without its regulariser (inner) or f_i of each client, from torch.nn.functional."""
+    split = prob.inner if inner else prob.outer
+    rows = clients - prob._first
+    cols, w = split.batch(rows, clients, sample, size)
+    pos = torch.as_tensor(split.positions(rows, cols))
+    logits = prob.inputs[pos] @ y.reshape(len(clients), 10, 785).transpose(1, 2)
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, 10), prob.targets[pos].reshape(-1), reduction="none")
+    weight = torch.as_tensor(w)
+    if inner:
+        weight = weight * torch.sigmoid(torch.gather(x, 1, torch.as_tensor(prob.offsets[clients][:, None] + cols)))
+    return (weight * ce.reshape(weight.shape)).sum(1)
+
+
+def test_oracles_match_autograd(problem):
+    prob, cfg = problem
+    ids = np.array([3, 5, 7])
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(3, prob.dim_x, dtype=torch.float64, generator=gen)
+    Y, V = (0.1 * torch.randn(3, prob.dim_y, dtype=torch.float64, generator=gen) for _ in range(2))
+    lam = cfg.inner_regularization
+    for sample in (None, Sample(rng.key(5), 3)):
+        x, y = X.clone().requires_grad_(), Y.clone().requires_grad_()
+        g = _losses(prob, ids, x, y, sample, cfg.batch_size, True).sum() + 0.5 * lam * (y * y).sum()
+        (gy,) = torch.autograd.grad(g, y)
+        torch.testing.assert_close(prob.grad_y_inner(ids, X, Y, sample), gy)
+        g2 = _losses(prob, ids, x, y, sample, cfg.hypergradient_batch_size, True).sum() + 0.5 * lam * (y * y).sum()
+        (gy2,) = torch.autograd.grad(g2, y, create_graph=True)
+        hv, jv = torch.autograd.grad((gy2 * V).sum(), (y, x))
+        torch.testing.assert_close(prob.hvp_yy_inner(ids, X, Y, V, sample), hv)
+        torch.testing.assert_close(prob.jvp_xy_inner(ids, X, Y, V, sample), jv)
+        (fy,) = torch.autograd.grad(_losses(prob, ids, x, y, sample, cfg.hypergradient_batch_size, False).sum(), y)
+        torch.testing.assert_close(prob.grad_y_outer(ids, X, Y, sample), fy)
+        assert not prob.grad_x_outer(ids, X, Y, sample).any()
+
+
+def test_jvp_touches_only_the_clients_own_samples(problem):
+    prob, _ = problem
+    gen = torch.Generator().manual_seed(1)
+    y, v = (torch.randn(1, prob.dim_y, dtype=torch.float64, generator=gen) for _ in range(2))
+    rows = prob.jvp_xy_inner(np.array([5]), prob.initial_point()[0].expand(1, -1), y, v, None)[0]
+    own = np.zeros(prob.dim_x, dtype=bool)
+    own[prob.offsets[5] : prob.offsets[6]] = True
+    assert rows[own].abs().min() > 0 and not rows[~own].any()
+
+
+def test_corruption_keyed_by_sample_and_at_its_rate(registered):
+    cfg = _cfg().problem
+    a, b = HyperCleaning(cfg, 0, range(0, 4)), HyperCleaning(cfg, 0, range(4, 10))
+    np.testing.assert_array_equal(a.clean, b.clean)  # the same on every rank
+    assert a.dim_x == len(a.clean) == cfg.n_samples - 10 * int(np.ceil(0.2 * cfg.n_samples / 10))
+    rate, n = 1 - a.clean.mean(), len(a.clean)
+    assert abs(rate - cfg.corruption) < 4 * np.sqrt(cfg.corruption * (1 - cfg.corruption) / n)
+    assert not np.array_equal(HyperCleaning(cfg, 1, range(0, 4)).clean, a.clean)
+
+
+def test_data_file_is_refused(registered):
+    with pytest.raises(config.ConfigError, match="problem.data_file: hyper_cleaning draws its clients from MNIST"):
+        HyperCleaning(_cfg().problem.__class__(data_file="own.h5"), 0, range(2))
+
+
+def test_auc_against_all_pairs():
+    gen = np.random.default_rng(0)
+    scores, positive = gen.integers(0, 5, 200).astype(float), gen.random(200) < 0.3
+    pairs = scores[positive][:, None] - scores[~positive][None, :]
+    assert detection_auc(scores, positive) == pytest.approx(((pairs > 0) + 0.5 * (pairs == 0)).mean())
+    assert detection_auc(np.zeros(5), np.arange(5) < 2) == 0.5
+
+
+def test_fednest_run_detects_the_corrupted_labels(registered):
+    cfg = _cfg(name="fednest", outer_iterations=8, inner_lr=0.1, outer_lr=100.0, inner_local_steps=10)
+    history = simulate(cfg, SerialComm()).history
+    assert history["detection_auc"][0] == 0.5  # x0 = 0: every weight ties
+    assert history["detection_auc"][-1] > 0.7 and history["test_accuracy"][-1] > 50.0
