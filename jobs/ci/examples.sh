@@ -20,8 +20,10 @@ V=$TMP/venv/bin
 "$V/python" "${PIP[@]}" install -r "$ROOT/requirements.txt"
 "$V/python" "${PIP[@]}" wheel --no-deps --no-build-isolation --no-index -w "$TMP/dist" "$TMP/src-tree"
 "$V/python" "${PIP[@]}" install --no-deps --no-index "$TMP"/dist/fednest_mpi-*.whl
-for pkg in "$ROOT"/examples/*/pyproject.toml; do
-    "$V/python" "${PIP[@]}" install --no-deps --no-build-isolation --no-index "$(dirname "$pkg")"
+mkdir "$TMP/packages"
+for pkg in "$ROOT"/examples/*/pyproject.toml; do   # each from a copy: a build writes build/ beside the sources
+    cp -r "$(dirname "$pkg")" "$TMP/packages/"
+    "$V/python" "${PIP[@]}" install --no-deps --no-build-isolation --no-index "$TMP/packages/$(basename "$(dirname "$pkg")")"
 done
 
 mkdir -p "$TMP/work" && cd "$TMP/work"

@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         dest="metrics",
         action="append",
         metavar="COLUMN",
-        help="recorded column to plot (repeatable: one subplot each; default x_error)",
+        help="recorded column to plot (repeatable: one subplot each; default: the problem's primary metric)",
     )
     plot.add_argument(
         "--x-axis",
@@ -291,7 +291,7 @@ def _analyse(args) -> int:
             path = post.plot(
                 args.runs,
                 args.output,
-                metric=args.metrics or "x_error",
+                metric=args.metrics or post.primary_metrics(args.runs),
                 x_axis=args.x_axis,
                 group_by=args.group_by,
                 logy=args.logy,

@@ -113,7 +113,7 @@ def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None
         raise {c.__name__: c for c in (UsageError, ConfigError, DataError)}.get(kind, UsageError)(message)
 
 
-TRAINING_COLUMNS = {
+TRAINING_COLUMNS: dict[str, tuple] = {
     "outer_loss": (
         "mean over all clients of f_i(x, y) on their outer (validation) data "
         "(every run.train_eval_every iterations, else NaN)",
@@ -127,6 +127,7 @@ TRAINING_COLUMNS = {
     "train_accuracy": (
         "accuracy on the inner (training) data of all clients (every run.train_eval_every iterations, else NaN)",
         "%",
+        True,
     ),
 }
 
@@ -266,7 +267,12 @@ class Simulation:
                 " | ".join(sorted(set(self.cpu_classes))),
             )
 
-    def columns(self) -> dict[str, tuple[str, str]]:
+    @property
+    def primary_metric(self) -> str:
+        """The problem's primary metric (``BilevelProblem.primary_metric``, else its first metric)."""
+        return self.problem.primary_metric or next(iter(self.problem.metric_info()), "outer_objective")
+
+    def columns(self) -> dict[str, tuple]:
         """name -> (description, units) of every per-iteration value :meth:`run` records."""
         cols = dict(BOOKKEEPING)
         cols.update(type(self.algorithm).diagnostics)
@@ -276,7 +282,7 @@ class Simulation:
             cols[name] = info
         return cols
 
-    def _training_columns(self) -> dict[str, tuple[str, str]]:
+    def _training_columns(self) -> dict[str, tuple]:
         """The training-set columns this run records: none unless ``run.train_eval_every`` > 0;
         the problem's own metrics of the same name (closed forms) take precedence."""
         if self.cfg.run.train_eval_every <= 0:
@@ -467,7 +473,7 @@ class Progress:
     def __init__(
         self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds"), start: int = 0
     ):
-        self.total, self.log_every, self.keys = total, log_every, keys
+        self.total, self.log_every, self.keys = total, log_every, tuple(dict.fromkeys(keys))
         use_bar = mode == "always" or (mode == "auto" and sys.stderr.isatty())
         self.bar = None
         if use_bar:

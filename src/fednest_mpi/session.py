@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fednest_mpi import __version__
 from fednest_mpi.errors import UsageError
+from fednest_mpi.io.schema import PRIMARY_METRIC
 
 
 def report_usage_error(comm, exc: UsageError) -> int:
@@ -134,6 +135,7 @@ class Session:
                         "algorithm": cfg.algorithm.name,
                         "config_json": cfg.to_json(),
                         "numerics": json.dumps(sim.numerics),
+                        PRIMARY_METRIC: sim.primary_metric,
                     }
                     keep = resume.output_rows if resume else None
                     writer = RunWriter(
@@ -143,6 +145,7 @@ class Session:
                         cfg.algorithm.outer_iterations,
                         cfg.run.progress,
                         cfg.run.log_every,
+                        keys=(sim.primary_metric, "outer_objective", "comm_rounds"),
                         start=resume.iteration if resume else 0,
                     )
                 series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)

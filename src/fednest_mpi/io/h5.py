@@ -32,8 +32,10 @@ from fednest_mpi import __version__, failure, lock
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.safe import open_checked, reading
 from fednest_mpi.io.schema import (  # names live in one module
+    COLUMN_INFO,
     FORMAT,
     GROUP,
+    HIGHER_IS_BETTER,
     RANKS,
     SCALE,
     SCHEMA_VERSION,
@@ -191,7 +193,7 @@ class RunWriter:
         self,
         path: str | Path,
         attrs: dict,
-        columns: dict[str, tuple[str, str]],
+        columns: dict[str, tuple],
         keep_rows: int | None = None,
         extend=None,
         recovered: dict | None = None,
@@ -234,11 +236,13 @@ class RunWriter:
                 f.attrs["recovered"] = json.dumps({**recovered, "utc": now})
         group = f.create_group(GROUP)
         self.columns = list(columns)
-        for name, (description, units) in columns.items():
+        for name, (description, units, *direction) in columns.items():  # direction: [higher_is_better] or []
             dtype = np.int64 if name == SCALE else np.float64
             d = group.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=dtype, fletcher32=True)
             d.attrs["description"] = description
             d.attrs["units"] = units
+            if direction:  # declared by the problem (BilevelProblem.metric_info)
+                d.attrs[HIGHER_IS_BETTER] = bool(direction[0])
             if name in kept:
                 d.resize((keep_rows,))
                 d[:] = kept[name]
@@ -356,14 +360,28 @@ def read_run(path: str | Path, unclosed: str = "live") -> tuple[dict, dict[str, 
         group = f[GROUP]
         n = min(group[name].shape[0] for name in group)
         data = {name: group[name][:n] for name in group}
+        attrs[COLUMN_INFO] = {name: column_info(group[name].attrs) for name in group}
         attrs["config"] = json.loads(attrs.get("config_json", "{}"))
     return attrs, data
+
+
+def column_info(attrs) -> dict:
+    """{description, units[, higher_is_better]} of a column from its HDF5 attributes."""
+    info: dict[str, str | bool] = {key: _text(attrs.get(key, "")) for key in ("description", "units")}
+    if HIGHER_IS_BETTER in attrs:
+        info[HIGHER_IS_BETTER] = bool(attrs[HIGHER_IS_BETTER])
+    return info
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _read_head(path: Path, rows: int, columns) -> tuple[dict, dict[str, np.ndarray]]:
     """(attributes, {column: first ``rows`` entries}) of an existing run file with the same columns."""
     attrs, data = read_run(path, unclosed="read")
     attrs.pop("config")
+    attrs.pop(COLUMN_INFO)
     if set(data) != set(columns):
         raise UsageError(
             f"--resume: {str(path)!r} has the columns {sorted(data)}, this run records {sorted(columns)}; "

@@ -14,6 +14,9 @@ SCHEMA_VERSION = 1
 
 # -- /iterations: one entry per outer iteration ---------------------------------------------------
 GROUP = "iterations"
+HIGHER_IS_BETTER = "higher_is_better"  # bool attribute of a metric column that declares its direction
+COLUMN_INFO = "columns"  # read_run's attrs: column -> {description, units[, higher_is_better]} (not a file attribute)
+PRIMARY_METRIC = "primary_metric"  # root attribute: the problem's primary metric
 SCALE = "iteration"  # /iterations/iteration: the dimension scale of every per-iteration axis
 
 # -- /clients: clients x iterations, joined from the per-rank files by virtual datasets --------------

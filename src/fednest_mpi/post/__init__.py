@@ -30,6 +30,7 @@ from fednest_mpi.post.load import (
     load_ranks,
     load_run,
     load_sweep,
+    primary_metrics,
     run_names,
 )
 from fednest_mpi.post.plotting import X_AXES, plot
@@ -61,6 +62,7 @@ __all__ = [
     "load_run",
     "load_sweep",
     "plot",
+    "primary_metrics",
     "report",
     "run_names",
     "running_mean",

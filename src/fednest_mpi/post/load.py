@@ -63,6 +63,10 @@ class Run:
     config: dict  # flattened (dotted names)
     data: dict  # column -> numpy array
 
+    def higher_is_better(self, column: str) -> bool | None:
+        """What the run file declares of ``column`` (None: nothing)."""
+        return self.attrs.get("columns", {}).get(column, {}).get("higher_is_better")
+
     @property
     def problem(self) -> str:
         return str(self.attrs.get("problem", self.config.get("problem.name", "?")))
@@ -101,6 +105,12 @@ def run_names(paths) -> list[str]:
             return names
         for i in clash:
             depth[i] += 1
+
+
+def primary_metrics(paths) -> list[str]:
+    """The primary metrics of the problems of the run files ``paths`` (each run file's ``primary_metric``
+    attribute; x_error for a file written before runs stored it), in order, without repeats."""
+    return list(dict.fromkeys(r.attrs.get("primary_metric", "x_error") for r in read_runs(paths)))
 
 
 def read_runs(paths) -> list[Run]:

@@ -24,9 +24,13 @@ __all__ = [
 ]
 
 
-def higher_is_better(metric: str) -> bool:
-    """True for accuracies (best = max); False for losses, errors, norms, objectives (best = min)."""
-    return "acc" in metric.lower()
+def higher_is_better(metric: str, declared: bool | None = None) -> bool:
+    """Whether the best value of ``metric`` is its maximum: what the run file declares (the column's
+    ``higher_is_better`` attribute, from the problem's ``metric_info``); a run file written before metrics
+    declared it (schema of 2026-12-01 and earlier): True for names with "accuracy"."""
+    if declared is not None:
+        return declared
+    return "accuracy" in metric.lower() and "gap" not in metric.lower()
 
 
 def finite(a) -> np.ndarray:
@@ -41,12 +45,13 @@ def final(a) -> float:
     return float(a[-1]) if a.size else math.nan
 
 
-def best(a, metric: str) -> float:
-    """The best finite value of ``a``: max for accuracies, min otherwise (:func:`higher_is_better`); NaN if none."""
+def best(a, metric: str, declared: bool | None = None) -> float:
+    """The best finite value of ``a``: max where higher is better, min otherwise (:func:`higher_is_better`);
+    NaN if none."""
     f = finite(a)
     if not f.size:
         return math.nan
-    return float(f.max() if higher_is_better(metric) else f.min())
+    return float(f.max() if higher_is_better(metric, declared) else f.min())
 
 
 def median_per_iteration(data: Mapping[str, np.ndarray], column: str) -> float:

@@ -136,7 +136,8 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
     if isinstance(metrics, str):
         metrics = [metrics]
     if metrics is None:
-        metrics = [m for m in DEFAULT_METRICS if any(m in r.data for r in runs)]
+        primary = [r.attrs["primary_metric"] for r in runs if "primary_metric" in r.attrs]
+        metrics = [m for m in dict.fromkeys([*primary, *DEFAULT_METRICS]) if any(m in r.data for r in runs)]
     else:
         metrics = list(metrics)
         if not metrics:
@@ -167,7 +168,7 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
 
     for m in metrics:
         finals = [format_number(final(r.data[m])) if m in r.data else "-" for r in runs]
-        bests = [format_number(best(r.data[m], m)) if m in r.data else "-" for r in runs]
+        bests = [format_number(best(r.data[m], m, r.higher_is_better(m))) if m in r.data else "-" for r in runs]
         groups.append(_Group(m, [_Col("final", finals), _Col("best", bests)]))
 
     groups.append(
@@ -194,8 +195,8 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
     problems = sorted({r.problem for r in runs})
     lines += [
         "",
-        f"{len(runs)} run(s) of {', '.join(problems)}; best = min over iterations (max for accuracies); "
-        "time/iteration =",
+        f"{len(runs)} run(s) of {', '.join(problems)}; best = max over iterations where the problem declares "
+        "higher is better, else min; time/iteration =",
         "median over iterations 1..K (algorithm on rank 0); communication = final totals, bytes per rank.",
     ]
     return "\n".join(lines) + "\n"

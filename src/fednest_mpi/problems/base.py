@@ -80,6 +80,9 @@ class BilevelProblem(ABC):
     dim_x: int
     dim_y: int
     n_clients: int
+    #: the metric that ``report``, ``plot`` and the progress lines show first (a key of :meth:`metric_info`);
+    #: None: the first metric
+    primary_metric: str | None = None
 
     def __init__(self):
         self.oracle_counts: Counter = Counter()
@@ -94,8 +97,11 @@ class BilevelProblem(ABC):
         """Metrics of the global iterate (objectives, distances to known solutions, accuracies)."""
 
     @abstractmethod
-    def metric_info(self) -> dict[str, tuple[str, str]]:
-        """name -> (description, units) of every metric :meth:`evaluate` returns."""
+    def metric_info(self) -> dict[str, tuple]:
+        """name -> (description, units) or (description, units, higher_is_better) of every metric
+        :meth:`evaluate` returns: the column's attributes in the run file; ``report``'s "best" is the
+        maximum where ``higher_is_better`` is true, else the minimum (a metric that does not say: lower is
+        better)."""
 
     @contextmanager
     def outer_fixed(self, clients, x: torch.Tensor):

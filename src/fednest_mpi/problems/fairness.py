@@ -92,6 +92,7 @@ def fairness_splits(
 
 
 class FairnessProblem(AutogradOracles, BilevelProblem):
+    primary_metric = "worst_group_accuracy"
     """See the module docstring; oracles by autograd (:class:`AutogradOracles`). ``clients`` lists the
     client ids this instance hosts."""
 
@@ -293,11 +294,11 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
 
     def metric_info(self):
         info = {
-            "test_accuracy": ("accuracy on adult.test", "%"),
+            "test_accuracy": ("accuracy on adult.test", "%", True),
             "dp_gap": ("demographic-parity gap: max - min over groups of P(yhat = 1 | group), adult.test", "%"),
             "eo_gap": ("equal-opportunity gap: max - min over groups of the true-positive rate, adult.test", "%"),
-            "worst_group_accuracy": ("lowest accuracy over the sensitive groups, adult.test", "%"),
-            "group_accuracy_gap": ("highest minus lowest accuracy over the sensitive groups, adult.test", "%"),
+            "worst_group_accuracy": ("lowest accuracy over the sensitive groups, adult.test", "%", True),
+            "group_accuracy_gap": ("highest minus lowest accuracy over the sensitive groups, adult.test", "%", False),
             "test_loss": ("mean logistic loss on adult.test", "nats"),
             "balanced_test_loss": (
                 "mean over (group, label) cells of the test loss (the balanced outer objective's target)",
@@ -311,6 +312,7 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
             "worst_cell_accuracy": (
                 "lowest accuracy over the (group, label) cells (group DRO's worst-group accuracy), adult.test",
                 "%",
+                True,
             ),
             "worst_cell_test_loss": (
                 "highest mean test loss over the (group, label) cells (the worst_group outer objective's target "

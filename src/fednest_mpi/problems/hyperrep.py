@@ -27,6 +27,7 @@ N_PIXELS, N_CLASSES = 784, 10
 
 
 class HyperRepresentationProblem(RepresentationProblem):
+    primary_metric = "test_accuracy"
     """See the module docstring. ``clients`` lists the client ids this instance hosts."""
 
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
@@ -42,6 +43,6 @@ class HyperRepresentationProblem(RepresentationProblem):
 
     def metric_info(self):
         return {
-            "test_accuracy": ("accuracy on the 10k test set", "%"),
+            "test_accuracy": ("accuracy on the 10k test set", "%", True),
             "test_loss": ("mean cross-entropy on the 10k test set", "nats"),
         }

@@ -64,6 +64,7 @@ def _cross_entropy(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 class LossTuningProblem(AutogradOracles, BilevelProblem):
+    primary_metric = "balanced_accuracy"
     """See the module docstring. ``clients`` lists the client ids this instance hosts."""
 
     # set by ImageClients.attach: the hosted samples and their per-client splits
@@ -297,10 +298,14 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
     # -- evaluation ----------------------------------------------------------------------------
     def metric_info(self):
         return {
-            "test_accuracy": ("accuracy on the 10k test set", "%"),
-            "balanced_accuracy": ("class-balanced accuracy on the 10k test set: mean of the per-class recalls", "%"),
+            "test_accuracy": ("accuracy on the 10k test set", "%", True),
+            "balanced_accuracy": (
+                "class-balanced accuracy on the 10k test set: mean of the per-class recalls",
+                "%",
+                True,
+            ),
             "test_loss": ("mean cross-entropy of the network's logits on the 10k test set", "nats"),
-            "tail_accuracy": ("mean recall of the five rarest classes (5-9) on the test set", "%"),
+            "tail_accuracy": ("mean recall of the five rarest classes (5-9) on the test set", "%", True),
         }
 
     def evaluate(self, x, y):

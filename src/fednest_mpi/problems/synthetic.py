@@ -47,6 +47,7 @@ def _nbytes(cs: _ClientSet) -> int:
 
 
 class SyntheticProblem(RepresentationProblem):
+    primary_metric = "test_accuracy"
     """See the module docstring. ``clients`` (the placement block) is ignored: data are generated."""
 
     inner, outer = "inner", "outer"  # split handles for _locate
@@ -123,6 +124,6 @@ class SyntheticProblem(RepresentationProblem):
     def metric_info(self):
         n = min(self.cfg.eval_clients, self.cfg.n_clients)
         return {
-            "test_accuracy": (f"accuracy on {self.cfg.eval_samples} fresh samples of each of {n} clients", "%"),
+            "test_accuracy": (f"accuracy on {self.cfg.eval_samples} fresh samples of each of {n} clients", "%", True),
             "test_loss": ("mean cross-entropy on the same test samples", "nats"),
         }
