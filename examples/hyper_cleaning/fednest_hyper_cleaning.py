@@ -99,7 +99,7 @@ class HyperCleaning(BilevelProblem):
         return a, r, p, w, at, s
 
     def _rows(self, coef, a):
-        return (coef.transpose(1, 2) @ a).reshape(len(a), -1)
+        return (coef.transpose(1, 2) @ a).reshape(len(a), self.dim_y)
 
     def _grad_x_outer(self, clients, x, y, sample):
         return torch.zeros(len(clients), self.dim_x, dtype=self.dtype, device=self.device)

@@ -76,6 +76,17 @@ def test_oracles_match_autograd(problem):
         assert not prob.grad_x_outer(ids, X, Y, sample).any()
 
 
+def test_empty_blocks_give_empty_rows(problem):
+    prob, _ = problem
+    none, x, y = np.zeros(0, np.int64), torch.zeros(0, prob.dim_x), torch.zeros(0, prob.dim_y)
+    x, y = x.double(), y.double()
+    for sample in (None, Sample(rng.key(2), 1)):
+        assert prob.grad_x_outer(none, x, y, sample).shape == prob.jvp_xy_inner(none, x, y, y, sample).shape == x.shape
+        for rows in (prob.grad_y_outer(none, x, y, sample), prob.grad_y_inner(none, x, y, sample)):
+            assert rows.shape == y.shape
+        assert prob.hvp_yy_inner(none, x, y, y, sample).shape == y.shape
+
+
 def test_jvp_touches_only_the_clients_own_samples(problem):
     prob, _ = problem
     gen = torch.Generator().manual_seed(1)
