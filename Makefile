@@ -32,6 +32,8 @@ test-mpi:
 	  echo "== MPI tests on $$n ranks"; \
 	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \
 	done
+	@echo "== chunk and rank invariance on 2 ranks with MKL's AUTO branch (what a non-Intel CPU gets in mode reproducible)"
+	FEDNEST_MKL_BRANCH=AUTO $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(BIN)/python -m pytest -q --only-mpi tests/mpi/test_chunking.py
 
 # ---- a second MPI: mpi4py built from source against Debian's Open MPI, in its own venv, as
 # docs/install.md tells cluster users (apt-get when the library is absent and we are root)

@@ -13,3 +13,8 @@ The package is layered (see ``docs/design.md``):
 """
 
 __version__ = "0.1.0"
+
+from fednest_mpi import numerics as _numerics
+
+# before torch or numpy initialise their math libraries: the default numerical mode (docs/design.md)
+_numerics.set_environment(_numerics.environment_mode())

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fednest_mpi import numerics
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.registry import Registry
 from fednest_mpi.text import did_you_mean
 
 
@@ -65,6 +67,10 @@ class QuadraticConfig:
         "y*_i(x) = argmin g_i (FedBiO eq. (7)); sets x* and the metrics",
         choices=("global", "local"),
     )
+
+    def stored_numbers_per_client(self) -> int:
+        """G, P (dim_y^2 each), B (dim_y x dim_x), c, a (dim_y), e (dim_x): the memory check (memory.py)."""
+        return 2 * self.dim_y**2 + self.dim_y * self.dim_x + 2 * self.dim_y + self.dim_x
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,10 @@ class MinimaxConfig:
     )
     initial_value: float = spec(10.0, "every coordinate of x0 and y0 (authors' notebook: 10)")
 
+    def stored_numbers_per_client(self) -> int:
+        """t_i and b_i (dim): the memory check (memory.py)."""
+        return 1 + self.dim
+
 
 @dataclass(frozen=True)
 class CompositionalConfig:
@@ -179,6 +189,10 @@ class CompositionalConfig:
     heterogeneity: float = spec(
         1.0, "scale of client-to-client differences in r_i and f_i (0 = identical clients)", low=0.0
     )
+
+    def stored_numbers_per_client(self) -> int:
+        """R (dim_y x dim_x), c, a, p (dim_y): the memory check (memory.py)."""
+        return self.dim_y * self.dim_x + 3 * self.dim_y
 
 
 @dataclass(frozen=True)
@@ -298,22 +312,43 @@ class ProblemSpec:
     saddle_point: bool = False  #: g_i = -f_i, so the direct hypergradient (eq. (9)) is exact
 
 
-PROBLEMS: dict[str, ProblemSpec] = {
-    s.name: s
-    for s in (
-        ProblemSpec("quadratic", QuadraticConfig, "fednest_mpi.problems.quadratic:QuadraticProblem"),
-        ProblemSpec(
-            "hyper_representation",
-            HyperRepresentationConfig,
-            "fednest_mpi.problems.hyperrep:HyperRepresentationProblem",
-        ),
-        ProblemSpec("loss_tuning", LossTuningConfig, "fednest_mpi.problems.losstuning:LossTuningProblem"),
-        ProblemSpec("minimax", MinimaxConfig, "fednest_mpi.problems.minimax:MinimaxProblem", saddle_point=True),
-        ProblemSpec("compositional", CompositionalConfig, "fednest_mpi.problems.compositional:CompositionalProblem"),
-        ProblemSpec("synthetic", SyntheticConfig, "fednest_mpi.problems.synthetic:SyntheticProblem"),
-        ProblemSpec("fairness", FairnessConfig, "fednest_mpi.problems.fairness:FairnessProblem"),
+def problem_spec_of(name: str, cls: type) -> ProblemSpec:
+    """The registry entry of a plugin problem class: its ``Params`` and its ``saddle_point`` trait
+    (docs/extending.md)."""
+    return ProblemSpec(
+        name,
+        _params_of("problem", name, cls),
+        f"{cls.__module__}:{cls.__qualname__}",
+        saddle_point=bool(getattr(cls, "saddle_point", False)),
     )
-}
+
+
+def _params_of(kind: str, name: str, cls: type) -> type:
+    params = getattr(cls, "Params", None)
+    if params is None:
+        raise ConfigError(
+            f"{kind}.name: {name!r}: class {cls.__qualname__} has no Params; give it its parameter class as the "
+            "class attribute Params (a frozen dataclass)"
+        )
+    return params
+
+
+#: The problems by config name: the built-ins below, the plugins as they are named (registry.Registry).
+PROBLEMS: Registry[ProblemSpec] = Registry("problem", problem_spec_of, ("name", "n_clients"))
+for _spec in (
+    ProblemSpec("quadratic", QuadraticConfig, "fednest_mpi.problems.quadratic:QuadraticProblem"),
+    ProblemSpec(
+        "hyper_representation",
+        HyperRepresentationConfig,
+        "fednest_mpi.problems.hyperrep:HyperRepresentationProblem",
+    ),
+    ProblemSpec("loss_tuning", LossTuningConfig, "fednest_mpi.problems.losstuning:LossTuningProblem"),
+    ProblemSpec("minimax", MinimaxConfig, "fednest_mpi.problems.minimax:MinimaxProblem", saddle_point=True),
+    ProblemSpec("compositional", CompositionalConfig, "fednest_mpi.problems.compositional:CompositionalProblem"),
+    ProblemSpec("synthetic", SyntheticConfig, "fednest_mpi.problems.synthetic:SyntheticProblem"),
+    ProblemSpec("fairness", FairnessConfig, "fednest_mpi.problems.fairness:FairnessProblem"),
+):
+    PROBLEMS.register(_spec)
 
 # ----------------------------------------------------------------------------------------------
 # Algorithms: one frozen parameter class per algorithm class (the [algorithm] section is a union
@@ -506,95 +541,117 @@ class AlgorithmSpec:
 
 
 _FEDNEST = "fednest_mpi.algorithms.fednest:FedNest"
-ALGORITHMS: dict[str, AlgorithmSpec] = {
-    s.name: s
-    for s in (
-        AlgorithmSpec(
-            "fednest",
-            FedNestConfig,
-            _FEDNEST,
-            "FedOut (Alg. 2+3) with FedInn SVRG (Alg. 4): 2T + N + 3 rounds",
-            "a FedNest variant",
-            {"inner_variance_reduction": True, "global_outer": True},
-            pools_outer_objective=True,
-        ),
-        AlgorithmSpec(
-            "fednest_sgd",
-            FedNestConfig,
-            _FEDNEST,
-            "FedOut (Alg. 2+3) with LFedInn SGD (Alg. 6): T + N + 3 rounds",
-            "a FedNest variant",
-            {"inner_variance_reduction": False, "global_outer": True},
-            pools_outer_objective=True,
-        ),
-        AlgorithmSpec(
-            "lfednest",
-            FedNestConfig,
-            _FEDNEST,
-            "LFedOut (Alg. 5) with LFedInn SGD (Alg. 6): T + 1 rounds",
-            "a FedNest variant",
-            {"inner_variance_reduction": False, "global_outer": False},
-        ),
-        AlgorithmSpec(
-            "lfednest_svrg",
-            FedNestConfig,
-            _FEDNEST,
-            "LFedOut (Alg. 5) with FedInn SVRG (Alg. 4): 2T + 1 rounds",
-            "a FedNest variant",
-            {"inner_variance_reduction": True, "global_outer": False},
-        ),
-        AlgorithmSpec(
-            "lfednest_nonalt",
-            FedNestConfig,
-            _FEDNEST,
-            "appendix H.1: LFedOut on each client's local y, y and x averaged in one round: T rounds",
-            "a FedNest variant",
-            {"inner_variance_reduction": False, "global_outer": False, "alternating": False},
-        ),
-        AlgorithmSpec(
-            "fedavg_s",
-            FedAvgSConfig,
-            "fednest_mpi.algorithms.minimax:FedAvgS",
-            "simultaneous local descent-ascent on x and y, one round (section 4.3)",
-            "a saddle-point method",
-            problems=("minimax",),
-        ),
-        AlgorithmSpec(
-            "fedbio",
-            FedBiOConfig,
-            "fednest_mpi.algorithms.fedbio:FedBiO",
-            "FedBiO (Li, Huang & Huang, Alg. 2): every client keeps its own y, one round",
-            "a local-lower-level method",
-            {"accelerated": False},
-            stateful=True,
-        ),
-        AlgorithmSpec(
-            "fedbioacc",
-            FedBiOConfig,
-            "fednest_mpi.algorithms.fedbio:FedBiO",
-            "FedBiOAcc (Alg. 3): FedBiO with STORM momentum on x and y, one round",
-            "a local-lower-level method",
-            {"accelerated": True},
-            stateful=True,
-        ),
-        AlgorithmSpec(
-            "fedavg",
-            SingleLevelConfig,
-            "fednest_mpi.algorithms.singlelevel:SingleLevel",
-            "FedAvg = LFedInn (Alg. 6) on g(x0, .), x fixed: T rounds",
-            "a single-level method",
-            {"inner_variance_reduction": False},
-        ),
-        AlgorithmSpec(
-            "fedsvrg",
-            SingleLevelConfig,
-            "fednest_mpi.algorithms.singlelevel:SingleLevel",
-            "FedSVRG = FedInn (Alg. 4) on g(x0, .), x fixed: 2T rounds",
-            "a single-level method",
-            {"inner_variance_reduction": True},
-        ),
+
+
+def algorithm_spec_of(name: str, cls: type) -> AlgorithmSpec:
+    """The registry entry of a plugin algorithm class: its ``Params`` and its trait attributes ``summary``
+    (default: the docstring's first line), ``kind``, ``options``, ``stateful``, ``pools_outer_objective``
+    and ``problems`` (docs/extending.md)."""
+    summary = getattr(cls, "summary", None) or (cls.__doc__ or name).strip().splitlines()[0]
+    return AlgorithmSpec(
+        name,
+        _params_of("algorithm", name, cls),
+        f"{cls.__module__}:{cls.__qualname__}",
+        summary,
+        getattr(cls, "kind", "a plugin algorithm"),
+        dict(getattr(cls, "options", {})),
+        stateful=bool(getattr(cls, "stateful", False)),
+        pools_outer_objective=bool(getattr(cls, "pools_outer_objective", False)),
+        problems=getattr(cls, "problems", None),
     )
-}
+
+
+#: The algorithms by config name: the built-ins below, the plugins as they are named (registry.Registry).
+ALGORITHMS: Registry[AlgorithmSpec] = Registry(
+    "algorithm", algorithm_spec_of, ("name", "outer_iterations", "clients_per_round")
+)
+for _entry in (
+    AlgorithmSpec(
+        "fednest",
+        FedNestConfig,
+        _FEDNEST,
+        "FedOut (Alg. 2+3) with FedInn SVRG (Alg. 4): 2T + N + 3 rounds",
+        "a FedNest variant",
+        {"inner_variance_reduction": True, "global_outer": True},
+        pools_outer_objective=True,
+    ),
+    AlgorithmSpec(
+        "fednest_sgd",
+        FedNestConfig,
+        _FEDNEST,
+        "FedOut (Alg. 2+3) with LFedInn SGD (Alg. 6): T + N + 3 rounds",
+        "a FedNest variant",
+        {"inner_variance_reduction": False, "global_outer": True},
+        pools_outer_objective=True,
+    ),
+    AlgorithmSpec(
+        "lfednest",
+        FedNestConfig,
+        _FEDNEST,
+        "LFedOut (Alg. 5) with LFedInn SGD (Alg. 6): T + 1 rounds",
+        "a FedNest variant",
+        {"inner_variance_reduction": False, "global_outer": False},
+    ),
+    AlgorithmSpec(
+        "lfednest_svrg",
+        FedNestConfig,
+        _FEDNEST,
+        "LFedOut (Alg. 5) with FedInn SVRG (Alg. 4): 2T + 1 rounds",
+        "a FedNest variant",
+        {"inner_variance_reduction": True, "global_outer": False},
+    ),
+    AlgorithmSpec(
+        "lfednest_nonalt",
+        FedNestConfig,
+        _FEDNEST,
+        "appendix H.1: LFedOut on each client's local y, y and x averaged in one round: T rounds",
+        "a FedNest variant",
+        {"inner_variance_reduction": False, "global_outer": False, "alternating": False},
+    ),
+    AlgorithmSpec(
+        "fedavg_s",
+        FedAvgSConfig,
+        "fednest_mpi.algorithms.minimax:FedAvgS",
+        "simultaneous local descent-ascent on x and y, one round (section 4.3)",
+        "a saddle-point method",
+        problems=("minimax",),
+    ),
+    AlgorithmSpec(
+        "fedbio",
+        FedBiOConfig,
+        "fednest_mpi.algorithms.fedbio:FedBiO",
+        "FedBiO (Li, Huang & Huang, Alg. 2): every client keeps its own y, one round",
+        "a local-lower-level method",
+        {"accelerated": False},
+        stateful=True,
+    ),
+    AlgorithmSpec(
+        "fedbioacc",
+        FedBiOConfig,
+        "fednest_mpi.algorithms.fedbio:FedBiO",
+        "FedBiOAcc (Alg. 3): FedBiO with STORM momentum on x and y, one round",
+        "a local-lower-level method",
+        {"accelerated": True},
+        stateful=True,
+    ),
+    AlgorithmSpec(
+        "fedavg",
+        SingleLevelConfig,
+        "fednest_mpi.algorithms.singlelevel:SingleLevel",
+        "FedAvg = LFedInn (Alg. 6) on g(x0, .), x fixed: T rounds",
+        "a single-level method",
+        {"inner_variance_reduction": False},
+    ),
+    AlgorithmSpec(
+        "fedsvrg",
+        SingleLevelConfig,
+        "fednest_mpi.algorithms.singlelevel:SingleLevel",
+        "FedSVRG = FedInn (Alg. 4) on g(x0, .), x fixed: 2T rounds",
+        "a single-level method",
+        {"inner_variance_reduction": True},
+    ),
+):
+    ALGORITHMS.register(_entry)
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -608,9 +665,10 @@ def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
     A config layer that names an algorithm (a file over its ``base``, ``--set algorithm.name=...`` over
     the file, a sweep's values) keeps only these from the layers below it: another algorithm's fields
     are left behind with that algorithm."""
-    if name not in ALGORITHMS:
+    spec_ = ALGORITHMS.resolve(name) if isinstance(name, str) else None
+    if spec_ is None:
         return dict(table)
-    own = _fields(ALGORITHMS[name].params)
+    own = _fields(spec_.params)
     every = set().union(*(_fields(s.params) for s in ALGORITHMS.values()))
     return {k: v for k, v in table.items() if k in own or k not in every}
 
@@ -655,6 +713,14 @@ class RunSection:
     device: str = spec("cpu", "torch device", choices=("cpu", "cuda"))
     dtype: str = spec("float64", "floating-point precision of iterates and oracles", choices=("float32", "float64"))
     torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
+    numerics: str = spec(
+        numerics.DEFAULT,
+        "which code paths of MKL, ATen and OpenBLAS compute the run: reproducible = chunk- and rank-count "
+        "invariant on every x86-64 CPU, the same bits on every Intel CPU with AVX2; portable = also the same "
+        "bits on Intel and AMD (slower products); native = each library's fastest path, no guarantee across "
+        "CPUs (docs/design.md)",
+        choices=tuple(numerics.MODES),
+    )
     chunk_clients: int = spec(
         0,
         "clients a rank evaluates at once; a round's members are processed chunk by chunk, so memory "
@@ -783,7 +849,8 @@ def _build(cls: type, data: Any, path: str):
             continue
         where = f"{path}.{name}"
         values[name] = _coerce(where, data[name], hints[name])
-        _check_range(where, values[name], f.metadata)
+        if name != "name":  # a section's name was resolved by its registry (a plugin's may be 'module:Class')
+            _check_range(where, values[name], f.metadata)
     return cls(**values)
 
 
@@ -791,13 +858,14 @@ def _build_problem(data: Any):
     if not isinstance(data, dict):
         raise ConfigError(f"problem: expected a table of fields, got {data!r}")
     name = data.get("name", "quadratic")
-    if name not in PROBLEMS:
+    spec_ = PROBLEMS.resolve(name) if isinstance(name, str) else None
+    if spec_ is None:
         raise ConfigError(
             f"problem.name: unknown problem {name!r}"
-            + did_you_mean(str(name), PROBLEMS)
-            + f"; choose from {', '.join(PROBLEMS)}"
+            + did_you_mean(str(name), PROBLEMS.names())
+            + f"; choose from {', '.join(PROBLEMS.names())}, or name a plugin class as 'module:Class'"
         )
-    return _build(PROBLEMS[name].params, data, "problem")
+    return _build(spec_.params, data, "problem")
 
 
 def _build_algorithm(data: Any):
@@ -807,12 +875,13 @@ def _build_algorithm(data: Any):
     if not isinstance(data, dict):
         raise ConfigError(f"algorithm: expected a table of fields, got {data!r}")
     name = data.get("name", "fednest")
-    if name not in ALGORITHMS:
+    spec_ = ALGORITHMS.resolve(name) if isinstance(name, str) else None
+    if spec_ is None:
         raise ConfigError(
-            f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS))}"
-            + did_you_mean(str(name), ALGORITHMS)
+            f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS.names()))}"
+            + did_you_mean(str(name), ALGORITHMS.names())
+            + ", or name a plugin class as 'module:Class'"
         )
-    spec_ = ALGORITHMS[name]
     own, kept = _fields(spec_.params), {}
     for key, value in data.items():
         owners = [s for s in ALGORITHMS.values() if key not in own and key in _fields(s.params)]
@@ -1070,7 +1139,10 @@ def _traits(spec_: AlgorithmSpec) -> str:
 
 
 def reference_markdown() -> str:
-    """The config reference as Markdown, generated from the field metadata and the registries."""
+    """The config reference as Markdown, generated from the field metadata and the registries (the
+    installed plugins included)."""
+    list(PROBLEMS.load_all())
+    list(ALGORITHMS.load_all())
     lines = [
         "# Configuration reference",
         "",

@@ -8,6 +8,7 @@ arrays) for every hosted client plus the problem's shared base arrays, as numpy 
 torch copies, 8 bytes each -- with the memory the node has available (``MemAvailable`` of
 ``/proc/meminfo``). Problems whose data are a fixed data set (MNIST, Adult) or generated on demand
 (synthetic) store nothing that grows with the config beyond the data set, and are not checked.
+A problem takes part by its parameter class's method ``stored_numbers_per_client()`` (docs/extending.md).
 No MPI here: the runner agrees on the verdict (:func:`fednest_mpi.runner.agree_on_usage_error`).
 """
 
@@ -20,15 +21,10 @@ from fednest_mpi.text import format_bytes
 
 
 def numbers_per_client(problem) -> int:
-    """Numbers stored per client by the problem of config section ``problem`` (0: not checked)."""
-    name = problem.name
-    if name == "quadratic":  # G, P (dim_y^2 each), B (dim_y x dim_x), c, a (dim_y), e (dim_x)
-        return 2 * problem.dim_y**2 + problem.dim_y * problem.dim_x + 2 * problem.dim_y + problem.dim_x
-    if name == "compositional":  # R (dim_y x dim_x), c, a, p (dim_y)
-        return problem.dim_y * problem.dim_x + 3 * problem.dim_y
-    if name == "minimax":  # t_i and b_i (dim)
-        return 1 + problem.dim
-    return 0
+    """Numbers stored per client by the problem of config section ``problem``: its parameter class's
+    ``stored_numbers_per_client()`` (a plugin's too), 0 where it has none (not checked)."""
+    count = getattr(problem, "stored_numbers_per_client", None)
+    return int(count()) if callable(count) else 0
 
 
 def available_bytes() -> int | None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import checkpoint as ckpt_io
+from fednest_mpi import numerics
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
@@ -43,12 +44,21 @@ BOOKKEEPING = {
     "wall_time": ("wall time since the start of the loop", "s"),
     "algorithm_time": ("wall time of the iteration's algorithm part on rank 0", "s"),
     "evaluation_time": ("wall time of the iteration's evaluation", "s"),
-    "hypergradient_estimate_norm": (
-        "||h||, the aggregated hypergradient estimate of FedOut (NaN for local variants)",
-        "1",
-    ),
 }
 ORACLE_COLUMNS = {f"oracle_{name}": (f"cumulative {name} oracle calls, summed over clients", "1") for name in ORACLES}
+
+
+def diagnostic_values(algorithm: type, diag: dict) -> dict[str, float]:
+    """The columns of the algorithm's declared :attr:`~fednest_mpi.algorithms.Algorithm.diagnostics` from
+    one step's ``diag`` (NaN where it reports none); a key it does not declare is an error of the algorithm."""
+    declared = algorithm.diagnostics  # type: ignore[attr-defined]
+    extra = sorted(set(diag) - set(declared))
+    if extra:
+        raise TypeError(
+            f"{algorithm.__qualname__}.step returned the diagnostics {', '.join(map(repr, extra))}, which "
+            f"{algorithm.__qualname__}.diagnostics does not declare; add name -> (description, units) there"
+        )
+    return {name: float(diag.get(name, math.nan)) for name in declared}
 
 
 @dataclass
@@ -204,8 +214,14 @@ class Simulation:
 
     def __init__(self, cfg: RunConfig, comm, problem_wrapper=None):
         keep_freed_memory()
+        try:  # before the first computation: which MKL, ATen and OpenBLAS paths compute the run
+            paths, numerics_error = numerics.establish(cfg.run.numerics), None
+        except ConfigError as exc:  # agreed on below with the other usage errors
+            paths, numerics_error = numerics.in_force(), exc
         torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
+        #: numerics.in_force() on this rank: the code paths in force (run file attribute ``numerics``)
+        self.numerics = {"mode": cfg.run.numerics, **paths}
         self.fed = Federation(
             comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait, cfg.federation.placement
         )
@@ -218,8 +234,10 @@ class Simulation:
             )
         # no collective below until the agreement: a usage error (missing or damaged data file,
         # a data-dependent config check) on any rank ends every rank with the same message
-        error = None
+        error: UsageError | None = numerics_error
         try:
+            if error is not None:
+                raise error
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
             self.problem = build_problem(
@@ -237,10 +255,21 @@ class Simulation:
                 "lower problem.n_clients or the dimensions, or run on more nodes"
             )
         agree_on_usage_error(comm, error)
+        #: numerics.cpu_class of every rank (one allgather): ranks of different classes may round differently
+        self.cpu_classes = comm.allgather(numerics.cpu_class(paths))
+        if self.fed.rank == 0 and len(set(self.cpu_classes)) > 1:
+            logger.warning(
+                "the ranks run on CPUs of %d classes (%s): results may differ in the last bits from a run on one "
+                "class; /ranks/cpu_class says which rank ran where (run.numerics = 'portable' removes the vendor "
+                "difference, docs/design.md)",
+                len(set(self.cpu_classes)),
+                " | ".join(sorted(set(self.cpu_classes))),
+            )
 
     def columns(self) -> dict[str, tuple[str, str]]:
         """name -> (description, units) of every per-iteration value :meth:`run` records."""
         cols = dict(BOOKKEEPING)
+        cols.update(type(self.algorithm).diagnostics)
         cols.update(ORACLE_COLUMNS)
         cols.update(self.problem.metric_info())
         for name, info in self._training_columns().items():
@@ -349,8 +378,8 @@ class Simulation:
                 "wall_time": base_wall + time.perf_counter() - start,
                 "algorithm_time": alg_seconds,
                 "evaluation_time": eval_seconds,
-                "hypergradient_estimate_norm": diag.get("hypergradient_estimate_norm", math.nan),
             }
+            row.update(diagnostic_values(type(self.algorithm), diag))
             row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
             if train_columns:

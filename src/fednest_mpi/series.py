@@ -41,6 +41,7 @@ def series_layout(sim, keep_rows: int | None = None) -> SeriesLayout:
         dim_y=sim.problem.dim_y,
         dtype=str(x.cpu().numpy().dtype),
         keep_rows=keep_rows,
+        cpu_classes=tuple(sim.cpu_classes),
     )
 
 

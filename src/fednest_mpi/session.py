@@ -14,6 +14,7 @@ and ``step_wrapper`` hooks, used by ``bench/``).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import traceback
@@ -132,6 +133,7 @@ class Session:
                         "problem": cfg.problem.name,
                         "algorithm": cfg.algorithm.name,
                         "config_json": cfg.to_json(),
+                        "numerics": json.dumps(sim.numerics),
                     }
                     keep = resume.output_rows if resume else None
                     writer = RunWriter(

@@ -4,8 +4,6 @@ Which names exist, their parameter classes and their traits are the entries of
 :data:`fednest_mpi.config.ALGORITHMS`; :func:`build_algorithm` instantiates the entry's implementation.
 """
 
-import importlib
-
 from fednest_mpi import config
 from fednest_mpi.algorithms.base import Algorithm, ClientStore, State
 from fednest_mpi.algorithms.fedbio import FedBiO
@@ -19,6 +17,7 @@ from fednest_mpi.algorithms.fednest import (
 )
 from fednest_mpi.algorithms.minimax import FedAvgS
 from fednest_mpi.algorithms.singlelevel import SingleLevel
+from fednest_mpi.registry import import_class
 
 __all__ = [
     "Algorithm",
@@ -40,8 +39,10 @@ __all__ = [
 
 def implementation(name: str) -> type[Algorithm]:
     """The class of the algorithm named ``name`` (its registry entry's ``implementation``)."""
-    module, cls = config.ALGORITHMS[name].implementation.split(":")
-    return getattr(importlib.import_module(module), cls)
+    spec = config.ALGORITHMS.resolve(name)
+    if spec is None:
+        raise config.ConfigError(f"algorithm.name: unknown algorithm {name!r}")
+    return import_class(spec.implementation)
 
 
 def build_algorithm(cfg, problem, fed, seed: int) -> Algorithm:

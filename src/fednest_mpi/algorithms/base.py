@@ -148,6 +148,15 @@ class Algorithm(ABC):
     """
 
     recorder = OFF
+    #: name -> (description, units) of every key :meth:`step` may return in its diagnostics: each becomes a
+    #: column of the run file's /iterations (NaN in an iteration that does not report it); a key not declared
+    #: here fails the run. Subclasses extend it: ``diagnostics = {**Algorithm.diagnostics, "name": (...)}``.
+    diagnostics: dict[str, tuple[str, str]] = {
+        "hypergradient_estimate_norm": (
+            "||h||, the aggregated hypergradient estimate of FedOut (NaN for local variants)",
+            "1",
+        ),
+    }
 
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
         self.cfg = cfg

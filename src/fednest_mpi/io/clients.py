@@ -51,6 +51,7 @@ class SeriesLayout:
     dim_y: int
     dtype: str  # numpy dtype of the snapshots (the run's float type)
     keep_rows: int | None = None  # resuming: keep iterations 0..keep_rows-1 of the existing run
+    cpu_classes: tuple[str, ...] = ()  # numerics.cpu_class of every rank (/ranks/cpu_class)
 
     @property
     def size(self) -> int:
@@ -65,6 +66,9 @@ class SeriesLayout:
         iteration = f[S.GROUP][S.SCALE]
         group = f.create_group(S.RANKS)
         group.create_dataset(S.RANK_SCALE, data=np.arange(self.size, dtype=np.int64)).make_scale(S.RANK_SCALE)
+        if self.cpu_classes:
+            d = group.create_dataset(S.RANK_CPU_CLASS, data=np.array(self.cpu_classes, dtype=h5py.string_dtype()))
+            d.attrs["description"] = "the rank's CPU class: vendor and the MKL, ATen and OpenBLAS code paths in force"
         for name, (description, units) in S.RANK_SERIES.items():
             d = group.create_dataset(
                 name,

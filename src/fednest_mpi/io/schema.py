@@ -62,6 +62,7 @@ CLIENT_SERIES = {
 # -- /ranks: ranks x iterations ------------------------------------------------------------------------
 RANKS = "ranks"
 RANK_SCALE = "rank"  # /ranks/rank: 0..P-1
+RANK_CPU_CLASS = "cpu_class"  # /ranks/cpu_class: (P,) strings, fednest_mpi.numerics.cpu_class
 RANK_SERIES = {
     "compute_seconds": ("wall time of the rank's algorithm part outside aggregations", "s"),
     "wait_seconds": ("time inside aggregations before the last rank entered them (waiting for others)", "s"),

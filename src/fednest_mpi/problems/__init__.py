@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from fednest_mpi import config
@@ -15,6 +13,7 @@ from fednest_mpi.problems.losstuning import LossTuningProblem
 from fednest_mpi.problems.minimax import MinimaxProblem
 from fednest_mpi.problems.quadratic import QuadraticProblem
 from fednest_mpi.problems.synthetic import SyntheticProblem
+from fednest_mpi.registry import import_class
 
 __all__ = [
     "ORACLES",
@@ -35,5 +34,7 @@ def build_problem(
 ) -> BilevelProblem:
     """The problem named by ``cfg.name`` (its entry in :data:`fednest_mpi.config.PROBLEMS`), hosting the
     client ids in ``clients``."""
-    module, cls = config.PROBLEMS[cfg.name].implementation.split(":")
-    return getattr(importlib.import_module(module), cls)(cfg, seed, clients, device=device, dtype=dtype)
+    spec = config.PROBLEMS.resolve(cfg.name)
+    if spec is None:
+        raise config.ConfigError(f"problem.name: unknown problem {cfg.name!r}")
+    return import_class(spec.implementation)(cfg, seed, clients, device=device, dtype=dtype)

@@ -45,8 +45,15 @@ _TAG = {"grad_x_outer": 1, "grad_y_outer": 2, "grad_y_inner": 3}
 
 
 def _orthogonal(keys: np.ndarray, d: int) -> np.ndarray:
-    q, r = np.linalg.qr(rng.normal(keys, d * d).reshape(-1, d, d))
+    # LAPACK through torch (MKL, whose code path run.numerics pins), not numpy's OpenBLAS, whose kernels
+    # differ by CPU (SkylakeX vs Haswell give other bits for the same QR: numerics.py)
+    q, r = (t.numpy() for t in torch.linalg.qr(torch.from_numpy(rng.normal(keys, d * d).reshape(-1, d, d))))
     return q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
+
+
+def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a^-1 b for stacks of matrices, by MKL's LAPACK (see :func:`_orthogonal`)."""
+    return torch.linalg.solve(torch.from_numpy(a), torch.from_numpy(b)).numpy()
 
 
 def _spd(keys: np.ndarray, d: int, low: float, high: float) -> np.ndarray:
@@ -120,7 +127,7 @@ class QuadraticProblem(BilevelProblem):
         sums = None
         for start in range(0, self.n_clients, _CHUNK):
             d = self._client_arrays(np.arange(start, min(start + _CHUNK, self.n_clients)))
-            M, u = np.linalg.solve(d["G"], d["B"]), np.linalg.solve(d["G"], d["c"][..., None])[..., 0]
+            M, u = _solve(d["G"], d["B"]), _solve(d["G"], d["c"][..., None])[..., 0]
             r = u - d["a"]
             part = {
                 "G": d["G"].sum(0),

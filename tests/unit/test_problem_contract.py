@@ -1,0 +1,66 @@
+"""The oracle contract of docs/extending.md, checked for every registered problem (built-ins and the test
+plugins): shapes and dtypes of the five oracles, empty blocks (B = 0, as FedBiO / FedBiOAcc ask for on a
+rank none of whose clients take part), one-client blocks, and rows that do not depend on their block."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from shared_data import DATA, need
+from small_configs import small_synthetic
+
+from fednest_mpi import config
+from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.base import Sample, shared_rows
+
+SMALL = {  # a small problem section per built-in (an entry without one is checked with its defaults)
+    "quadratic": {"n_clients": 6, "dim_x": 3, "dim_y": 4, "gradient_noise": 0.1},
+    "hyper_representation": {"n_clients": 20, "hidden": 8, "batch_size": 4, "data_dir": str(DATA)},
+    "loss_tuning": {"n_clients": 20, "hidden1": 6, "hidden2": 5, "batch_size": 4, "max_per_class": 100},
+    "minimax": {"n_clients": 6, "dim": 3},
+    "compositional": {"n_clients": 6, "dim_x": 2, "dim_y": 3},
+    "synthetic": small_synthetic(n_clients=12),
+    "fairness": {"n_clients": 6, "data_dir": str(DATA)},
+}
+NEEDS = {"hyper_representation": "mnist", "loss_tuning": "mnist", "fairness": "adult"}
+PLUGIN = "tiny_plugins:TinyQuadratic"  # a plugin registered by the tests (tests/plugins), checked like the built-ins
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
+config.PROBLEMS.resolve(PLUGIN)
+NAMES = sorted(config.PROBLEMS)  # every entry, plugins included
+
+
+def problem_of(name, dtype=torch.float64):
+    section = {**SMALL.get(name, {}), "name": name}
+    if name in NEEDS:
+        need(DATA / NEEDS[name])
+        section["data_dir"] = str(DATA)
+    cfg = config.from_dict({"problem": section, "algorithm": {"clients_per_round": 2}})
+    return build_problem(cfg.problem, 3, range(0, cfg.problem.n_clients), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", NAMES)
+def test_oracles_keep_the_contract_on_empty_single_and_shared_blocks(name, dtype):
+    problem = problem_of(name, dtype)
+    x, y = problem.initial_point()
+    assert x.shape == (problem.dim_x,) and y.shape == (problem.dim_y,) and x.dtype == y.dtype == dtype
+    sample = Sample(12345, 1)
+    for ids in (np.array([], dtype=np.int64), np.array([2]), np.array([0, 2, 3])):
+        B = ids.size
+        X, Y = shared_rows(x, B), shared_rows(y, B)
+        V = torch.ones(B, problem.dim_y, dtype=dtype)
+        for oracle, args, width in (
+            (problem.grad_x_outer, (X, Y), problem.dim_x),
+            (problem.grad_y_outer, (X, Y), problem.dim_y),
+            (problem.grad_y_inner, (X, Y), problem.dim_y),
+            (problem.hvp_yy_inner, (X, Y, V), problem.dim_y),
+            (problem.jvp_xy_inner, (X, Y, V), problem.dim_x),
+        ):
+            out = oracle(ids, *args, sample)
+            assert out.shape == (B, width) and out.dtype == dtype, (oracle.__name__, B, out.shape, out.dtype)
+            assert torch.isfinite(out).all(), (oracle.__name__, B)
+            if B == 3:  # client 2's row alone equals its row inside the block
+                alone = oracle(np.array([2]), *(a[:1] for a in args), sample)
+                torch.testing.assert_close(alone[0], out[1], rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
