@@ -9,7 +9,7 @@ MPI_TIMEOUT ?= timeout -k 10 300
 export MPI4PY_RC_THREAD_LEVEL ?= single
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test lint test-serial test-mpi docs bench invariance clean install-openmpi test-openmpi test-cluster
+.PHONY: install test lint test-serial test-mpi test-examples docs bench invariance clean install-openmpi test-openmpi test-cluster
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-mpi:
 	done
 	@echo "== chunk and rank invariance on 2 ranks with MKL's AUTO branch (what a non-Intel CPU gets in mode reproducible)"
 	FEDNEST_MKL_BRANCH=AUTO $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(BIN)/python -m pytest -q --only-mpi tests/mpi/test_chunking.py
+
+# the examples as a user runs them: wheel + example packages in a fresh venv, run outside the tree
+# under mpiexec -n 2, and a rendered sweep over a plugin (about 2 min)
+test-examples:
+	$(TIMEOUT) bash jobs/ci/examples.sh
 
 # ---- a second MPI: mpi4py built from source against Debian's Open MPI, in its own venv, as
 # docs/install.md tells cluster users (apt-get when the library is absent and we are root)

@@ -123,6 +123,25 @@ def _output_is_a_folder(tmp):
     ) + "' is a folder"
 
 
+def _output_is_a_fifo(tmp):  # as /dev/null (a device): never replaced by the run's file (issue 26, finding 1)
+    os.mkfifo(tmp / "pipe.h5")
+    return ["--output", str(tmp / "pipe.h5"), "--overwrite"], "is not a regular file (a device, FIFO or socket)"
+
+
+def _output_is_a_symlink(tmp):  # a planted link to another file of the user's
+    (tmp / "precious.txt").write_text("keep me")
+    (tmp / "link.h5").symlink_to(tmp / "precious.txt")
+    return ["--output", str(tmp / "link.h5"), "--overwrite"], "is a symbolic link, which a run never replaces"
+
+
+def _output_with_a_trailing_slash(tmp):
+    return ["--output", f"{tmp}/new.h5/"], "/new.h5/' is a folder; give the path of a file"
+
+
+def _output_name_too_long(tmp):
+    return ["--output", str(tmp / ("x" * 300 + ".h5"))], "is over 255 bytes; choose a shorter name"
+
+
 def _checkpoint_under_a_file(tmp):
     (tmp / "plain").write_text("x")
     return ["--set", f"run.checkpoint_dir='{tmp / 'plain' / 'ck'}'"], "run.checkpoint_dir: '" + str(
@@ -147,7 +166,17 @@ def _not_writable(tmp, monkeypatch):
     ) + "' is not writable"
 
 
-BAD_PATHS = [_output_under_a_file, _output_is_a_folder, _checkpoint_under_a_file, _disk_full, _not_writable]
+BAD_PATHS = [
+    _output_under_a_file,
+    _output_is_a_folder,
+    _output_is_a_fifo,
+    _output_is_a_symlink,
+    _output_with_a_trailing_slash,
+    _output_name_too_long,
+    _checkpoint_under_a_file,
+    _disk_full,
+    _not_writable,
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,6 +345,10 @@ def test_bad_path(tmp_path, capsys, monkeypatch, case):
     code, err = run_main(capsys, cfg, *args)
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "default.h5").exists()
+    if case is _output_is_a_symlink:
+        assert (tmp_path / "precious.txt").read_text() == "keep me" and (tmp_path / "link.h5").is_symlink()
+    if case is _output_is_a_fifo:
+        assert (tmp_path / "pipe.h5").is_fifo()
 
 
 @pytest.mark.parametrize("name,damage,extra,message", BAD_DATA, ids=[c[0] for c in BAD_DATA])

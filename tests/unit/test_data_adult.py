@@ -114,7 +114,7 @@ def test_malformed_rows(tmp_path, name, train, test, pattern):
 def test_missing_or_broken_files(tmp_path):
     folder = write_files(tmp_path / "adult")
     (folder / "adult.test.gz").unlink()
-    with pytest.raises(DataError, match=r"Adult file '.*adult.test.gz' not found .*download adult --dir"):
+    with pytest.raises(DataError, match=r"Adult file '.*adult.test.gz' not found .*download adult --dest"):
         load_adult(folder)
     (folder / "adult.test.gz").write_text(TEST)
     with pytest.raises(DataError, match="adult.test.gz' is not a valid gzip file"):

@@ -120,7 +120,7 @@ def _wrong_size(folder):
 
 def _missing(folder):
     (folder / "train-labels-idx1-ubyte.gz").unlink()
-    return "train-labels-idx1-ubyte.gz", r"MNIST file .* not found in .*looked for .*download mnist --dir"
+    return "train-labels-idx1-ubyte.gz", r"MNIST file .* not found in .*looked for .*download mnist --dest"
 
 
 def _not_gzip(folder):
@@ -171,7 +171,7 @@ def test_resolve_data_dir(tmp_path, monkeypatch):
     assert resolve_data_dir(str(root), "mnist") == root / "mnist"  # a root with one folder per data set
     assert resolve_data_dir(str(root / "adult"), "adult") == root / "adult"  # the data set's own folder
     assert resolve_data_dir(str(root), "fashion") == root  # no fashion-mnist/ subfolder: the folder itself
-    with pytest.raises(DataError, match="no data directory for mnist: set data.dir or .*FEDNEST_DATA"):
+    with pytest.raises(DataError, match="no data directory for mnist: set problem.data_dir or .*FEDNEST_DATA"):
         resolve_data_dir(None, "mnist")
     monkeypatch.setenv(files.ENV_VAR, str(root))
     assert resolve_data_dir(None, "adult") == root / "adult"

@@ -1,6 +1,6 @@
 """Data layer: real data sets (MNIST, Fashion-MNIST, UCI Adult), their download, and client partitions.
 
-* :mod:`.files`: data directory resolution (``data.dir`` / ``FEDNEST_DATA``), safe reading, MD5SUMS;
+* :mod:`.files`: data directory resolution (``problem.data_dir`` / ``FEDNEST_DATA``), safe reading, MD5SUMS;
 * :mod:`.mnist`: IDX reader and :func:`load_mnist`;
 * :mod:`.adult`: :func:`load_adult`;
 * :mod:`.download`: :func:`download` with checksums;

@@ -1,6 +1,6 @@
 """Where data files live, and reading them safely.
 
-* :func:`resolve_data_dir` turns the user's ``data.dir`` (or the ``FEDNEST_DATA`` environment
+* :func:`resolve_data_dir` turns the user's ``problem.data_dir`` (or the ``FEDNEST_DATA`` environment
   variable) into the folder of one data set. Either may name the data set's own folder or a root
   holding one subfolder per data set (``mnist/``, ``fashion-mnist/``, ``adult/``), the layout
   that :func:`fednest_mpi.data.download.download` writes.
@@ -41,19 +41,19 @@ def resolve_data_dir(explicit: str | os.PathLike | None, dataset: str) -> Path:
     ``adult``) that subfolder is returned, else the folder itself.
     """
     check_dataset(dataset)
-    source = "data.dir" if explicit else ENV_VAR
+    source = "problem.data_dir" if explicit else ENV_VAR
     base = explicit or os.environ.get(ENV_VAR)
     if not base:
         raise DataError(
-            f"no data directory for {dataset}: set data.dir or the environment variable {ENV_VAR} "
+            f"no data directory for {dataset}: set problem.data_dir or the environment variable {ENV_VAR} "
             f"(a folder with {', '.join(d.folder + '/' for d in DATASETS.values())} subfolders), "
-            f"or run `fednest-mpi download {dataset} --dir DIR` and point {ENV_VAR} at DIR"
+            f"or run `fednest-mpi download {dataset} --dest DIR` and point {ENV_VAR} at DIR"
         )
     root = Path(base).expanduser()
     if not root.is_dir():
         raise DataError(
             f"data directory '{root}' (from {source}) does not exist or is not a folder; "
-            f"fix {source}, or run `fednest-mpi download {dataset} --dir {root}`"
+            f"fix {source}, or run `fednest-mpi download {dataset} --dest {root}`"
         )
     sub = root / DATASETS[dataset].folder
     return sub if sub.is_dir() else root
@@ -68,8 +68,8 @@ def find_file(data_dir: Path, name: str, dataset: str) -> Path:
     root = data_dir.parent if data_dir.name == DATASETS[dataset].folder else data_dir
     raise DataError(
         f"{DATASETS[dataset].title} file '{data_dir / name}.gz' not found in data directory '{data_dir}' "
-        f"(looked for {name}.gz or {name}); set {ENV_VAR} or data.dir, "
-        f"or run `fednest-mpi download {dataset} --dir {root}`"
+        f"(looked for {name}.gz or {name}); set {ENV_VAR} or problem.data_dir, "
+        f"or run `fednest-mpi download {dataset} --dest {root}`"
     )
 
 

@@ -125,8 +125,19 @@ def _pseudo_file_system(folder: Path) -> str:
 def check_output_path(path: str | Path, overwrite: bool) -> None:
     """Refuse an existing output unless ``overwrite``; refuse an unwritable or full directory. No I/O beyond stat."""
     p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"run.output: {str(p)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}")
+    if len(p.name.encode()) > 255:
+        raise UsageError(f"run.output: the file name {p.name[:40]!r}... is over 255 bytes; choose a shorter name")
+    if "\0" in str(path):
+        raise UsageError(f"run.output: {str(path)!r} holds a NUL byte; give a path without it")
+    if str(path).endswith("/") or p.is_dir():
+        raise UsageError(
+            f"run.output: {str(path)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}"
+        )
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        what = "a symbolic link" if p.is_symlink() else "not a regular file (a device, FIFO or socket)"
+        raise UsageError(
+            f"run.output: {str(p)!r} is {what}, which a run never replaces; give the path of a regular file"
+        )
     if p.exists() and not overwrite:
         raise UsageError(
             f"run.output: {str(p)!r} already exists; choose another path or pass --overwrite (run.overwrite = true), "
