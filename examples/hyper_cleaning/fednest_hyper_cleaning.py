@@ -1,5 +1,5 @@
-"""Federated data hyper-cleaning on MNIST, a fednest-mpi problem plugin (Franceschi et al. 2017, sec. 5.1;
-federated as in FedNest's reading of eq. (1): each client cleans its own training split).
+"""Federated data hyper-cleaning on MNIST (Franceschi et al., ICML 2017), a fednest-mpi problem plugin:
+FedNest's problem (1) with each client's g_i and f_i on its own training and validation splits.
 
 A keyed random subset of ``n_samples`` MNIST training images is split into clients (``partition``)
 and each client's samples into a training (inner) and a clean validation (outer) split. A fraction
@@ -99,7 +99,7 @@ class HyperCleaning(BilevelProblem):
         return a, r, p, w, at, s
 
     def _rows(self, coef, a):
-        return (coef.transpose(1, 2) @ a).reshape(len(a), -1)
+        return (coef.transpose(1, 2) @ a).reshape(len(a), self.dim_y)
 
     def _grad_x_outer(self, clients, x, y, sample):
         return torch.zeros(len(clients), self.dim_x, dtype=self.dtype, device=self.device)

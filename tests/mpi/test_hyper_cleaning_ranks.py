@@ -16,18 +16,21 @@ from shared_data import DATA, requires
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper_cleaning"))
-from fednest_hyper_cleaning import HyperCleaning  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper_cleaning"))  # the plugin's folder
 
 pytestmark = requires("mnist")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["fednest", "lfednest"])
-def test_plugin_run_is_bitwise_rank_and_chunk_invariant(monkeypatch, name):
-    spec = config.ProblemSpec("hyper_cleaning", HyperCleaning.Params, "fednest_hyper_cleaning:HyperCleaning")
-    monkeypatch.setitem(config.PROBLEMS, "hyper_cleaning", spec)
-    problem = {"name": "hyper_cleaning", "data_dir": str(DATA), "n_samples": 1500, "n_clients": 7, "batch_size": 16}
+def test_plugin_run_is_bitwise_rank_and_chunk_invariant(name):
+    problem = {
+        "name": "fednest_hyper_cleaning:HyperCleaning",
+        "data_dir": str(DATA),
+        "n_samples": 1500,
+        "n_clients": 7,
+        "batch_size": 16,
+    }
     algorithm = {"name": name, "outer_iterations": 3, "clients_per_round": 5, "outer_lr": 1000.0}
 
     def cfg(chunk):

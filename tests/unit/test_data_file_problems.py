@@ -64,14 +64,17 @@ def _problem(path, **fields):
 def test_a_file_that_does_not_fit_is_one_message(tmp_path):
     gen = np.random.default_rng(0)
     x, y = gen.normal(size=(400, 784)), gen.integers(0, 10, 400)
-    path = convert_arrays(x, y, tmp_path / "a.h5", "iid", 10, seed=0, test=(x[:9], y[:9]))
+    path = convert_arrays(x, y, tmp_path / "a.h5", "iid", 10, seed=0, test=(x[:60], y[:60]))
     with pytest.raises(ConfigError, match="problem.n_clients: 20, but problem.data_file .* holds 10 clients; set"):
         _problem(path)
     with pytest.raises(DataError, match=r"holds samples of shape \(7,\) in 10 classes; .* needs 784 numbers"):
-        _problem(convert_arrays(x[:, :7], y, tmp_path / "b.h5", "iid", 20, seed=0, test=(x[:9, :7], y[:9])))
+        _problem(convert_arrays(x[:, :7], y, tmp_path / "b.h5", "iid", 20, seed=0, test=(x[:60, :7], y[:60])))
     with pytest.raises(DataError, match="has no test set, which the metrics need"):
         _problem(convert_arrays(x, y, tmp_path / "c.h5", "iid", 20, seed=0))
     with pytest.raises(ConfigError, match="problem.batch_size: 17 is more than the 16 inner"):
-        _problem(convert_arrays(x, y, tmp_path / "d.h5", "iid", 20, seed=0, test=(x[:9], y[:9])), batch_size=17)
+        _problem(convert_arrays(x, y, tmp_path / "d.h5", "iid", 20, seed=0, test=(x[:60], y[:60])), batch_size=17)
+    with pytest.raises(DataError, match=r"its test set has no sample of class\(es\) 3, 5; the metrics need every"):
+        keep = (y[:50] != 3) & (y[:50] != 5)
+        _problem(convert_arrays(x, y, tmp_path / "e.h5", "iid", 20, seed=0, test=(x[:50][keep], y[:50][keep])))
     problem = _problem(path, n_clients=10, batch_size=8)  # 40 samples per client: 32 inner, 8 outer
-    assert problem.inputs.shape == (3 * 40, 784) and problem.test_inputs.shape == (9, 784)
+    assert problem.inputs.shape == (3 * 40, 784) and problem.test_inputs.shape == (60, 784)

@@ -1,7 +1,7 @@
 """The data hyper-cleaning plugin of examples/hyper_cleaning: its closed-form oracles against autograd
 on losses written with torch.nn.functional, its keyed label corruption, its AUC, and a FedNest run
-through runner.simulate (registered here by inserting a ProblemSpec into config.PROBLEMS, until
-plugins are discovered through their entry points)."""
+through runner.simulate, the plugin named in the config as 'fednest_hyper_cleaning:HyperCleaning'
+(its folder on sys.path; installed, its entry point names it 'hyper_cleaning')."""
 
 import sys
 from pathlib import Path
@@ -20,22 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper
 from fednest_hyper_cleaning import HyperCleaning, detection_auc  # noqa: E402
 
 pytestmark = requires("mnist")
-SPEC = config.ProblemSpec("hyper_cleaning", HyperCleaning.Params, "fednest_hyper_cleaning:HyperCleaning")
+PLUGIN = "fednest_hyper_cleaning:HyperCleaning"
 
 
 def _cfg(**algorithm):
-    problem = {"name": "hyper_cleaning", "data_dir": str(DATA), "n_samples": 3000, "n_clients": 10}
+    problem = {"name": PLUGIN, "data_dir": str(DATA), "n_samples": 3000, "n_clients": 10}
     fields = {"seed": 0, "problem": {**problem, "partition": "iid", "batch_size": 16}, "run": {"dtype": "float64"}}
     return config.from_dict({**fields, "algorithm": {"clients_per_round": 5, **algorithm}})
 
 
 @pytest.fixture
-def registered(monkeypatch):
-    monkeypatch.setitem(config.PROBLEMS, "hyper_cleaning", SPEC)
-
-
-@pytest.fixture
-def problem(registered):
+def problem():
     cfg = _cfg().problem
     return HyperCleaning(cfg, 0, range(3, 8), dtype=torch.float64), cfg
 
@@ -76,6 +71,17 @@ def test_oracles_match_autograd(problem):
         assert not prob.grad_x_outer(ids, X, Y, sample).any()
 
 
+def test_empty_blocks_give_empty_rows(problem):
+    prob, _ = problem
+    none, x, y = np.zeros(0, np.int64), torch.zeros(0, prob.dim_x), torch.zeros(0, prob.dim_y)
+    x, y = x.double(), y.double()
+    for sample in (None, Sample(rng.key(2), 1)):
+        assert prob.grad_x_outer(none, x, y, sample).shape == prob.jvp_xy_inner(none, x, y, y, sample).shape == x.shape
+        for rows in (prob.grad_y_outer(none, x, y, sample), prob.grad_y_inner(none, x, y, sample)):
+            assert rows.shape == y.shape
+        assert prob.hvp_yy_inner(none, x, y, y, sample).shape == y.shape
+
+
 def test_jvp_touches_only_the_clients_own_samples(problem):
     prob, _ = problem
     gen = torch.Generator().manual_seed(1)
@@ -86,7 +92,7 @@ def test_jvp_touches_only_the_clients_own_samples(problem):
     assert rows[own].abs().min() > 0 and not rows[~own].any()
 
 
-def test_corruption_keyed_by_sample_and_at_its_rate(registered):
+def test_corruption_keyed_by_sample_and_at_its_rate():
     cfg = _cfg().problem
     a, b = HyperCleaning(cfg, 0, range(0, 4)), HyperCleaning(cfg, 0, range(4, 10))
     np.testing.assert_array_equal(a.clean, b.clean)  # the same on every rank
@@ -96,7 +102,7 @@ def test_corruption_keyed_by_sample_and_at_its_rate(registered):
     assert not np.array_equal(HyperCleaning(cfg, 1, range(0, 4)).clean, a.clean)
 
 
-def test_data_file_is_refused(registered):
+def test_data_file_is_refused():
     with pytest.raises(config.ConfigError, match="problem.data_file: hyper_cleaning draws its clients from MNIST"):
         HyperCleaning(_cfg().problem.__class__(data_file="own.h5"), 0, range(2))
 
@@ -109,7 +115,7 @@ def test_auc_against_all_pairs():
     assert detection_auc(np.zeros(5), np.arange(5) < 2) == 0.5
 
 
-def test_fednest_run_detects_the_corrupted_labels(registered):
+def test_fednest_run_detects_the_corrupted_labels():
     cfg = _cfg(name="fednest", outer_iterations=8, inner_lr=0.1, outer_lr=100.0, inner_local_steps=10)
     history = simulate(cfg, SerialComm()).history
     assert history["detection_auc"][0] == 0.5  # x0 = 0: every weight ties

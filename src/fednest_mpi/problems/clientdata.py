@@ -188,8 +188,8 @@ class FileClients(HostedSamples):
     replaces ``cfg.partition``; each client's rows are split into inner and outer parts by
     :func:`~fednest_mpi.data.split_inner_outer` (keyed by the seed and the client id, as for
     :class:`ImageClients`); only the hosted block's rows are read, used as stored (no
-    normalisation); the metrics use the file's test set. Samples must have ``n_features`` numbers
-    and labels ``n_classes`` classes."""
+    normalisation); the metrics use the file's test set, which must hold every class. Samples must
+    have ``n_features`` numbers and labels ``n_classes`` classes."""
 
     def __init__(self, cfg, seed: int, clients: range, device, dtype, n_features: int, n_classes: int):
         data = FederatedFile(cfg.data_file)
@@ -223,6 +223,12 @@ class FileClients(HostedSamples):
                 f"{where} has no test set, which the metrics need; convert it with test_features and test_labels"
             )
         test_x, test_y = test
+        missing = np.setdiff1d(np.arange(n_classes), test_y)
+        if missing.size:  # per-class test metrics (loss_tuning's balanced accuracy) would be NaN
+            raise DataError(
+                f"{where}: its test set has no sample of class(es) {', '.join(map(str, missing[:10]))}; "
+                "the metrics need every class, so add test samples of them and convert again"
+            )
         self.test_inputs = torch.from_numpy(test_x.reshape(len(test_x), n_features)).to(device, dtype)
         self.test_targets = torch.from_numpy(test_y).to(device)
 
