@@ -5,6 +5,7 @@ with the number formats they use."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -193,12 +194,12 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
             lines.append("")
         lines.extend(_render(block, len(runs)))
     problems = sorted({r.problem for r in runs})
-    lines += [
-        "",
+    footer = (
         f"{len(runs)} run(s) of {', '.join(problems)}; best = max over iterations where the problem declares "
-        "higher is better, else min; time/iteration =",
-        "median over iterations 1..K (algorithm on rank 0); communication = final totals, bytes per rank.",
-    ]
+        "higher is better, else min; time/iteration = median over iterations 1..K (algorithm on rank 0); "
+        "communication = final totals, bytes per rank."
+    )
+    lines += ["", *textwrap.wrap(footer, width, break_on_hyphens=False)]
     return "\n".join(lines) + "\n"
 
 
