@@ -18,7 +18,6 @@ import logging
 import sys
 
 from fednest_mpi import __version__
-from fednest_mpi.config import DATASETS
 from fednest_mpi.errors import UsageError
 
 EPILOG_RUN = """\
@@ -32,6 +31,8 @@ example:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from fednest_mpi.config import DATASETS  # here, not at import: the stop signals are installed first
+
     parser = argparse.ArgumentParser(
         prog="fednest-mpi",
         description="MPI simulator for federated bilevel optimisation (FedNest family).",
@@ -323,6 +324,10 @@ def _jobs(args) -> int:
 
 
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["run"]:  # the program itself, not a test calling main(): as early as can be
+        from fednest_mpi import stop
+
+        stop.install()
     args = _parser().parse_args(argv)
     if args.command == "config-doc":
         from fednest_mpi.config import reference_markdown

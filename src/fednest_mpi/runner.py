@@ -313,8 +313,9 @@ class Simulation:
         progress : callable ``(k, row)`` called after every iteration (rank 0's display) or None.
         checkpoint_dir : folder for checkpoints (at iteration 0, every ``run.checkpoint_every``
             iterations, at the end and when stopped), or None for none.
-        stop : object whose ``requested`` says that this rank received a stop signal
-            (:class:`~fednest_mpi.checkpoint.StopSignals`) or None. The flag is OR-ed over the
+        stop : object whose ``requested`` says that this rank received a stop signal and whose
+            ``reached()`` is called once the ranks agreed to stop
+            (:class:`~fednest_mpi.stop.StopRequests`) or None. The flag is OR-ed over the
             ranks in the per-iteration bookkeeping reduction, so all ranks stop after the same
             iteration, with a checkpoint.
         resume : continue after this checkpoint (from :func:`fednest_mpi.checkpoint.load`, read
@@ -371,6 +372,8 @@ class Simulation:
                 totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
             counts = totals["oracle_counts"]
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
+            if n_stop > 0 and stop is not None:
+                stop.reached()
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
                 raise FloatingPointError(
@@ -453,7 +456,12 @@ class Simulation:
         like = self.problem.initial_point()[0]
         stats = self.fed.stats
         stats.rounds, stats.bytes, stats.seconds = resume.comm_rounds, resume.comm_bytes, resume.comm_seconds
-        clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
+        error, clients = None, {}
+        try:  # a client file missing or damaged since rank 0 checked them: every rank refuses together
+            clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
+        except UsageError as exc:
+            error = exc
+        agree_on_usage_error(self.fed.comm, error)
         self.algorithm.restore(
             {name: t.to(like.device) for name, t in resume.algorithm_state.items()},
             {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()},

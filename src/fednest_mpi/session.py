@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -41,6 +43,19 @@ class Session:
 
     def __init__(self, cfg, comm, *, resume: bool = False, log: logging.Logger | None = None):
         self.cfg, self.comm, self.resume, self.log = cfg, comm, resume, log or logging.getLogger("fednest_mpi")
+        self._locks: list = []
+        self._ending = threading.Lock()
+
+    def _exit_now(self, code: int, message: str, printer: bool) -> None:
+        """End this process at once (the files are closed): release the locks, print the line, exit."""
+        with self._ending:  # the stop watch and the failure watcher may both get here
+            for held in reversed(self._locks):
+                held.release()
+            if printer:
+                print(f"fednest-mpi: {message}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
     def run_to_file(self) -> int:
         from fednest_mpi import checkpoint, failure, lock
@@ -74,6 +89,7 @@ class Session:
                 locks.append(lock.acquire(cfg.run.output, "run.output", take_stale=self.resume))
                 locks.append(lock.acquire(folder, "run.checkpoint_dir", take_stale=self.resume))
                 if resume is not None:
+                    checkpoint.check_client_files(folder, resume)
                     check_resumable_output(cfg.run.output, resume.output_rows)
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
             except UsageError as exc:
@@ -84,6 +100,7 @@ class Session:
             for held in locks:
                 held.release()
             return report_usage_error(comm, exc)
+        self._locks = locks
         try:
             return self._simulate(resume, folder)
         finally:
@@ -98,6 +115,7 @@ class Session:
         from fednest_mpi.io.h5 import RunWriter
         from fednest_mpi.runner import Progress, Simulation
         from fednest_mpi.series import RunSeries, series_layout
+        from fednest_mpi.stop import StopRequests as stop_requests
 
         cfg, comm, log = self.cfg, self.comm, self.log
         rank, size = comm.Get_rank(), comm.Get_size()
@@ -111,8 +129,26 @@ class Session:
                 series.close(kept if kept is not None else series.completed)
             return kept
 
+        def end_now(code: int, message: str) -> None:
+            """stop.StopRequests: end the run at once (a second signal, run.stop_timeout, the watchdog)."""
+            folder_note = f"; the files are closed; continue from the last checkpoint ({folder}) with --resume"
+            if watch is not None:
+                rank0_closed = watch.end(code, message + folder_note)
+                self._exit_now(code, message + folder_note, rank == 0 or (not rank0_closed and rank == 1))
+            if failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
+                close_files()
+            self._exit_now(code, message + folder_note, rank == 0)
+
+        def on_end(code: int, message: str) -> None:
+            """failure.Watch: another rank ended the run at once; this rank's files are closed."""
+            self._exit_now(code, message, rank == 0)
+
+        stop_timeout = getattr(cfg.run, "stop_timeout", 15.0)
+        round_timeout = getattr(cfg.run, "round_timeout", 0.0)
         try:
-            with checkpoint.StopSignals() as stop:
+            with stop_requests(stop_timeout, round_timeout) as stop:
+                # until the files exist, ending at once is exiting (the locks released)
+                stop.arm(lambda code, message: self._exit_now(code, message, rank == 0))
                 log.info(
                     "fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s",
                     __version__,
@@ -150,16 +186,22 @@ class Session:
                     )
                 series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
                 if size > 1:  # an exception on any rank: every rank closes its files before the abort
-                    watch = failure.Watch(cfg.run.output, rank, size, close_files)
+                    watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
+                stop.arm(end_now)
 
                 def on_iteration(k, row):
                     last["k"] = k
+                    stop.beat(k)
                     if progress is not None:
                         progress(k, row)
 
                 result = sim.run(
                     writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
                 )
+                stop.disarm()
+        except UsageError as exc:  # agreed on by every rank (a client file of the checkpoint gone since the check)
+            close_files()
+            return report_usage_error(comm, exc)
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
             close_files()  # the bad iteration's client columns go
             if rank == 0:
