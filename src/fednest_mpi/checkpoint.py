@@ -161,7 +161,8 @@ def _load(path: Path, expected_digest: str | None = None) -> dict:
         obj = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- torch.load raises many kinds for a damaged file
         raise UsageError(
-            f"checkpoint file '{path}' cannot be read ({type(exc).__name__}: {exc}); start the run again without --resume"
+            f"checkpoint file '{path}' cannot be read ({type(exc).__name__}: {exc}); "
+            "start the run again without --resume"
         ) from None
     if not isinstance(obj, dict):
         raise UsageError(f"'{path}' is not a fednest-mpi checkpoint file")
@@ -173,7 +174,10 @@ def _identity_of(data: bytes) -> str:
     try:
         obj = torch.load(io.BytesIO(data.partition(b"\n")[2]), map_location="cpu", weights_only=True)
         who = obj["identity"]
-        return f" (it holds rank {who['rank']}'s clients at iteration {who['iteration']} of a run with config {who['config_sha256'][:12]})"
+        return (
+            f" (it holds rank {who['rank']}'s clients at iteration {who['iteration']} of a run with config "
+            f"{who['config_sha256'][:12]})"
+        )
     except Exception:  # noqa: BLE001 -- any damage: nothing to add
         return ""
 
@@ -256,7 +260,9 @@ def check_client_files(folder: str | Path, ckpt: Checkpoint) -> None:
     very file its manifest recorded (SHA-256) and belongs to this run and iteration. No MPI."""
     for name in sorted(ckpt.client_files):
         if not re.fullmatch(rf"clients-k{ckpt.iteration:09d}-r\d{{5}}\.pt", name):
-            raise UsageError(f"checkpoint file '{Path(folder) / MANIFEST}' names a client file {name!r} of another iteration")
+            raise UsageError(
+                f"checkpoint file '{Path(folder) / MANIFEST}' names a client file {name!r} of another iteration"
+            )
         _load(Path(folder) / name, ckpt.client_digests[name])
 
 

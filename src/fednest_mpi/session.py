@@ -111,7 +111,7 @@ class Session:
         """The run itself (after validation and locking): a usage error while building agrees across
         ranks; any exception
         aborts the job."""
-        from fednest_mpi import checkpoint, failure
+        from fednest_mpi import failure
         from fednest_mpi.io.h5 import RunWriter
         from fednest_mpi.runner import Progress, Simulation
         from fednest_mpi.series import RunSeries, series_layout
