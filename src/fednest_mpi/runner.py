@@ -23,7 +23,7 @@ from fednest_mpi import numerics
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
-from fednest_mpi.errors import ConfigError, DataError, UsageError
+from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
 from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
@@ -182,6 +182,7 @@ class Bookkeeping:
         "oracle_counts": len(ORACLES),
         "health": 2,
         "stop_requests": 1,
+        "lost_files": 1,  # ranks whose output file or client file was deleted or replaced
         "training": 5,
         "training_slots": VARIABLE,  # per-client (f_i, g_i) with the ordered reduction, see training_sums
         "phases": None,
@@ -355,12 +356,14 @@ class Simulation:
             # ranks, sum of their ranks), stop requests and the training-set sums (or their client slots)
             health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
+            lost = series.lost() if series is not None else None
             totals = Bookkeeping.unpack(
                 fed.sum_uncounted(
                     Bookkeeping.pack(
                         oracle_counts=problem.counts_vector() + base_counts,
                         health=health,
                         stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
+                        lost_files=[1.0 if lost else 0.0],
                         training=train,
                         training_slots=slots,
                         phases=phases,
@@ -374,6 +377,8 @@ class Simulation:
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
             if n_stop > 0 and stop is not None:
                 stop.reached()
+            if totals["lost_files"][0] > 0:  # every rank learns it here and stops
+                raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
                 raise FloatingPointError(

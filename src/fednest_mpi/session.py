@@ -23,8 +23,10 @@ import traceback
 from pathlib import Path
 
 from fednest_mpi import __version__
-from fednest_mpi.errors import UsageError
+from fednest_mpi.errors import OutputLost, UsageError
 from fednest_mpi.io.schema import PRIMARY_METRIC
+
+LOST_HINT = "its results are gone with it; start the run again (keep the output's folder in place while it runs)"
 
 
 def report_usage_error(comm, exc: UsageError) -> int:
@@ -212,6 +214,11 @@ class Session:
                     file=sys.stderr,
                 )
             return 1
+        except OutputLost as exc:  # every rank learnt it in the same bookkeeping reduction
+            close_files()
+            if rank == 0:
+                print(f"fednest-mpi: run failed: {exc}; {LOST_HINT}", file=sys.stderr)
+            return 1
         except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
             where = f" after iteration {last['k']}" if last["k"] is not None else ""
             message = f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
@@ -229,10 +236,14 @@ class Session:
                 watch.stop()
             if progress is not None:
                 progress.close()
+            lost = series.lost() if series is not None else None  # deleted after the last iteration's check
             if series is not None:
                 series.close()
             if writer is not None:
                 writer.close()
+        if lost:
+            print(f"fednest-mpi: run failed: {lost}; {LOST_HINT}", file=sys.stderr)
+            return 1
         if rank == 0 and result.stopped_by:
             print(
                 f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, "
