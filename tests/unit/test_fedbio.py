@@ -11,7 +11,7 @@ from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems import build_problem
-from fednest_mpi.runner import Simulation, simulate
+from fednest_mpi.runner import Simulation
 
 NAMES = ["fedbio", "fedbioacc"]
 
