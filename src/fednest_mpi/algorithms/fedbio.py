@@ -168,7 +168,8 @@ class FedBiO(LocalHypergradient, Algorithm):
         rank-count invariant); else each rank's partial sum."""
         fed, like = self.fed, self.store.initial[name]
         if fed.reduction == "ordered":
-            out = sum_in_client_order(fed.evaluation_sum(fed.block_slots(self.store.block_rows(name).numpy(force=True))))
+            slots = fed.block_slots(self.store.block_rows(name).numpy(force=True))
+            out = sum_in_client_order(fed.evaluation_sum(slots))
         else:
             out = fed.evaluation_sum(self.store.block_sum(name).numpy(force=True))
         return torch.as_tensor(out / fed.n_clients, dtype=like.dtype, device=like.device)
