@@ -70,7 +70,13 @@ def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
     if not isinstance(tasks, list) or not tasks:
         raise UsageError(f"{p}: no [[task]] tables; each task needs name, runs, metric, target, budget_rounds")
     out = []
-    kinds = {"name": str, "runs": str, "metric": str, "target": (int, float), "budget_rounds": int}
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "name": str,
+        "runs": str,
+        "metric": str,
+        "target": (int, float),
+        "budget_rounds": int,
+    }
     for i, task in enumerate(tasks):
         for key, kind in kinds.items():
             value = task.get(key)
@@ -208,7 +214,7 @@ def benchmark_table(
         folder.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         rows = task_rows(task)
-        seeds = sorted({r.config.get("seed") for row in rows for r in row.runs})
+        seeds = sorted({int(r.config.get("seed", 0)) for row in rows for r in row.runs})
         lines += [
             f"### {task.name}",
             "",
