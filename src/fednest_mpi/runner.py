@@ -358,7 +358,7 @@ class Simulation:
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
             lost = series.lost() if series is not None else None
             totals = Bookkeeping.unpack(
-                fed.sum_uncounted(
+                fed.bookkeeping_sum(
                     Bookkeeping.pack(
                         oracle_counts=problem.counts_vector() + base_counts,
                         health=health,
