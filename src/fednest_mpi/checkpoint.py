@@ -50,9 +50,18 @@ VERSION = 2  # 2: a header line with the payload's SHA-256; the manifest records
 MANIFEST = "state.pt"
 # config fields a resumed run may change: they do not enter the iterates or the recorded values
 RESUMABLE_CHANGES = frozenset(
-    {"algorithm.outer_iterations", "run.log_every", "run.progress", "run.overwrite", "run.checkpoint_every"}
+    {
+        "algorithm.outer_iterations",
+        "run.log_every",
+        "run.progress",
+        "run.overwrite",
+        "run.checkpoint_every",
+        "run.stop_timeout",
+        "run.round_timeout",
+    }
 )
 
+PATH_FIELDS = ("run.output", "run.checkpoint_dir")  # compared as the files they name
 ClientStates = dict[str, tuple[np.ndarray, torch.Tensor]]
 
 
@@ -312,6 +321,11 @@ def config_differences(saved_json: str, cfg) -> list[str]:
     if isinstance(saved.get("algorithm"), dict):
         saved["algorithm"] = config.algorithm_fields(cfg.algorithm.name, saved["algorithm"])
     flat = [config.flatten_config(c, hashable=False) for c in (saved, json.loads(cfg.to_json()))]
+    for key in PATH_FIELDS:  # the same file however it is spelled (./runs/x.h5, runs/x.h5, /abs/runs/x.h5)
+        values = [f.get(key) for f in flat]
+        if all(isinstance(v, str) and v for v in values) and len({os.path.realpath(v) for v in values}) == 1:
+            for f in flat:
+                f.pop(key)
     return [
         f"{key}: checkpoint {then!r}, now {now!r}"
         for key, (then, now) in config.differing_fields(flat, ignore=RESUMABLE_CHANGES).items()

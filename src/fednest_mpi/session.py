@@ -145,10 +145,8 @@ class Session:
             """failure.Watch: another rank ended the run at once; this rank's files are closed."""
             self._exit_now(code, message, rank == 0)
 
-        stop_timeout = getattr(cfg.run, "stop_timeout", 15.0)
-        round_timeout = getattr(cfg.run, "round_timeout", 0.0)
         try:
-            with stop_requests(stop_timeout, round_timeout) as stop:
+            with stop_requests(cfg.run.stop_timeout, cfg.run.round_timeout) as stop:
                 # until the files exist, ending at once is exiting (the locks released)
                 stop.arm(lambda code, message: self._exit_now(code, message, rank == 0))
                 log.info(

@@ -359,7 +359,8 @@ def read_snapshots(path: str | Path) -> dict[str, np.ndarray]:
 
 def _remove_rank_files(run_path, pattern: str = "rank*.h5*") -> None:
     folder = S.client_dir(run_path)
-    for path in [p for glob in (pattern, ".rank*.partial") for p in folder.glob(glob)] if folder.is_dir() else ():
+    globs = (pattern, ".rank*.partial") if pattern == "rank*.h5*" else (pattern,)  # all: with unfinished new ones
+    for path in [p for glob in globs for p in folder.glob(glob)] if folder.is_dir() else ():
         path.unlink(missing_ok=True)
 
 
