@@ -1,7 +1,7 @@
 """Command line: ``fednest-mpi run | report | plot | recover | jobs | download | data | config-doc``
 (also ``python -m fednest_mpi``).
 
-Exit codes: 0 success, also a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint
+Exit codes: 0 success, also a run stopped by SIGTERM/SIGINT/SIGUSR1 after writing its checkpoint
 (continue it with ``--resume``); 1 failure of the run; 2 usage error (bad arguments, config,
 output path, checkpoint, missing or damaged data file). Usage errors are detected identically on
 every rank (or agreed on in one collective while building the problem) and printed once (by rank
