@@ -239,9 +239,28 @@ def _iterating(proc, out, timeout=60.0) -> None:
 
 
 def _ranks(proc) -> list[int]:
-    """pids of the Python processes (ranks) under ``proc`` (mpiexec), by rank order of their start."""
-    out = subprocess.run(["pgrep", "-g", str(proc.pid), "-f", "fednest_mpi run"], capture_output=True, text=True)
-    return sorted(int(p) for p in out.stdout.split() if int(p) != proc.pid)
+    """pids of the Python processes (the ranks) under ``proc`` (mpiexec and its proxy), in start order."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    below, todo = [], [proc.pid]
+    while todo:
+        pid = todo.pop()
+        children = [c for c, p in parents.items() if p == pid]
+        below += children
+        todo += children
+    ranks = []
+    for pid in below:
+        try:
+            if "fednest_mpi" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                ranks.append(pid)
+        except OSError:
+            continue
+    return sorted(ranks)
 
 
 def _ended(proc, timeout=LIMIT):
