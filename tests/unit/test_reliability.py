@@ -447,6 +447,11 @@ def _reconfigured(folder, tmp):
     path.write_bytes(f"{fmt} {version} {checkpoint.digest(payload)}\n".encode() + payload)
 
 
+def fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
 def _fifo_state(folder, tmp):
     (folder / "state.pt").unlink()
     os.mkfifo(folder / "state.pt")
@@ -618,6 +623,8 @@ CASES = [
         ONE_LINE,
     ),
     ("`run --resume`, a FIFO in place of `state.pt`", damaged_checkpoint(_fifo_state), ONE_LINE),
+    ("`run --resume`, a FIFO in place of the output file", resume_after(fifo), ONE_LINE),
+    ("`run --resume`, a FIFO in place of `RUN.clients/rank00000.h5`", resume_after(client_file(fifo)), ONE_LINE),
     (
         "`--resume` with the output spelled `./out.h5`, then absolute",
         resume_spelled,
