@@ -326,7 +326,7 @@ def config_differences(saved_json: str, cfg) -> list[str]:
     flat = [config.flatten_config(c, hashable=False) for c in (saved, json.loads(cfg.to_json()))]
     for key in PATH_FIELDS:  # the same file however it is spelled (./runs/x.h5, runs/x.h5, /abs/runs/x.h5)
         values = [f.get(key) for f in flat]
-        if all(isinstance(v, str) and v for v in values) and len({os.path.realpath(v) for v in values}) == 1:
+        if all(isinstance(v, str) and v for v in values) and len({os.path.realpath(str(v)) for v in values}) == 1:
             for f in flat:
                 f.pop(key)
     return [

@@ -401,7 +401,7 @@ def test_resume_usage_errors_exit_2(tmp_path, capsys):
 def test_every_single_bit_flip_in_a_checkpoint_is_refused(tmp_path, small_config):
     """Issue 26: of 300 single-bit flips, 110 in state.pt and 185 in a client file used to load
     without error (and resume to other numbers). Every one is now a usage error naming the file
-    (75 random flips in each file here)."""
+    (50 random flips in each file here)."""
     cfg = small_config()
     ck = checkpoint.Checkpoint(
         iteration=4,
@@ -422,7 +422,7 @@ def test_every_single_bit_flip_in_a_checkpoint_is_refused(tmp_path, small_config
     files = {p.name: p.read_bytes() for p in good.iterdir()}
     rnd = np.random.default_rng(26)
     for name, data in files.items():
-        for offset in rnd.integers(0, len(data), 75):
+        for offset in rnd.integers(0, len(data), 50):
             work = tmp_path / "work"
             work.mkdir()
             for other, content in files.items():
