@@ -80,7 +80,9 @@ def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str,
         return scale * p
     if mode != "randomized":
         raise ValueError(f"unknown Neumann mode {mode!r}")
-    if n_prime is None or not torch.is_tensor(n_prime):
+    if n_prime is None:
+        raise ValueError("the randomized Neumann series needs its truncation n_prime")
+    if not torch.is_tensor(n_prime):
         r = v
         for n in range(1, int(n_prime) + 1):
             r = step(n, r)

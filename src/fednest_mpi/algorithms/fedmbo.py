@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from fednest_mpi.algorithms.fednest import GlobalHypergradient, P
+from fednest_mpi.config import algorithm_params as shared
 from fednest_mpi.config import spec
 from fednest_mpi.problems.base import Sample
 from fednest_mpi.recorder import INNER
@@ -36,32 +37,27 @@ class FedMBOParams:
     """FedMBO (Huang, Zhang & Ji 2023): server-side minibatch SGD on y, a resampled federated hypergradient."""
 
     name: str = spec("fedmbo", "algorithm")
-    outer_iterations: int = spec(100, "outer iterations K", low=1)
+    outer_iterations: int = shared._outer_iterations()
     inner_rounds: int = spec(1, "T: rounds of server-side minibatch SGD on y per outer iteration", low=1)
-    clients_per_round: int = spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
+    clients_per_round: int = shared._clients_per_round()
     inner_lr: float = spec(0.01, "beta: server step size of y on the averaged inner gradient", low=0.0, low_open=True)
     outer_lr: float = spec(0.01, "alpha: server step size of x on the hypergradient h", low=0.0, low_open=True)
-    neumann_steps: int = spec(5, "N: Hessian-vector rounds of the estimator (FedIHGP, CG) or its local terms", low=0)
-    neumann_scale: float = spec(
-        0.01, "eta = 1/l_{g,1}: scale of the Neumann series (I - eta H)^k", low=0.0, low_open=True
-    )
-    ihgp_mode: str = spec(
-        "truncated",
-        "truncated: eta * sum_{k=0..N} (I - eta H)^k v; randomized: N eta (I - eta H)^{N'} v, N' ~ U{0..N-1}",
-        choices=("truncated", "randomized"),
-    )
-    ihgp_resample_clients: bool = spec(True, "a fresh client set for every Hessian-vector round (the paper)")
-    hypergradient: str = spec("implicit", "implicit, or direct (minimax problems only)", choices=("implicit", "direct"))
-    hypergradient_estimator: str = spec(
-        "neumann", "estimate of [nabla^2_yy g]^-1 nabla_y f", choices=("neumann", "local_neumann", "cg", "warm_start")
-    )
-    cg_tolerance: float = spec(0.0, "hypergradient_estimator = cg: relative residual to stop at", low=0.0)
+    neumann_steps: int = shared._neumann_steps()
+    neumann_scale: float = shared._neumann_scale()
+    ihgp_mode: str = shared._ihgp_mode()
+    ihgp_resample_clients: bool = shared._ihgp_resample_clients()
+    hypergradient: str = shared._hypergradient()
+    hypergradient_estimator: str = shared._hypergradient_estimator()
+    cg_tolerance: float = shared._cg_tolerance()
+
+    check = shared._check_randomized_neumann
 
 
 class FedMBO(GlobalHypergradient):
     """FedMBO (module docstring): T server-side minibatch-SGD rounds on y, then x - alpha h on the server."""
 
     Params = FedMBOParams
+    summary = "FedMBO (Huang, Zhang & Ji 2023): T server-side SGD rounds on y, the estimator's hypergradient: T + R + 1"
     kind = "a double-loop bilevel method"
     pools_outer_objective = True
 

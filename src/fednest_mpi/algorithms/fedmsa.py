@@ -45,6 +45,7 @@ import torch
 
 from fednest_mpi.algorithms.base import Algorithm, State
 from fednest_mpi.algorithms.estimators import hypergradient_direction, quadratic_gradient
+from fednest_mpi.config import algorithm_params as shared
 from fednest_mpi.config import spec
 from fednest_mpi.federation import Participants
 from fednest_mpi.problems.base import BilevelProblem, Sample
@@ -62,7 +63,7 @@ class FedMSAParams:
 
     name: str = spec("fedmsa", "algorithm")
     outer_iterations: int = spec(100, "iterations K (two communication rounds each)", low=1)
-    clients_per_round: int = spec(10, "clients |S| sampled (uniformly, without replacement) per iteration", low=1)
+    clients_per_round: int = shared._clients_per_round()
     local_steps: int = spec(1, "tau: local steps of every client per iteration (the authors' code: 1)", low=1)
     outer_lr: float = _positive(0.1, "alpha: local step size of x (the authors' code: 0.1)")
     inner_lr: float = _positive(0.1, "beta: local step size of y (the authors' code: 0.1)")
@@ -91,6 +92,7 @@ class FedMSA(Algorithm):
     """FedMSA (module docstring): drift-corrected local steps on y, v and x, two rounds per iteration."""
 
     Params = FedMSAParams
+    summary = "FedMSA (Tarzanagh et al. 2023): drift-corrected local steps on y, v and x together: 2 rounds"
     kind = "a single-loop bilevel method"
 
     def __init__(self, cfg, problem: BilevelProblem, fed, seed: int):

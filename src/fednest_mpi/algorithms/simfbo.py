@@ -46,6 +46,7 @@ import torch
 
 from fednest_mpi.algorithms.base import Algorithm, State
 from fednest_mpi.algorithms.estimators import hypergradient_direction, quadratic_gradient
+from fednest_mpi.config import algorithm_params as shared
 from fednest_mpi.config import spec
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems.base import BilevelProblem, Sample
@@ -66,7 +67,7 @@ class SimFBOParams:
 
     name: str = spec("simfbo", "algorithm")
     outer_iterations: int = spec(100, "rounds K (one communication round each)", low=1)
-    clients_per_round: int = spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
+    clients_per_round: int = shared._clients_per_round()
     local_steps: int = spec(
         5, "tau: local steps of every client per round (a heterogeneity feature may give each client its own)", low=1
     )
@@ -90,6 +91,7 @@ class SimFBO(Algorithm):
     """SimFBO (module docstring): y, v, x from one round of aggregated local directions, server step sizes."""
 
     Params = SimFBOParams
+    summary = "SimFBO (Yang, Xiao & Ji 2023): y, v and x from one round of aggregated local directions: 1 round"
     kind = "a single-round bilevel method"
     normalised = False  # ShroFBO: each client's aggregation divided by its step count
 
@@ -162,4 +164,5 @@ class ShroFBO(SimFBO):
     """ShroFBO (module docstring): SimFBO robust to heterogeneous local step counts (normalised aggregation)."""
 
     Params = ShroFBOParams
+    summary = "ShroFBO: SimFBO with each client's directions normalised by its local step count: 1 round"
     normalised = True
