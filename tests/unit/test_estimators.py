@@ -40,6 +40,20 @@ def _estimate(fed, alg, k, x, y):
     return p, fed.stats.rounds - rounds, fed.stats.bytes - nbytes
 
 
+@pytest.mark.parametrize(
+    "algorithm, field",
+    [
+        ({"name": "lfednest", "hypergradient_estimator": "cg"}, "algorithm.hypergradient_estimator: 'cg'"),
+        ({"hypergradient_estimator": "warm_start", "ihgp_mode": "randomized"}, "algorithm.ihgp_mode: 'randomized'"),
+        ({"name": "fedmbo", "hypergradient_estimator": "cg", "ihgp_mode": "randomized"}, "algorithm.ihgp_mode"),
+    ],
+)
+def test_estimators_that_do_not_fit_are_refused_in_one_line(small_config, algorithm, field):
+    with pytest.raises(config.ConfigError) as info:
+        small_config(algorithm=algorithm)
+    assert str(info.value).startswith(field) and "\n" not in str(info.value)
+
+
 def test_the_config_choices_are_the_estimators():
     field = config.FedNestConfig.__dataclass_fields__["hypergradient_estimator"]
     assert tuple(field.metadata["choices"]) == tuple(ESTIMATORS)
