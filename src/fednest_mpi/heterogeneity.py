@@ -4,6 +4,8 @@ Two properties of the clients' devices, as pure functions of integer keys (:mod:
 every rank computes the same answer for a client without communication, and a resumed run the same answer as
 an uninterrupted one (nothing is carried from one round to the next):
 
+The parameters are the ``[heterogeneity]`` section (:class:`~fednest_mpi.config.HeterogeneityConfig`):
+
 * **Local work.** With ``local_work = "uniform"``, client i performs, in a local phase whose configured number
   of steps is tau, tau_i steps drawn uniformly from {ceil(local_work_min tau), ..., tau} (at least one), from
   the stream (seed, LOCAL_WORK, i) -- the same for the whole run (``local_work_draw = "client"``) -- or
@@ -25,41 +27,13 @@ for :meth:`~fednest_mpi.federation.Federation.local_steps` and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fednest_mpi import rng
+from fednest_mpi.config import HeterogeneityConfig
 from fednest_mpi.errors import UsageError
-
-
-@dataclass(frozen=True)
-class Heterogeneity:
-    """The parameters of the system model (the config section ``[heterogeneity]``); the defaults model
-    identical, always available clients and change nothing in a run."""
-
-    local_work: str = "full"  # full | uniform
-    local_work_min: float = 0.5  # uniform: the smallest fraction of the configured steps, in (0, 1]
-    local_work_draw: str = "client"  # client: once per client; iteration: per client and outer iteration
-    drop_probability: float = 0.0  # probability that a member of a round does not answer, in [0, 1)
-    availability_trace: str = ""  # path of a (rounds, clients) 0/1 table (.npy, or text: .csv / .txt)
-
-
-NONE = Heterogeneity()
-
-
-def check(params: Heterogeneity) -> None:
-    """Raise a :class:`UsageError` naming the field for values out of range (pure; the config's own
-    validation states the same ranges)."""
-    if params.local_work not in ("full", "uniform"):
-        raise UsageError(f"heterogeneity.local_work: {params.local_work!r}; use 'full' or 'uniform'")
-    if params.local_work_draw not in ("client", "iteration"):
-        raise UsageError(f"heterogeneity.local_work_draw: {params.local_work_draw!r}; use 'client' or 'iteration'")
-    if not 0.0 < params.local_work_min <= 1.0:
-        raise UsageError(f"heterogeneity.local_work_min: {params.local_work_min}; use a fraction in (0, 1]")
-    if not 0.0 <= params.drop_probability < 1.0:
-        raise UsageError(f"heterogeneity.drop_probability: {params.drop_probability}; use a probability in [0, 1)")
 
 
 def read_trace(path: str, n_clients: int) -> np.ndarray:
@@ -85,13 +59,13 @@ def read_trace(path: str, n_clients: int) -> np.ndarray:
 
 
 class SystemModel:
-    """The clients' local work and availability in a run with ``seed`` and M = ``n_clients`` clients.
+    """The clients' local work and availability in a run with ``seed`` and M = ``n_clients`` clients, as
+    ``params`` (the validated ``[heterogeneity]`` section) states them.
 
     Construction reads the availability trace, if any (every rank reads the same small file).
     """
 
-    def __init__(self, params: Heterogeneity, seed: int, n_clients: int):
-        check(params)
+    def __init__(self, params: HeterogeneityConfig, seed: int, n_clients: int):
         self.params, self.seed, self.n_clients = params, seed, n_clients
         self.trace = read_trace(params.availability_trace, n_clients) if params.availability_trace else None
 
@@ -129,4 +103,4 @@ class SystemModel:
 
 
 #: the system model of a federation built without one: every client answers and does the configured work
-IDEAL = SystemModel(NONE, 0, 0)
+IDEAL = SystemModel(HeterogeneityConfig(), 0, 0)

@@ -25,7 +25,7 @@ from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
-from fednest_mpi.heterogeneity import NONE, SystemModel
+from fednest_mpi.heterogeneity import SystemModel
 from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
 from fednest_mpi.problems.base import shared_rows
@@ -250,7 +250,7 @@ class Simulation:
                 raise error
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
             # the clients' local work and availability (reads the availability trace, if any)
-            self.fed.system = SystemModel(getattr(cfg, "heterogeneity", NONE), cfg.seed, cfg.problem.n_clients)
+            self.fed.system = SystemModel(cfg.heterogeneity, cfg.seed, cfg.problem.n_clients)
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
             self.problem = build_problem(
                 cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype)
@@ -258,11 +258,6 @@ class Simulation:
             if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
                 self.problem = problem_wrapper(self.problem)
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
-            if self.fed.system.varies_work and not type(self.algorithm).varies_local_work:
-                raise UsageError(
-                    f"heterogeneity.local_work: algorithm {cfg.algorithm.name!r} runs the same local steps on every "
-                    "client; use heterogeneity.local_work = 'full' with it"
-                )
             self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
         except UsageError as exc:
             error = exc
@@ -373,7 +368,7 @@ class Simulation:
             health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
             totals = Bookkeeping.unpack(
-                fed.sum_uncounted(
+                fed.bookkeeping_sum(
                     Bookkeeping.pack(
                         oracle_counts=problem.counts_vector() + base_counts,
                         health=health,

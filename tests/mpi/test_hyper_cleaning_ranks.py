@@ -20,7 +20,7 @@ pytestmark = requires("mnist")
 @pytest.mark.parametrize("name", ["fednest", "lfednest"])
 def test_run_is_bitwise_rank_and_chunk_invariant(name):
     problem = {
-        "name": "fednest_mpi.problems.hyper_cleaning:HyperCleaning",
+        "name": "hyper_cleaning",
         "data_dir": str(DATA),
         "n_samples": 1500,
         "n_clients": 7,

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from fednest_mpi import rng
+from fednest_mpi import config, rng
 from fednest_mpi.comm import SerialComm
+from fednest_mpi.config import HeterogeneityConfig as Heterogeneity
 from fednest_mpi.errors import UsageError
 from fednest_mpi.federation import Federation
-from fednest_mpi.heterogeneity import Heterogeneity, SystemModel
+from fednest_mpi.heterogeneity import SystemModel
 
 
 def _binomial_ok(hits: int, n: int, p: float, sds: float = 5.0) -> bool:
@@ -98,15 +99,22 @@ def test_a_bad_trace_is_one_message_naming_the_field(tmp_path, content, words):
 @pytest.mark.parametrize(
     "fields, name",
     [
-        ({"drop_probability": 1.0}, "drop_probability"),
+        ({"drop_probability": 1.5}, "drop_probability"),
         ({"local_work_min": 0.0}, "local_work_min"),
         ({"local_work": "poisson"}, "local_work"),
         ({"local_work_draw": "round"}, "local_work_draw"),
+        ({"drop_rate": 0.1}, "drop_rate"),
     ],
 )
-def test_values_out_of_range_name_their_field(fields, name):
-    with pytest.raises(UsageError, match=f"heterogeneity.{name}"):
-        SystemModel(Heterogeneity(**fields), seed=0, n_clients=3)
+def test_values_out_of_range_name_their_field(small_config, fields, name):
+    with pytest.raises(config.ConfigError, match=f"heterogeneity.{name}"):
+        small_config(heterogeneity=fields)
+
+
+def test_an_algorithm_that_cannot_vary_the_local_work_refuses_it(small_config):
+    with pytest.raises(config.ConfigError, match="heterogeneity.local_work: 'fedbio' runs the same local steps"):
+        small_config(algorithm={"name": "fedbio"}, heterogeneity={"local_work": "uniform"})
+    small_config(algorithm={"name": "fedbio"}, heterogeneity={"drop_probability": 0.2})  # dropouts it handles
 
 
 def _federation(reduction, **fields) -> Federation:

@@ -17,7 +17,7 @@ from fednest_mpi.problems.hyper_cleaning import HyperCleaning, detection_auc
 from fednest_mpi.runner import simulate
 
 pytestmark = requires("mnist")
-NAME = "fednest_mpi.problems.hyper_cleaning:HyperCleaning"
+NAME = "hyper_cleaning"
 
 
 def _cfg(**algorithm):

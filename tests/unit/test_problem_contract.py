@@ -23,26 +23,21 @@ SMALL = {  # a small problem section per built-in (an entry without one is check
     "compositional": {"n_clients": 6, "dim_x": 2, "dim_y": 3},
     "synthetic": small_synthetic(n_clients=12),
     "fairness": {"n_clients": 6, "data_dir": str(DATA)},
-    "fednest_mpi.problems.hyper_cleaning:HyperCleaning": {
-        "n_clients": 6,
-        "n_samples": 300,
-        "batch_size": 4,
-        "partition": "iid",
-    },
+    "hyper_cleaning": {"n_clients": 6, "n_samples": 300, "batch_size": 4, "partition": "iid"},
     "fednest_ridge_tuning:RidgeTuning": {"n_clients": 6, "dim": 5, "train_samples": 3, "val_samples": 2},
 }
 NEEDS = {
     "hyper_representation": "mnist",
     "loss_tuning": "mnist",
     "fairness": "adult",
-    "fednest_mpi.problems.hyper_cleaning:HyperCleaning": "mnist",
+    "hyper_cleaning": "mnist",
 }
 PLUGIN = "tiny_plugins:TinyQuadratic"  # a plugin registered by the tests (tests/plugins), checked like the built-ins
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 config.PROBLEMS.resolve(PLUGIN)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "ridge_tuning"))  # the example plugin
 config.PROBLEMS.resolve("fednest_ridge_tuning:RidgeTuning")
-config.PROBLEMS.resolve("fednest_mpi.problems.hyper_cleaning:HyperCleaning")
+config.PROBLEMS.resolve("hyper_cleaning")  # a built-in loaded like a plugin when first named
 NAMES = sorted(config.PROBLEMS)  # every entry, plugins included
 
 

@@ -148,9 +148,6 @@ class Algorithm(ABC):
     """
 
     recorder = OFF
-    #: whether the algorithm performs each client's own number of local steps (``heterogeneity.local_work``,
-    #: :meth:`~fednest_mpi.federation.Federation.local_steps`); a run that varies them refuses one that does not
-    varies_local_work = False
     #: name -> (description, units) of every key :meth:`step` may return in its diagnostics: each becomes a
     #: column of the run file's /iterations (NaN in an iteration that does not report it); a key not declared
     #: here fails the run. Subclasses extend it: ``diagnostics = {**Algorithm.diagnostics, "name": (...)}``.

@@ -225,8 +225,6 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
     the plain weighted mean over the members that answered; a round nobody answered keeps the current
     iterate (y, x) or gives a zero vector (q, p's terms, h)."""
 
-    varies_local_work = True
-
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, **variant: bool):
         super().__init__(cfg, problem, fed, seed)
         self.variant = Variant(**variant)

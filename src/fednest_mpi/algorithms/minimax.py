@@ -25,8 +25,6 @@ class FedAvgS(Algorithm):
     carries no state across iterations; each client performs its own number of local steps
     (:meth:`~fednest_mpi.federation.Federation.local_steps`)."""
 
-    varies_local_work = True
-
     @classmethod
     def rounds_per_iteration(cls, cfg, **options) -> int:
         """One fused aggregation of x and y."""

@@ -33,8 +33,6 @@ class SingleLevel(InnerLevel, Algorithm):
     of :class:`~fednest_mpi.config.SingleLevelConfig` (see the module docstring); no state across iterations.
     Each client performs its own number of local steps (:meth:`InnerLevel._inner_local`)."""
 
-    varies_local_work = True
-
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, *, inner_variance_reduction: bool):
         super().__init__(cfg, problem, fed, seed)
         self.inner_variance_reduction = inner_variance_reduction
