@@ -10,7 +10,7 @@ reads. Built-ins and plugins enter it by the same function, :meth:`Registry.regi
 * by a config naming the class itself, ``name = "my_module:MyProblem"`` (the module must be importable
   on every rank: installed, or on ``PYTHONPATH``).
 
-Built-in classes whose modules need torch (the single-round algorithms) enter the same way, by
+Built-in classes written on the public API (the single-round algorithms, ``hyper_cleaning``) enter the same way, by
 :meth:`Registry.provide` (a name and its ``"module:Class"``, no import): they are loaded like an entry point
 when a config names them or :meth:`Registry.load_all` asks, so reading a config stays free of torch.
 
@@ -50,6 +50,11 @@ class Registry(dict[str, S], Generic[S]):
     def provide(self, name: str, target: str) -> None:
         """Make the built-in class ``target`` (``"module:Class"``) available as ``name`` without importing
         it: it is loaded and registered (:meth:`register`) when ``name`` is first resolved."""
+        if name in self or name in self.provided:
+            first = self[name].implementation if name in self else self.provided[name]  # type: ignore[attr-defined]
+            raise ConfigError(
+                f"{self.kind}.name: {name!r} is registered twice (by {first} and by {target}); rename one of them"
+            )
         self.provided[name] = target
 
     def register(self, spec: S) -> S:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import config, rng
-from fednest_mpi.algorithms.base import Algorithm, ClientRows
+from fednest_mpi.algorithms.base import Algorithm, ClientRows, active_rows, put_rows, take_rows
 from fednest_mpi.algorithms.estimators import ESTIMATORS, hypergradient_direction, local_neumann
 from fednest_mpi.federation import Federation, Participants, dense
 from fednest_mpi.problems.base import BilevelProblem, Sample
@@ -104,16 +104,32 @@ class InnerLevel(Algorithm):
         LFedInn (Alg. 6, ``q`` None) of the clients ``ids``; returns their local y_i rows.
 
         Alg. 4: q_{i,nu} = G_i(y_{i,nu}; zeta_{i,nu}) - G_i(y; zeta_{i,nu}) + q,  q = mean_S G_i(y).
+        Each client performs its own number of steps (:meth:`Federation.local_steps`; ``inner_local_steps``
+        by default): the clients of each count are run together.
         """
+        steps = self.fed.local_steps(ids, k, self.cfg.inner_local_steps)
+        counts = np.unique(steps)
+        if counts.size <= 1:
+            return self._inner_local_steps(ids, k, t, x, y, q, int(counts[0]) if counts.size else 0)
+        rows = y.new_empty((ids.size, y.shape[0]))
+        for tau in counts:
+            group = np.flatnonzero(steps == tau)
+            rows[torch.as_tensor(group, device=y.device)] = dense(
+                self._inner_local_steps(ids[group], k, t, x, y, q, int(tau))
+            )
+        return rows
+
+    def _inner_local_steps(self, ids: np.ndarray, k: int, t: int, x, y, q, steps: int) -> torch.Tensor:
+        """:meth:`_inner_local` of clients that all perform ``steps`` local steps."""
         prob, lr = self.problem, self.cfg.inner_lr
-        fused = prob.local_sgd(ids, x, y, self.cfg.inner_local_steps, lr, self.key(P.INNER_SAMPLE, k, t), anchor=q)
+        fused = prob.local_sgd(ids, x, y, steps, lr, self.key(P.INNER_SAMPLE, k, t), anchor=q)
         if fused is not None:
             return fused
         n = ids.size
         X, Y0 = self._rows(x, n), self._rows(y, n)
         with prob.outer_fixed(ids, x):
             Y = Y0
-            for nu in range(self.cfg.inner_local_steps):
+            for nu in range(steps):
                 s = Sample(self.key(P.INNER_SAMPLE, k, t), nu)
                 d = prob.grad_y_inner(ids, X, Y, s)
                 if q is not None:
@@ -127,7 +143,7 @@ class InnerLevel(Algorithm):
         q = self._inner_anchor(S, x, y)
         size = self.problem.local_sgd_bytes(self.cfg.inner_local_steps, q is not None)
         (y_new,) = self.fed.mean_over(
-            S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)], client_bytes=size
+            S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)], client_bytes=size, fallback=[y]
         )
         return y_new
 
@@ -239,7 +255,12 @@ class GlobalHypergradient(Algorithm):
 class FedNest(InnerLevel, LocalHypergradient, GlobalHypergradient, Algorithm):
     """One outer iteration of Algorithm 1 for any :class:`Variant` (the keyword arguments), with the
     parameters of :class:`~fednest_mpi.config.FedNestConfig`. Carries no state across iterations but
-    its estimator's (``warm_start``: v)."""
+    its estimator's (``warm_start``: v).
+
+    System heterogeneity (:mod:`fednest_mpi.heterogeneity`): every local phase (FedInn / LFedInn's tau,
+    FedOut's eq. (7) steps, LFedOut's) runs each client's own number of steps, and every aggregation is
+    the plain weighted mean over the members that answered; a round nobody answered keeps the current
+    iterate (y, x) or gives a zero vector (q, p's terms, h)."""
 
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, **variant: bool):
         super().__init__(cfg, problem, fed, seed)
@@ -292,12 +313,17 @@ class FedNest(InnerLevel, LocalHypergradient, GlobalHypergradient, Algorithm):
             ids, n = piece.local_ids, piece.local_ids.size
             X, Y = self._rows(x, n), self._rows(y, n)
             Xi = X - cfg.outer_lr * h
+            steps = self.fed.local_steps(ids, k, cfg.outer_local_steps)  # each client's own tau
             for nu in range(1, cfg.outer_local_steps):
-                s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
-                Xi = Xi - cfg.outer_lr * (prob.grad_x_outer(ids, Xi, Y, s) - prob.grad_x_outer(ids, X, Y, s) + h)
+                s, a = Sample(self.key(P.OUTER_SAMPLE, k), nu), active_rows(steps, nu)
+                if a is not None and not a.size:
+                    break
+                ia, Xa, Xr, Ya = ids if a is None else ids[a], take_rows(Xi, a), take_rows(X, a), take_rows(Y, a)
+                Xa = Xa - cfg.outer_lr * (prob.grad_x_outer(ia, Xa, Ya, s) - prob.grad_x_outer(ia, Xr, Ya, s) + h)
+                Xi = put_rows(Xi, a, Xa)
             return [Xi]
 
-        (x_new,) = self.fed.mean_over(S, local_steps)
+        (x_new,) = self.fed.mean_over(S, local_steps, fallback=[x])
         return x_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(h))}
 
     # -- outer level, local (LFedOut) -----------------------------------------------------------
@@ -309,18 +335,24 @@ class FedNest(InnerLevel, LocalHypergradient, GlobalHypergradient, Algorithm):
         rec = self.recorder
         rec.took_part(ids, OUTER)
         rec.record("outer_loss", ids, lambda: self.problem.outer_value(ids, Xi, Y))
+        steps = self.fed.local_steps(ids, k, self.cfg.outer_local_steps)  # each client's own tau
         for nu in range(self.cfg.outer_local_steps):
-            h = self.local_hypergradient(k, nu, ids, Xi, Y)
+            a = active_rows(steps, nu)
+            if a is not None and not a.size:
+                break
+            h = self.local_hypergradient(k, nu, ids if a is None else ids[a], take_rows(Xi, a), take_rows(Y, a))
             if nu == 0:
                 rec.record("local_hypergradient_norm", ids, lambda h=h: row_norms(h))
-            Xi = Xi - self.cfg.outer_lr * h
+            Xi = put_rows(Xi, a, take_rows(Xi, a) - self.cfg.outer_lr * h)
         return Xi
 
     def lfed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
         """LFedOut (Alg. 5): x+ = mean_S x_{i,tau}; one round."""
         S = self.sample_clients(P.OUTER_CLIENTS, k)
         (x_new,) = self.fed.mean_over(
-            S, lambda piece: [self._outer_local(piece.local_ids, k, x, self._rows(y, piece.local_ids.size))]
+            S,
+            lambda piece: [self._outer_local(piece.local_ids, k, x, self._rows(y, piece.local_ids.size))],
+            fallback=[x],
         )
         return x_new, {}
 
@@ -334,5 +366,5 @@ class FedNest(InnerLevel, LocalHypergradient, GlobalHypergradient, Algorithm):
             Yi = dense(self._inner_local(piece.local_ids, k, t, x, y, q))
             return [self._outer_local(piece.local_ids, k, x, Yi), Yi]
 
-        x_new, y_new = self.fed.mean_over(S, local_steps)
+        x_new, y_new = self.fed.mean_over(S, local_steps, fallback=[x, y])
         return x_new, y_new, {}

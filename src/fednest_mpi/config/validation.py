@@ -47,6 +47,12 @@ def validate_relations(cfg: RunConfig) -> None:
             f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
             "use placement = 'block'"
         )
+    if cfg.heterogeneity.local_work != "full" and not alg.varies_local_work:
+        varying = ", ".join(repr(s.name) for s in ALGORITHMS.values() if s.varies_local_work)
+        raise ConfigError(
+            f"heterogeneity.local_work: {a.name!r} runs the same local steps on every client; use local_work = "
+            f"'full' with it, or one of {varying}"
+        )
     if getattr(p, "pooled_outer_objective", False) and not alg.pools_outer_objective:
         pooling = " or ".join(repr(s.name) for s in ALGORITHMS.load_all() if s.pools_outer_objective)
         raise ConfigError(
