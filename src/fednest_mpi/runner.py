@@ -23,7 +23,7 @@ from fednest_mpi import numerics
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
-from fednest_mpi.errors import ConfigError, DataError, UsageError
+from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
 from fednest_mpi.heterogeneity import SystemModel
 from fednest_mpi.memory import check_memory
@@ -191,6 +191,7 @@ class Bookkeeping:
         "oracle_counts": len(ORACLES),
         "health": 2,
         "stop_requests": 1,
+        "lost_files": 1,  # ranks whose output file or client file was deleted or replaced
         "training": 5,
         "training_slots": VARIABLE,  # per-client (f_i, g_i) with the ordered reduction, see training_sums
         "phases": None,
@@ -326,8 +327,9 @@ class Simulation:
         progress : callable ``(k, row)`` called after every iteration (rank 0's display) or None.
         checkpoint_dir : folder for checkpoints (at iteration 0, every ``run.checkpoint_every``
             iterations, at the end and when stopped), or None for none.
-        stop : object whose ``requested`` says that this rank received a stop signal
-            (:class:`~fednest_mpi.checkpoint.StopSignals`) or None. The flag is OR-ed over the
+        stop : object whose ``requested`` says that this rank received a stop signal and whose
+            ``reached()`` is called once the ranks agreed to stop
+            (:class:`~fednest_mpi.stop.StopRequests`) or None. The flag is OR-ed over the
             ranks in the per-iteration bookkeeping reduction, so all ranks stop after the same
             iteration, with a checkpoint.
         resume : continue after this checkpoint (from :func:`fednest_mpi.checkpoint.load`, read
@@ -367,12 +369,14 @@ class Simulation:
             # ranks, sum of their ranks), stop requests and the training-set sums (or their client slots)
             health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
+            lost = series.lost() if series is not None else None
             totals = Bookkeeping.unpack(
                 fed.bookkeeping_sum(
                     Bookkeeping.pack(
                         oracle_counts=problem.counts_vector() + base_counts,
                         health=health,
                         stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
+                        lost_files=[1.0 if lost else 0.0],
                         training=train,
                         training_slots=slots,
                         phases=phases,
@@ -384,6 +388,10 @@ class Simulation:
                 totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
             counts = totals["oracle_counts"]
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
+            if n_stop > 0 and stop is not None:
+                stop.reached()
+            if totals["lost_files"][0] > 0:  # every rank learns it here and stops
+                raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
                 raise FloatingPointError(
@@ -469,7 +477,12 @@ class Simulation:
         like = self.problem.initial_point()[0]
         stats = self.fed.stats
         stats.rounds, stats.bytes, stats.seconds = resume.comm_rounds, resume.comm_bytes, resume.comm_seconds
-        clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
+        error, clients = None, {}
+        try:  # a client file missing or damaged since rank 0 checked them: every rank refuses together
+            clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
+        except UsageError as exc:
+            error = exc
+        agree_on_usage_error(self.fed.comm, error)
         self.algorithm.restore(
             {name: t.to(like.device) for name, t in resume.algorithm_state.items()},
             {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()},

@@ -115,6 +115,19 @@ class RunSection:
     checkpoint_dir: str = spec(
         "", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended"
     )
+    stop_timeout: float = spec(
+        15.0,
+        "seconds after a SIGTERM or SIGINT within which the ranks must reach the end of the iteration and "
+        "checkpoint; past it (a rank stopped or blocked on I/O, or a longer iteration) every rank closes its "
+        "files and exits at once, as after a second signal (0: wait for ever); docs/reliability.md",
+        low=0.0,
+    )
+    round_timeout: float = spec(
+        0.0,
+        "watchdog: seconds an outer iteration (with its evaluation and checkpoint) may take; past it every "
+        "rank closes its files and the run exits with code 1 (0: off); docs/reliability.md",
+        low=0.0,
+    )
     client_series: bool = spec(
         True,
         "record per-client series (participation, local losses, gradient norms; clients x iterations, "
