@@ -151,3 +151,21 @@ def test_state_is_checkpointed_and_restored(small_config, name):
     fresh.restore(saved, {})
     a, b = alg.step(3, x, y), fresh.step(3, x, y)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_the_built_ins_are_loaded_only_when_named_and_their_fields_are_known_before():
+    """In a fresh interpreter: reading a config stays free of torch until it names one of these
+    algorithms, and a layer naming FedNest over a SimFBO layer leaves SimFBO's fields behind."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fednest_mpi import config; "
+        "cfg = config.from_dict({'problem': {'name': 'quadratic'}, 'algorithm': {'name': 'fednest'}}); "
+        "print('torch' in sys.modules, 'simfbo' in config.ALGORITHMS, 'simfbo' in config.ALGORITHMS.names()); "
+        "kept = config.algorithm_fields('fednest', {'name': 'simfbo', 'server_lr_x': 0.1, 'inner_lr': 0.2}); "
+        "print(sorted(kept), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "False False True"
+    assert out[1] == "['inner_lr', 'name'] True"
