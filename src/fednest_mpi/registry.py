@@ -100,6 +100,12 @@ class Registry(dict[str, S], Generic[S]):
             return None
         return self.register(self.spec_of(name, cls))
 
+    def with_builtins(self) -> list[S]:
+        """Every registered spec, the provided built-ins loaded first (installed plugins stay unloaded)."""
+        for name in self.provided:
+            self.resolve(name)
+        return list(self.values())
+
     def load_all(self) -> Iterator[S]:
         """Every spec, the installed plugins loaded (``fednest-mpi config-doc``)."""
         for name in self.names():

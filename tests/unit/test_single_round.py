@@ -106,7 +106,7 @@ def test_shrofbo_is_simfbo_when_every_client_takes_the_same_number_of_steps(smal
 
 
 def test_shrofbo_removes_the_objective_inconsistency_of_heterogeneous_step_counts(small_config):
-    def counts(k, ids):  # clients of odd id take 4 local steps, the others 1
+    def counts(ids, k, steps):  # clients of odd id take 4 local steps, the others 1
         return np.where(np.asarray(ids) % 2 == 1, 4, 1)
 
     errors = {}
@@ -125,7 +125,10 @@ def test_shrofbo_removes_the_objective_inconsistency_of_heterogeneous_step_count
 
 
 def test_a_step_count_below_one_is_refused(small_config):
-    prob, alg = _build(_config(small_config, "shrofbo", 1), "shrofbo", local_steps=lambda k, ids: np.zeros(len(ids)))
+    def none(ids, k, steps):
+        return np.zeros(len(ids))
+
+    prob, alg = _build(_config(small_config, "shrofbo", 1), "shrofbo", local_steps=none)
     x, y = prob.initial_point()
     with pytest.raises(ValueError, match="local_steps"):
         alg.step(1, x, y)
@@ -148,3 +151,21 @@ def test_state_is_checkpointed_and_restored(small_config, name):
     fresh.restore(saved, {})
     a, b = alg.step(3, x, y), fresh.step(3, x, y)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_the_built_ins_are_loaded_only_when_named_and_their_fields_are_known_before():
+    """In a fresh interpreter: reading a config stays free of torch until it names one of these
+    algorithms, and a layer naming FedNest over a SimFBO layer leaves SimFBO's fields behind."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fednest_mpi import config; "
+        "cfg = config.from_dict({'problem': {'name': 'quadratic'}, 'algorithm': {'name': 'fednest'}}); "
+        "print('torch' in sys.modules, 'simfbo' in config.ALGORITHMS, 'simfbo' in config.ALGORITHMS.names()); "
+        "kept = config.algorithm_fields('fednest', {'name': 'simfbo', 'server_lr_x': 0.1, 'inner_lr': 0.2}); "
+        "print(sorted(kept), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "False False True"
+    assert out[1] == "['inner_lr', 'name'] True"

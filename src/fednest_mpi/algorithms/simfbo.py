@@ -22,8 +22,9 @@ With the same tau for every client it is SimFBO (to rounding); with different ta
 client i by tau_i (it solves the problem with g_i, f_i weighted by tau_i: objective inconsistency),
 ShroFBO's does not.
 
-The local step count of each client is a function ``local_steps(k, ids) -> counts`` given to the
-constructor (the system-heterogeneity feature); the default is ``Params.local_steps`` for everyone.
+The local step count of each client is a function ``local_steps(ids, k, steps) -> counts`` given to the
+constructor (the system-heterogeneity feature's ``Federation.local_steps`` has this form); the default
+gives ``steps`` = ``Params.local_steps`` to everyone.
 The counts of S are known on every rank without communication, so ShroFBO's rescaling needs none.
 
 One round per iteration, of the fused vector (q_y, q_v, q_x): 2 d_y + d_x numbers. v starts at 0 and is
@@ -53,8 +54,13 @@ from fednest_mpi.problems.base import BilevelProblem, Sample
 from fednest_mpi.recorder import INNER, OUTER
 from fednest_mpi.rng import Purpose as P
 
-#: counts of local steps of the clients ``ids`` in round k: ``local_steps(k, ids) -> int array``
-LocalSteps = Callable[[int, np.ndarray], np.ndarray]
+#: the local steps of the clients ``ids`` in round k when ``steps`` are configured: ``local_steps(ids, k, steps)``
+LocalSteps = Callable[[np.ndarray, int, int], np.ndarray]
+
+
+def uniform_steps(ids: np.ndarray, k: int, steps: int) -> np.ndarray:
+    """Every client takes the configured ``steps`` (no system heterogeneity)."""
+    return np.full(len(ids), steps, dtype=np.int64)
 
 
 def _positive(default: float, text: str):
@@ -97,7 +103,7 @@ class SimFBO(Algorithm):
 
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, local_steps: LocalSteps | None = None):
         super().__init__(cfg, problem, fed, seed)
-        self.local_steps = local_steps or (lambda k, ids: np.full(len(ids), cfg.local_steps, dtype=np.int64))
+        self.local_steps = local_steps or uniform_steps
         self.state: VState = VState()
 
     @classmethod
@@ -109,7 +115,7 @@ class SimFBO(Algorithm):
         cfg = self.cfg
         v = torch.zeros_like(y) if self.state.v is None else self.state.v
         S = self.sample_clients(P.OUTER_CLIENTS, k)
-        counts = np.asarray(self.local_steps(k, S.ids), dtype=np.int64)
+        counts = np.asarray(self.local_steps(S.ids, k, cfg.local_steps), dtype=np.int64)
         if counts.shape != S.ids.shape or (counts.size and counts.min() < 1):
             raise ValueError(f"local_steps must give every client of the round a count >= 1, got {counts}")
 

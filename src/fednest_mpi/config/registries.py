@@ -244,6 +244,6 @@ def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
         return dict(table)
     own = fields_of(spec_.params)
     every = set().union(*(fields_of(s.params) for s in ALGORITHMS.values()))
-    if not set(table) <= every:  # perhaps fields of a provided built-in not loaded yet: load them all
-        every = set().union(*(fields_of(s.params) for s in ALGORITHMS.load_all()))
+    if not set(table) <= every:  # perhaps fields of a provided built-in not loaded yet: load those
+        every = set().union(*(fields_of(s.params) for s in ALGORITHMS.with_builtins()))
     return {k: v for k, v in table.items() if k in own or k not in every}

@@ -30,7 +30,7 @@ def validate_relations(cfg: RunConfig) -> None:
             f"use 'implicit' for problem {p.name!r}"
         )
     if not alg.accepts(p.name):
-        fits = [s.name for s in ALGORITHMS.load_all() if s.accepts(p.name)]
+        fits = [s.name for s in ALGORITHMS.with_builtins() if s.accepts(p.name)]
         raise ConfigError(
             f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems or ()))}; "
             f"choose one of {', '.join(fits)} for problem {p.name!r}"
@@ -54,7 +54,7 @@ def validate_relations(cfg: RunConfig) -> None:
             f"'full' with it, or one of {varying}"
         )
     if getattr(p, "pooled_outer_objective", False) and not alg.pools_outer_objective:
-        pooling = " or ".join(repr(s.name) for s in ALGORITHMS.load_all() if s.pools_outer_objective)
+        pooling = " or ".join(repr(s.name) for s in ALGORITHMS.with_builtins() if s.pools_outer_objective)
         raise ConfigError(
             f"problem.outer_objective: {p.outer_objective!r} is a loss of the pooled validation set, which only "
             f"FedOut's global hypergradient can pool (one extra round); use algorithm.name = {pooling}, "
