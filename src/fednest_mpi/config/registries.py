@@ -73,7 +73,7 @@ for _spec in (
 ):
     PROBLEMS.register(_spec)
 # written on the public problem API, its parameters its class's Params: found the way a plugin is
-PROBLEMS.builtin("hyper_cleaning", "fednest_mpi.problems.hyper_cleaning:HyperCleaning")
+PROBLEMS.provide("hyper_cleaning", "fednest_mpi.problems.hyper_cleaning:HyperCleaning")
 
 
 @dataclass(frozen=True)
@@ -221,6 +221,15 @@ for _entry in (
     ),
 ):
     ALGORITHMS.register(_entry)
+#: built-ins whose parameter classes live next to their classes (modules that import torch): loaded and
+#: registered by the same ALGORITHMS.register when a config names them or config-doc lists them all
+for _name, _target in (
+    ("simfbo", "fednest_mpi.algorithms.simfbo:SimFBO"),
+    ("shrofbo", "fednest_mpi.algorithms.simfbo:ShroFBO"),
+    ("fedmsa", "fednest_mpi.algorithms.fedmsa:FedMSA"),
+    ("fedmbo", "fednest_mpi.algorithms.fedmbo:FedMBO"),
+):
+    ALGORITHMS.provide(_name, _target)
 
 
 def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
@@ -235,4 +244,6 @@ def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
         return dict(table)
     own = fields_of(spec_.params)
     every = set().union(*(fields_of(s.params) for s in ALGORITHMS.values()))
+    if not set(table) <= every:  # perhaps fields of a provided built-in not loaded yet: load them all
+        every = set().union(*(fields_of(s.params) for s in ALGORITHMS.load_all()))
     return {k: v for k, v in table.items() if k in own or k not in every}
