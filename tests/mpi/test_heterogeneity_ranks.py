@@ -27,6 +27,8 @@ CASES = {  # algorithm -> (problem fields, heterogeneity): FedBiO(Acc) runs the 
     "lfednest_nonalt": ({}, HETEROGENEITY),
     "fedavg": ({}, HETEROGENEITY),
     "fedbioacc": ({"lower_level": "local"}, {"drop_probability": 0.3}),
+    "shrofbo": ({}, HETEROGENEITY),
+    "fedmsa": ({}, {"drop_probability": 0.3}),
 }
 
 
@@ -48,6 +50,7 @@ def _config(name: str, chunk: int = 0, iterations: int = 3, **run) -> config.Run
                     "inner_lr": 0.05,
                     "outer_lr": 0.05,
                     "neumann_steps": 3,
+                    "local_steps": 4,
                 },
             ),
             "federation": {"reduction": "ordered"},

@@ -23,8 +23,11 @@ client i by tau_i (it solves the problem with g_i, f_i weighted by tau_i: object
 ShroFBO's does not.
 
 The local step count of each client is a function ``local_steps(k, ids) -> counts`` given to the
-constructor (the system-heterogeneity feature); the default is ``Params.local_steps`` for everyone.
-The counts of S are known on every rank without communication, so ShroFBO's rescaling needs none.
+constructor; the default is the federation's (:meth:`Federation.local_steps` of ``Params.local_steps``:
+the same for everyone unless ``heterogeneity.local_work`` varies it). The counts of S are known on every rank
+without communication, so ShroFBO's rescaling needs none; with unavailable clients it averages over the
+members that answer (:meth:`Federation.answering`), the ones the round aggregates. A round nobody answers
+aggregates zero directions: x, y and v stay.
 
 One round per iteration, of the fused vector (q_y, q_v, q_x): 2 d_y + d_x numbers. v starts at 0 and is
 replicated state (checkpointed). Minibatches: zeta_j from (INNER_SAMPLE, k), xi_j from (OUTER_SAMPLE, k),
@@ -94,10 +97,11 @@ class SimFBO(Algorithm):
     summary = "SimFBO (Yang, Xiao & Ji 2023): y, v and x from one round of aggregated local directions: 1 round"
     kind = "a single-round bilevel method"
     normalised = False  # ShroFBO: each client's aggregation divided by its step count
+    varies_local_work = True  # every client runs its own count (heterogeneity.local_work)
 
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, local_steps: LocalSteps | None = None):
         super().__init__(cfg, problem, fed, seed)
-        self.local_steps = local_steps or (lambda k, ids: np.full(len(ids), cfg.local_steps, dtype=np.int64))
+        self.local_steps = local_steps or (lambda k, ids: fed.local_steps(ids, k, cfg.local_steps))
         self.state: VState = VState()
 
     @classmethod
@@ -117,9 +121,10 @@ class SimFBO(Algorithm):
             self.recorder.took_part(piece.local_ids, INNER | OUTER)
             return self.local_directions(k, piece.local_ids, counts[piece.local_slots], x, y, v)
 
+        answered = self.fed.answering(S)  # the members the round aggregates
         h_y, h_v, h_x = self.fed.mean_over(S, rows)
-        if self.normalised:
-            tau = float(counts.mean())
+        if self.normalised and answered.any():
+            tau = float(counts[answered].mean())
             h_y, h_v, h_x = tau * h_y, tau * h_v, tau * h_x
         self.state.v = v - cfg.server_lr_v * h_v
         x_new, y_new = x - cfg.server_lr_x * h_x, y - cfg.server_lr_y * h_y
