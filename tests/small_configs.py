@@ -89,7 +89,7 @@ def register_test_plugins() -> None:
     every entry."""
     for folder in (
         TESTS / "plugins",
-        TESTS.parent / "examples" / "hyper_cleaning",
+        TESTS.parent / "examples" / "ridge_tuning",
         TESTS.parent / "examples" / "server_momentum",
     ):
         if str(folder) not in sys.path:

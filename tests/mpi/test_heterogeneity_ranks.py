@@ -12,6 +12,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from shared_data import DATA, requires
 
 from fednest_mpi import checkpoint, config
 from fednest_mpi.runner import Simulation, simulate
@@ -27,6 +28,8 @@ CASES = {  # algorithm -> (problem fields, heterogeneity): FedBiO(Acc) runs the 
     "lfednest_nonalt": ({}, HETEROGENEITY),
     "fedavg": ({}, HETEROGENEITY),
     "fedbioacc": ({"lower_level": "local"}, {"drop_probability": 0.3}),
+    "shrofbo": ({}, HETEROGENEITY),
+    "fedmsa": ({}, {"drop_probability": 0.3}),
 }
 
 
@@ -48,6 +51,7 @@ def _config(name: str, chunk: int = 0, iterations: int = 3, **run) -> config.Run
                     "inner_lr": 0.05,
                     "outer_lr": 0.05,
                     "neumann_steps": 3,
+                    "local_steps": 4,
                 },
             ),
             "federation": {"reduction": "ordered"},
@@ -91,3 +95,38 @@ def test_resume_on_another_rank_count_equals_the_uninterrupted_run(folder, name)
         joined = {key: first.history[key] + second.history[key] for key in whole.history}
         assert_histories_match(joined, whole.history)
         assert torch.equal(second.x, whole.x) and torch.equal(second.y, whole.y)
+
+
+@pytest.mark.mpi
+@requires("mnist")
+@pytest.mark.parametrize("name", ["fednest", "fedavg"])
+def test_mnist_float32_with_fused_local_steps_of_different_lengths_is_bitwise_invariant(name):
+    """Hyper-representation's fused local SGD (factored rows) run once per group of equal step counts."""
+
+    def cfg(chunk):
+        return config.from_dict(
+            {
+                "seed": 5,
+                "problem": {
+                    "name": "hyper_representation",
+                    "data_dir": str(DATA),
+                    "n_clients": 20,
+                    "batch_size": 4,
+                    "partition": "dirichlet",
+                    "hidden": 16,
+                },
+                "algorithm": config.algorithm_fields(
+                    name,
+                    {"name": name, "outer_iterations": 2, "clients_per_round": 9, "inner_local_steps": 4},
+                ),
+                "federation": {"reduction": "ordered"},
+                "heterogeneity": HETEROGENEITY,
+                "run": {"chunk_clients": chunk, "dtype": "float32"},
+            }
+        )
+
+    reference = simulate(cfg(0), MPI.COMM_SELF)
+    for chunk in (1, 3, 0):
+        run = simulate(cfg(chunk), MPI.COMM_WORLD)
+        assert_histories_match(run.history, reference.history)
+        assert torch.equal(run.x, reference.x) and torch.equal(run.y, reference.y)

@@ -245,9 +245,9 @@ def _layout(path, blocks, n_clients):
 
 
 def _row(ids, k):
-    """Client rows of iteration k: everyone took part, inner_loss = 100 id + k, the rest their fill value."""
+    """Client rows of iteration k: everyone took part, inner_loss = 100 id + k, the rest NaN."""
     rest = {
-        n: np.full(len(ids), fill, dtype=dtype)
+        n: np.full(len(ids), fill, dtype)
         for n, (dtype, fill, *_) in S.CLIENT_SERIES.items()
         if n not in ("participation", "inner_loss")
     }

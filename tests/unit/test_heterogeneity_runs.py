@@ -125,3 +125,42 @@ def test_resume_equals_the_uninterrupted_run(small_config, tmp_path):
     joined = {name: first.history[name] + second.history[name] for name in whole.history}
     assert_histories_match(joined, whole.history)
     assert (second.x == whole.x).all() and (second.y == whole.y).all()
+
+
+def test_shrofbo_takes_its_step_counts_from_the_heterogeneity_section(small_config):
+    """local_work = uniform gives SimFBO / ShroFBO per-client step counts through Federation.local_steps: SimFBO
+    then solves the problem with client i weighted by tau_i (a bias), ShroFBO's normalisation removes it."""
+    errors = {}
+    for name in ("simfbo", "shrofbo"):
+        cfg = small_config(
+            problem={"n_clients": 20, "heterogeneity": 1.0},
+            algorithm={
+                "name": name,
+                "clients_per_round": 20,
+                "outer_iterations": 150,
+                "local_steps": 4,
+                "inner_lr": 0.01,
+                "v_lr": 0.01,
+                "server_lr_y": 0.15,
+                "server_lr_v": 0.15,
+                "server_lr_x": 0.05,
+            },
+            heterogeneity={"local_work": "uniform", "local_work_min": 0.25},
+        )
+        errors[name] = simulate(cfg, SerialComm()).history["x_error"][-1]
+    assert errors["simfbo"] > 0.1
+    assert errors["shrofbo"] < 0.05 * errors["simfbo"]
+
+
+def test_fedmsa_keeps_its_iterates_in_a_round_nobody_answers(small_config, tmp_path):
+    trace = np.ones((6, 10))
+    trace[2:4] = 0  # both rounds of iteration 2 (the anchor, then the local iterates)
+    np.save(tmp_path / "trace.npy", trace)
+    cfg = small_config(
+        problem={"n_clients": 10},
+        algorithm={"name": "fedmsa", "clients_per_round": 10, "outer_iterations": 3},
+        heterogeneity={"availability_trace": str(tmp_path / "trace.npy")},
+    )
+    h = simulate(cfg, SerialComm()).history
+    assert h["clients_dropped"][1:] == [0, 20, 0]
+    assert h["x_error"][2] == h["x_error"][1] and h["x_error"][3] != h["x_error"][2]

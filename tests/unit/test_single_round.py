@@ -106,7 +106,7 @@ def test_shrofbo_is_simfbo_when_every_client_takes_the_same_number_of_steps(smal
 
 
 def test_shrofbo_removes_the_objective_inconsistency_of_heterogeneous_step_counts(small_config):
-    def counts(ids, k, steps):  # clients of odd id take 4 local steps, the others 1
+    def counts(k, ids):  # clients of odd id take 4 local steps, the others 1
         return np.where(np.asarray(ids) % 2 == 1, 4, 1)
 
     errors = {}
@@ -125,7 +125,7 @@ def test_shrofbo_removes_the_objective_inconsistency_of_heterogeneous_step_count
 
 
 def test_a_step_count_below_one_is_refused(small_config):
-    def none(ids, k, steps):
+    def none(k, ids):
         return np.zeros(len(ids))
 
     prob, alg = _build(_config(small_config, "shrofbo", 1), "shrofbo", local_steps=none)

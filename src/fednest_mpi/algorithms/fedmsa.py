@@ -132,7 +132,7 @@ class FedMSA(Algorithm):
                 X, Y, V = X - cfg.outer_lr * (c_x + d_x), Y - cfg.inner_lr * (c_y + d_y), V - cfg.v_lr * (c_v + d_v)
             return [X, Y, V]
 
-        x_new, y_new, st.v = self.fed.mean_over(S, local)
+        x_new, y_new, st.v = self.fed.mean_over(S, local, fallback=[x, y, v])  # nobody answered: z^k stays
         return x_new, y_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(d_x))}
 
     def anchor(self, k: int, S: Participants, x, y, v) -> torch.Tensor:

@@ -22,10 +22,12 @@ With the same tau for every client it is SimFBO (to rounding); with different ta
 client i by tau_i (it solves the problem with g_i, f_i weighted by tau_i: objective inconsistency),
 ShroFBO's does not.
 
-The local step count of each client is a function ``local_steps(ids, k, steps) -> counts`` given to the
-constructor (the system-heterogeneity feature's ``Federation.local_steps`` has this form); the default
-gives ``steps`` = ``Params.local_steps`` to everyone.
-The counts of S are known on every rank without communication, so ShroFBO's rescaling needs none.
+The local step count of each client is a function ``local_steps(k, ids) -> counts`` given to the
+constructor; the default is the federation's (:meth:`Federation.local_steps` of ``Params.local_steps``:
+the same for everyone unless ``heterogeneity.local_work`` varies it). The counts of S are known on every rank
+without communication, so ShroFBO's rescaling needs none; with unavailable clients it averages over the
+members that answer (:meth:`Federation.answering`), the ones the round aggregates. A round nobody answers
+aggregates zero directions: x, y and v stay.
 
 One round per iteration, of the fused vector (q_y, q_v, q_x): 2 d_y + d_x numbers. v starts at 0 and is
 replicated state (checkpointed). Minibatches: zeta_j from (INNER_SAMPLE, k), xi_j from (OUTER_SAMPLE, k),
@@ -54,13 +56,8 @@ from fednest_mpi.problems.base import BilevelProblem, Sample
 from fednest_mpi.recorder import INNER, OUTER
 from fednest_mpi.rng import Purpose as P
 
-#: the local steps of the clients ``ids`` in round k when ``steps`` are configured: ``local_steps(ids, k, steps)``
-LocalSteps = Callable[[np.ndarray, int, int], np.ndarray]
-
-
-def uniform_steps(ids: np.ndarray, k: int, steps: int) -> np.ndarray:
-    """Every client takes the configured ``steps`` (no system heterogeneity)."""
-    return np.full(len(ids), steps, dtype=np.int64)
+#: counts of local steps of the clients ``ids`` in round k: ``local_steps(k, ids) -> int array``
+LocalSteps = Callable[[int, np.ndarray], np.ndarray]
 
 
 def _positive(default: float, text: str):
@@ -100,10 +97,11 @@ class SimFBO(Algorithm):
     summary = "SimFBO (Yang, Xiao & Ji 2023): y, v and x from one round of aggregated local directions: 1 round"
     kind = "a single-round bilevel method"
     normalised = False  # ShroFBO: each client's aggregation divided by its step count
+    varies_local_work = True  # every client runs its own count (heterogeneity.local_work)
 
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, local_steps: LocalSteps | None = None):
         super().__init__(cfg, problem, fed, seed)
-        self.local_steps = local_steps or uniform_steps
+        self.local_steps = local_steps or (lambda k, ids: fed.local_steps(ids, k, cfg.local_steps))
         self.state: VState = VState()
 
     @classmethod
@@ -115,7 +113,7 @@ class SimFBO(Algorithm):
         cfg = self.cfg
         v = torch.zeros_like(y) if self.state.v is None else self.state.v
         S = self.sample_clients(P.OUTER_CLIENTS, k)
-        counts = np.asarray(self.local_steps(S.ids, k, cfg.local_steps), dtype=np.int64)
+        counts = np.asarray(self.local_steps(k, S.ids), dtype=np.int64)
         if counts.shape != S.ids.shape or (counts.size and counts.min() < 1):
             raise ValueError(f"local_steps must give every client of the round a count >= 1, got {counts}")
 
@@ -123,9 +121,10 @@ class SimFBO(Algorithm):
             self.recorder.took_part(piece.local_ids, INNER | OUTER)
             return self.local_directions(k, piece.local_ids, counts[piece.local_slots], x, y, v)
 
+        answered = self.fed.answering(S)  # the members the round aggregates
         h_y, h_v, h_x = self.fed.mean_over(S, rows)
-        if self.normalised:
-            tau = float(counts.mean())
+        if self.normalised and answered.any():
+            tau = float(counts[answered].mean())
             h_y, h_v, h_x = tau * h_y, tau * h_v, tau * h_x
         self.state.v = v - cfg.server_lr_v * h_v
         x_new, y_new = x - cfg.server_lr_x * h_x, y - cfg.server_lr_y * h_y

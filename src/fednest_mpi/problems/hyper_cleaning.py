@@ -2,7 +2,7 @@
 FedNest's problem (1) with each client's g_i and f_i on its own training and clean validation splits.
 
 Written on the public problem API alone (docs/extending.md: a :class:`BilevelProblem` with its parameters as
-``Params``) and registered the way a plugin is (:meth:`fednest_mpi.registry.Registry.builtin`).
+``Params``) and registered the way a plugin is (:meth:`fednest_mpi.registry.Registry.provide`).
 
 A keyed random subset of ``n_samples`` MNIST training images is split into clients (``partition``)
 and each client's samples into a training (inner) and a clean validation (outer) split. A fraction
