@@ -53,9 +53,8 @@ def _fake_fig2a_runs(folder: Path, iterations: int) -> None:
                     "algorithm": {"name": algorithm, "outer_iterations": iterations},
                 }
                 attrs = {"seed": seed, "problem": "hyper_representation", "algorithm": algorithm, "mpi_size": 1}
-                writer = RunWriter(
-                    folder / f"{algorithm}_{partition}_seed{seed}.h5", {**attrs, "config_json": json.dumps(cfg)}, columns
-                )
+                path = folder / f"{algorithm}_{partition}_seed{seed}.h5"
+                writer = RunWriter(path, {**attrs, "config_json": json.dumps(cfg)}, columns)
                 for k in range(iterations + 1):
                     writer.append({"iteration": k, "comm_rounds": 3 * k, "wall_time": 0.1 * k,
                                    "test_accuracy": 10.0 + k * (5 + seed)})  # fmt: skip
