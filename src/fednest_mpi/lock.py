@@ -235,8 +235,8 @@ def acquire_all(targets, take_stale: bool = False) -> list[Lock]:
         for path, field in targets:
             locks.append(acquire(path, field, take_stale=take_stale))
     except BaseException:
-        for held in reversed(locks):
-            held.release()
+        for taken in reversed(locks):
+            taken.release()
         raise
     return locks
 
