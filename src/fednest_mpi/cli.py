@@ -140,6 +140,12 @@ def _parser() -> argparse.ArgumentParser:
         help="legend entry for a group or config value, e.g. --label fednest='FedNest (ours)' or "
         "--label 'fednest, iid=FedNest, iid clients' (repeatable; default: the values in words)",
     )
+    plot.add_argument(
+        "--legend",
+        choices=("best", "outside", "none"),
+        default="best",
+        help="legend inside the axes where it covers least (default), right of them, or none",
+    )
     plot.add_argument("--size", metavar="WxH", help="figure size in inches, e.g. 3.5x2.6 (default: 6.4x4.4 per plot)")
     plot.add_argument("--dpi", type=float, default=150, help="resolution of a .png (default %(default)s)")
     rec = sub.add_parser(
@@ -317,6 +323,7 @@ def _analyse(args) -> int:
                 size=_size(args.size),
                 logx=args.logx,
                 labels=_labels(args.labels),
+                legend=args.legend,
                 dpi=args.dpi,
             )
             print(f"output: {args.output}")

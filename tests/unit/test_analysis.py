@@ -349,6 +349,11 @@ def test_figure_options_title_labels_size_scales_and_vector_output(runs, tmp_pat
         tmp_path / "f.svg"
     ).read_text()
     assert _texts(post.plot(runs, metric="x_error", title=""))["title"] == ""
+    assert post.plot(runs, metric="x_error", legend="none").axes[0].get_legend() is None
+    outside = post.plot(runs, metric="x_error", group_by="seed", legend="outside").axes[0].get_legend()
+    assert outside.get_bbox_to_anchor().x0 > 0
+    with pytest.raises(UsageError, match="legend: 'above' is not one of best, outside, none"):
+        post.plot(runs, legend="above")
     with pytest.raises(UsageError, match="size: expected"):
         post.plot(runs, size=(0, 3))
     with pytest.raises(UsageError, match="ylabel: 2 labels for 1 metrics"):

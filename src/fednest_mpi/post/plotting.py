@@ -31,6 +31,7 @@ X_AXES = ("iteration", "comm_rounds", "wall_time")
 #: Output formats of :func:`plot`, by the file name's suffix.
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 _LINESTYLES = ("-", "--", ":", "-.")
+_LEGENDS = ("best", "outside", "none")
 
 
 def _auto_log(metric: str, arrays: list[np.ndarray]) -> bool:
@@ -97,6 +98,7 @@ def plot(
     size: tuple[float, float] | None = None,
     logx: bool = False,
     labels: Mapping[str, str] | None = None,
+    legend: str = "best",
     dpi: float = 150,
 ) -> Figure:
     """Draw ``metric`` against ``x_axis`` for several runs and return the matplotlib Figure (edit it, or
@@ -125,6 +127,8 @@ def plot(
     logx : log x-axis.
     labels : legend entries by a group's plain label (``"fednest, iid"``), a config value
         (``"fednest"``) or a run's name; None: config values in words (:mod:`.labels`).
+    legend : ``best`` (inside the axes, where it covers least), ``outside`` (right of the axes: for
+        small figures and many lines) or ``none``.
     dpi : resolution of a PNG.
     """
     from matplotlib.figure import Figure  # no pyplot: no global state, no display; savefig picks Agg/PDF by suffix
@@ -142,6 +146,8 @@ def plot(
         raise UsageError(f"ylabel: {len(ylabels)} labels for {len(metrics)} metrics; give one per metric")
     if size is not None and not (len(size) == 2 and all(math.isfinite(s) and 0 < s <= 100 for s in size)):
         raise UsageError(f"size: expected (width, height) in inches, each in (0, 100], got {size!r}")
+    if legend not in _LEGENDS:
+        raise UsageError(f"legend: {legend!r} is not one of {', '.join(_LEGENDS)}")
     check_columns(runs, [x_axis], "x_axis")
     check_columns(runs, metrics, "metric")
     fields, groups = group_values(runs, group_by)
@@ -150,6 +156,7 @@ def plot(
     ncols = min(len(metrics), 2)
     nrows = math.ceil(len(metrics) / ncols)
     fig = Figure(figsize=size or (6.4 * ncols, 4.4 * nrows), layout="constrained")
+    wrap = max(20, int(10.5 * fig.get_size_inches()[1] / nrows))  # characters of a y label's line
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax in axes[len(metrics) :]:
         ax.set_visible(False)
@@ -200,11 +207,14 @@ def plot(
         if logx:
             ax.set_xscale("log")
         ax.set_xlabel(xlabel if xlabel is not None else axis_label(x_axis, _column_info(runs, x_axis)))
-        ax.set_ylabel(label_y if label_y is not None else textwrap.fill(axis_label(m, _column_info(runs, m)), 45))
+        ax.set_ylabel(label_y if label_y is not None else textwrap.fill(axis_label(m, _column_info(runs, m)), wrap))
         ax.grid(True, which="major", alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
         n_entries = len(groups) if fields else len(runs)
-        ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
+        if legend == "best":
+            ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
+        elif legend == "outside":
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False)
 
     if title is None:
         problems = " / ".join(dict.fromkeys(problem_label(r.config) for r in runs))
