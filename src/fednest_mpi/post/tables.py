@@ -25,7 +25,15 @@ from fednest_mpi.post.load import (
 from fednest_mpi.post.stats import best, final, median_per_iteration, running_mean
 from fednest_mpi.text import format_bytes
 
-__all__ = ["DEFAULT_METRICS", "checkpoint_table", "format_bytes", "format_number", "format_seconds", "report"]
+__all__ = [
+    "DEFAULT_METRICS",
+    "checkpoint_table",
+    "format_bytes",
+    "format_mean_sd",
+    "format_number",
+    "format_seconds",
+    "report",
+]
 
 #: Metrics shown by :func:`report` by default, those of them that a run has.
 DEFAULT_METRICS = ("x_error", "outer_objective", "hypergradient_norm", "test_accuracy", "test_loss")
@@ -158,14 +166,14 @@ def _config_groups(fields_values: dict[str, list]) -> list[_Group]:
     return groups
 
 
-def _mean_sd(values: Sequence[float]) -> str:
-    """'m' for one finite value, 'm ± sd' for several, '-' for none."""
+def format_mean_sd(values: Sequence[float], fmt=format_number) -> str:
+    """The finite ``values`` as 'm' (one), 'm ± sd' (several; sample sd) or '-' (none), numbers in ``fmt``."""
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
     if not v.size:
         return "-"
     if v.size == 1:
-        return format_number(v[0])
-    return f"{format_number(v.mean())} ± {format_number(v.std(ddof=1))}"
+        return fmt(v[0])
+    return f"{fmt(v.mean())} ± {fmt(v.std(ddof=1))}"
 
 
 def _iterations_done(r) -> tuple[int | None, object]:
@@ -241,8 +249,8 @@ def report(
                 finals.append("-")
                 bests.append("-")
                 continue
-            finals.append(_mean_sd([final(y) for _, y in series]))
-            bests.append(_mean_sd([best(y, m, r.higher_is_better(m)) for r, y in series]))
+            finals.append(format_mean_sd([final(y) for _, y in series]))
+            bests.append(format_mean_sd([best(y, m, r.higher_is_better(m)) for r, y in series]))
         groups.append(_Group(m, [_Col("final", finals), _Col("best", bests)]))
 
     def median_of(members, column):
