@@ -558,3 +558,8 @@ def test_plot_joins_a_sparsely_recorded_metric_into_one_line(tmp_path, group_by)
         0
     ]  # then the legend's
     assert data_line.count("M") == 1 and data_line.count("L") == 3  # 4 recorded values (k = 0, 3, 6, 9), joined
+
+
+def test_a_single_run_is_named_in_the_title_without_a_legend(runs):
+    fig = post.plot(runs[:1], metric="x_error")
+    assert fig.get_suptitle() == "Quadratic bilevel problem: FedNest, seed 0" and fig.axes[0].get_legend() is None

@@ -68,8 +68,12 @@ def _how(runs: Sequence[Run], fields: list[str], groups, smooth: int) -> tuple[s
     """The title's account of what is drawn, and whether legend entries must carry their run counts."""
     counts = {len(members) for _, members in groups}
     per_entry = len(counts) > 1
-    if not fields:
-        how = f"{len(runs)} run{'s' if len(runs) > 1 else ''}"
+    if not fields and len(runs) == 1:  # the run itself in words; no legend needed
+        how = group_label(
+            ["algorithm.name", "seed"], (runs[0].config.get("algorithm.name"), runs[0].config.get("seed"))
+        )
+    elif not fields:
+        how = f"{len(runs)} runs"
     elif per_entry:
         how = "mean \u00b1 sd over the runs of each group"
     elif counts == {1}:
@@ -211,7 +215,9 @@ def plot(
         ax.grid(True, which="major", alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
         n_entries = len(groups) if fields else len(runs)
-        if legend == "best":
+        if n_entries == 1 and not fields and not labels and legend == "best":
+            pass  # one line: the title says what it is
+        elif legend == "best":
             ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
         elif legend == "outside":
             ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False)
