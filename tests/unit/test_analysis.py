@@ -377,6 +377,9 @@ def test_plot_labels_fields_and_values_in_words():
         "Accuracy on the 10k test set [%]"
     )
     assert axis_label("my_metric", {}) == "my_metric"
+    assert (
+        axis_label("x_sq_error", {"description": "||x - x*||^2 (Figure 4)", "units": "1"}) == "\u2016x - x*\u2016\u00b2"
+    )
     assert axis_label("comm_rounds", {"description": "cumulative rounds", "units": "1"}) == "communication rounds"
 
 

@@ -125,14 +125,14 @@ def problem_label(config: Mapping) -> str:
 
 def axis_label(column: str, info: Mapping | None = None) -> str:
     """An axis label from a column's stored ``description`` and ``units`` (docs/hdf5.md): the
-    description up to its first parenthetical remark, ``||.||`` as norms, the unit in brackets
+    description up to its first parenthetical remark, ``||.||`` as norms, ``^2`` as a superscript, the unit in brackets
     (none for ``1``); the known x-axes by their short names; else the column name."""
     if column in _AXIS_LABELS:
         return _AXIS_LABELS[column]
     info = info or {}
     text = str(info.get("description") or column)
     text = text.split(" (", 1)[0].strip().rstrip(",;:") or column
-    text = text.replace("||", "\u2016").replace("grad ", "\u2207")
+    text = text.replace("||", "\u2016").replace("grad ", "\u2207").replace("^2", "\u00b2")
     if re.match(r"[a-z]{2,}\b", text):
         text = text[0].upper() + text[1:]
     units = str(info.get("units") or "1")
