@@ -155,9 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     plot.add_argument(
         "--legend",
-        choices=("best", "outside", "none"),
+        choices=("best", "right", "below", "none"),
         default="best",
-        help="legend inside the axes where it covers least (default), right of them, or none",
+        help="legend inside the axes where it covers least (default), right of them, below them, or none",
     )
     plot.add_argument("--size", metavar="WxH", help="figure size in inches, e.g. 3.5x2.6 (default: 6.4x4.4 per plot)")
     plot.add_argument("--dpi", type=float, default=150, help="resolution of a .png (default %(default)s)")

@@ -350,9 +350,10 @@ def test_figure_options_title_labels_size_scales_and_vector_output(runs, tmp_pat
     ).read_text()
     assert _texts(post.plot(runs, metric="x_error", title=""))["title"] == ""
     assert post.plot(runs, metric="x_error", legend="none").axes[0].get_legend() is None
-    outside = post.plot(runs, metric="x_error", group_by="seed", legend="outside").axes[0].get_legend()
-    assert outside.get_bbox_to_anchor().x0 > 0
-    with pytest.raises(UsageError, match="legend: 'above' is not one of best, outside, none"):
+    for where in ("right", "below"):
+        outside = post.plot(runs, metric=["x_error", "outer_objective"], group_by="seed", legend=where)
+        assert [a.get_legend() for a in outside.axes] == [None, None] and len(outside.legends) == 1
+    with pytest.raises(UsageError, match="legend: 'above' is not one of best, right, below, none"):
         post.plot(runs, legend="above")
     with pytest.raises(UsageError, match="size: expected"):
         post.plot(runs, size=(0, 3))

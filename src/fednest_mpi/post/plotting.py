@@ -31,7 +31,7 @@ X_AXES = ("iteration", "comm_rounds", "wall_time")
 #: Output formats of :func:`plot`, by the file name's suffix.
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 _LINESTYLES = ("-", "--", ":", "-.")
-_LEGENDS = ("best", "outside", "none")
+_LEGENDS = ("best", "right", "below", "none")
 
 
 def _auto_log(metric: str, arrays: list[np.ndarray]) -> bool:
@@ -131,8 +131,8 @@ def plot(
     logx : log x-axis.
     labels : legend entries by a group's plain label (``"fednest, iid"``), a config value
         (``"fednest"``) or a run's name; None: config values in words (:mod:`.labels`).
-    legend : ``best`` (inside the axes, where it covers least), ``outside`` (right of the axes: for
-        small figures and many lines) or ``none``.
+    legend : ``best`` (inside the axes, where it covers least), ``right`` or ``below`` the axes (for
+        small figures and many lines), or ``none``.
     dpi : resolution of a PNG.
     """
     from matplotlib.figure import Figure  # no pyplot: no global state, no display; savefig picks Agg/PDF by suffix
@@ -219,8 +219,12 @@ def plot(
             pass  # one line: the title says what it is
         elif legend == "best":
             ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
-        elif legend == "outside":
-            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False)
+    if legend in ("right", "below"):  # one legend for all subplots, outside them (the layout makes room)
+        handles, texts = axes[0].get_legend_handles_labels()
+        where = "outside right upper" if legend == "right" else "outside lower center"
+        entry = 0.065 * max(map(len, texts), default=1) + 0.6  # inches of one entry in the small font
+        ncols = 1 if legend == "right" else max(1, min(len(texts), int(fig.get_size_inches()[0] / entry)))
+        fig.legend(handles, texts, loc=where, ncols=ncols, fontsize="small", frameon=False)
 
     if title is None:
         problems = " / ".join(dict.fromkeys(problem_label(r.config) for r in runs))
