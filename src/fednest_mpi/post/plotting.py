@@ -224,7 +224,8 @@ def plot(
         where = "outside right upper" if legend == "right" else "outside lower center"
         entry = 0.065 * max(map(len, texts), default=1) + 0.6  # inches of one entry in the small font
         ncols = 1 if legend == "right" else max(1, min(len(texts), int(fig.get_size_inches()[0] / entry)))
-        fig.legend(handles=handles, labels=texts, loc=where, ncols=ncols, fontsize="small", frameon=False)  # type: ignore[call-overload]  # "outside ..." locations are not in the stubs
+        # the "outside ..." locations (constrained layout) are not in matplotlib's type stubs
+        fig.legend(handles, texts, loc=where, ncols=ncols, fontsize="small", frameon=False)  # type: ignore[call-overload]
 
     if title is None:
         problems = " / ".join(dict.fromkeys(problem_label(r.config) for r in runs))
