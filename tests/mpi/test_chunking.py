@@ -15,7 +15,7 @@ from fednest_mpi.runner import simulate
 
 register_test_plugins()
 #: every registered algorithm that runs on the quadratic problem, the test plugins included
-ALGORITHMS = sorted(name for name, entry in config.ALGORITHMS.items() if entry.accepts("quadratic"))
+ALGORITHMS = sorted(entry.name for entry in config.ALGORITHMS.load_all() if entry.accepts("quadratic"))
 
 
 def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = "ordered") -> config.RunConfig:

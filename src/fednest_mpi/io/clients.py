@@ -164,7 +164,7 @@ class ClientFile:
         """Column k (iteration k) of every series, flushed. Only the participants' entries are written
         (the others keep the fill value, and chunks without participants are never allocated): one
         slice from the first to the last participant when they are dense, else entry by entry."""
-        rows = np.flatnonzero(records["participation"])
+        rows = np.flatnonzero(records["participation"] | records["answered_rounds"] | records["dropped_rounds"])
         dense = rows.size and 2 * rows.size >= rows[-1] - rows[0] + 1
         with failure.guard():
             for name, d in self.datasets.items():
