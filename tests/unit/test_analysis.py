@@ -567,3 +567,11 @@ def test_plot_joins_a_sparsely_recorded_metric_into_one_line(tmp_path, group_by)
 def test_a_single_run_is_named_in_the_title_without_a_legend(runs):
     fig = post.plot(runs[:1], metric="x_error")
     assert fig.get_suptitle() == "Quadratic bilevel problem: FedNest, seed 0" and fig.axes[0].get_legend() is None
+
+
+def test_every_built_in_algorithm_has_its_papers_name():
+    from fednest_mpi import config
+    from fednest_mpi.post.labels import ALGORITHM_LABELS
+
+    builtin = [n for n in config.ALGORITHMS.names() if ":" not in n and n not in config.ALGORITHMS.entry_points()]
+    assert set(builtin) <= set(ALGORITHM_LABELS), set(builtin) - set(ALGORITHM_LABELS)

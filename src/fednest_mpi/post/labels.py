@@ -14,7 +14,7 @@ from collections.abc import Mapping
 __all__ = ["ALGORITHM_LABELS", "axis_label", "field_label", "group_label", "problem_label", "value_label"]
 
 #: ``algorithm.name`` -> the name the papers use (FedNest, Tarzanagh et al. 2022, Table 2 and Fig. 2;
-#: FedBiO / FedBiOAcc, Li, Huang & Huang; FedAvg, McMahan et al.; FedSVRG).
+#: FedBiO / FedBiOAcc, Li, Huang & Huang; FedAvg, McMahan et al.; FedSVRG; SimFBO / ShroFBO, FedMSA, FedMBO).
 ALGORITHM_LABELS = {
     "fednest": "FedNest",
     "fednest_sgd": "FedNest-SGD",
@@ -26,6 +26,10 @@ ALGORITHM_LABELS = {
     "fedbioacc": "FedBiOAcc",
     "fedavg": "FedAvg",
     "fedsvrg": "FedSVRG",
+    "simfbo": "SimFBO",
+    "shrofbo": "ShroFBO",
+    "fedmsa": "FedMSA",
+    "fedmbo": "FedMBO",
 }
 
 _PROBLEM_LABELS = {
@@ -36,6 +40,7 @@ _PROBLEM_LABELS = {
     "compositional": "Federated compositional",
     "synthetic": "Synthetic (FedProx data)",
     "fairness": "Fair classification",
+    "hyper_cleaning": "Data hyper-cleaning",
 }
 
 _DATASET_LABELS = {"mnist": "MNIST", "fashion": "Fashion-MNIST", "adult": "UCI Adult"}
