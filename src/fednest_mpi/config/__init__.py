@@ -51,6 +51,7 @@ from fednest_mpi.config.registries import (
     algorithm_fields,
     algorithm_spec_of,
     problem_spec_of,
+    section_fields,
 )
 from fednest_mpi.config.run_params import FederationConfig, HeterogeneityConfig, RunConfig, RunSection
 from fednest_mpi.config.validation import validate_relations, validate_world
@@ -91,6 +92,7 @@ __all__ = [
     "problem_spec_of",
     "read_file",
     "reference_markdown",
+    "section_fields",
     "spec",
     "validate_relations",
     "validate_world",

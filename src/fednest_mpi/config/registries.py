@@ -232,18 +232,29 @@ for _name, _target in (
     ALGORITHMS.provide(_name, _target)
 
 
-def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of an [algorithm] table that algorithm ``name`` has; entries that are fields of no
-    algorithm stay (validation names them), as does everything when ``name`` is unknown.
+def section_fields(section: str, name: Any, table: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a [problem] or [algorithm] table (``section``) that the problem or algorithm ``name``
+    has; entries that are fields of no registered problem (algorithm) stay, so that validation names
+    them, as does everything when ``name`` is unknown.
 
-    A config layer that names an algorithm (a file over its ``base``, ``--set algorithm.name=...`` over
-    the file, a sweep's values) keeps only these from the layers below it: another algorithm's fields
-    are left behind with that algorithm."""
-    spec_ = ALGORITHMS.resolve(name) if isinstance(name, str) else None
+    A config layer that names a problem or an algorithm (a file over its ``base``, ``--set
+    problem.name=...`` or ``--set algorithm.name=...`` over the file, a sweep's values) keeps only these
+    from the layers below it: another problem's or algorithm's fields are left behind with it."""
+    registry = NAMED_SECTIONS[section]
+    spec_ = registry.resolve(name) if isinstance(name, str) else None
     if spec_ is None:
         return dict(table)
     own = fields_of(spec_.params)
-    every = set().union(*(fields_of(s.params) for s in ALGORITHMS.values()))
+    every = set().union(*(fields_of(s.params) for s in registry.values()))
     if not set(table) <= every:  # perhaps fields of a provided built-in not loaded yet: load those
-        every = set().union(*(fields_of(s.params) for s in ALGORITHMS.with_builtins()))
+        every = set().union(*(fields_of(s.params) for s in registry.with_builtins()))
     return {k: v for k, v in table.items() if k in own or k not in every}
+
+
+def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`section_fields` of an [algorithm] table."""
+    return section_fields("algorithm", name, table)
+
+
+#: The sections chosen by their ``name`` field, and the registry of each.
+NAMED_SECTIONS: dict[str, Registry] = {"problem": PROBLEMS, "algorithm": ALGORITHMS}
