@@ -2,38 +2,44 @@
 # Shared body of the figure scripts (jobs/figures/fig*.sh): run a figure's sweep on this machine
 # through mpiexec, then draw it and tabulate it from the run files.
 #
-# usage: bash jobs/figures/figNN.sh [-n RANKS] [-k ITERATIONS] [-j PARALLEL] [-p] [-o FIG_DIR]
+# usage: bash jobs/figures/figNN.sh [-n RANKS] [-k ITERATIONS] [-j PARALLEL] [-p] [-r RUN_DIR] [-o FIG_DIR]
 #   -n RANKS       MPI ranks per run (default 2)
-#   -k ITERATIONS  outer iterations per run (default: the sweep's config, 500 / 300); e.g. -k 40
+#   -k ITERATIONS  outer iterations per run (default: the sweep's config, 500 / 300); e.g. -k 40; the
+#                  table then shows the figure's iterations below ITERATIONS and ITERATIONS itself
 #   -j PARALLEL    runs at once (default 1); mind RANKS x PARALLEL <= cores
 #   -p             plot only: draw from the existing run files (e.g. after a cluster sweep:
 #                  fednest-mpi jobs render jobs/sweeps/figNN.toml --site YOUR_SITE; sbatch ...)
-#   -o FIG_DIR     where the figures and the table go (default figs)
+#   -r RUN_DIR     with -p: draw the run files in RUN_DIR (default runs/NAME, where the sweep writes)
+#   -o FIG_DIR     where the figures and the table go (default figs); -r and -o are relative to
+#                  the repository root
 # Needs FEDNEST_DATA (the folder holding mnist/) and the project's virtual environment.
 # Writes FIG_DIR/NAME_iteration.png, FIG_DIR/NAME_comm_rounds.png and FIG_DIR/NAME_table.md.
 # The calling script sets FIGURE (sweep name), METRIC, GROUP_BY (--group-by arguments), AT (iterations).
 
 set -euo pipefail
-RANKS=2 ITERATIONS="" PARALLEL=1 PLOT_ONLY=0 FIG_DIR=figs
-while getopts "n:k:j:po:h" opt; do
+RANKS=2 ITERATIONS="" PARALLEL=1 PLOT_ONLY=0 FIG_DIR=figs RUN_DIR=""
+while getopts "n:k:j:pr:o:h" opt; do
     case $opt in
         n) RANKS=$OPTARG ;;
         k) ITERATIONS=$OPTARG ;;
         j) PARALLEL=$OPTARG ;;
         p) PLOT_ONLY=1 ;;
+        r) RUN_DIR=$OPTARG ;;
         o) FIG_DIR=$OPTARG ;;
         h) sed -n '2,/^$/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
-        *) echo "usage: bash $0 [-n RANKS] [-k ITERATIONS] [-j PARALLEL] [-p] [-o FIG_DIR]" >&2; exit 2 ;;
+        *) echo "usage: bash $0 [-n RANKS] [-k ITERATIONS] [-j PARALLEL] [-p] [-r RUN_DIR] [-o FIG_DIR]" >&2; exit 2 ;;
     esac
 done
 for v in "$RANKS" "$PARALLEL" ${ITERATIONS:+"$ITERATIONS"}; do
     case $v in ''|*[!0-9]*|0) echo "$0: -n, -k and -j take positive integers, got '$v'" >&2; exit 2 ;; esac
 done
+if [ -n "$RUN_DIR" ] && [ "$PLOT_ONLY" -eq 0 ]; then echo "$0: -r RUN_DIR goes with -p (the sweep writes to runs/$FIGURE)" >&2; exit 2; fi
+RUN_DIR=${RUN_DIR:-runs/$FIGURE}
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if [ -x .venv/bin/fednest-mpi ] && [ -z "${VIRTUAL_ENV:-}" ]; then PATH=$PWD/.venv/bin:$PATH; fi
 command -v fednest-mpi > /dev/null || { echo "$0: fednest-mpi not found: run make install" >&2; exit 2; }
 
-RUN_DIR=runs/$FIGURE FAILED=0
+FAILED=0
 if [ "$PLOT_ONLY" -eq 0 ]; then
     fednest-mpi jobs render "jobs/sweeps/$FIGURE.toml" --site local --out-dir "runs/jobs/$FIGURE" > /dev/null
     # a run that fails (e.g. diverges: it keeps its iterations up to there) is reported, the others are
@@ -48,7 +54,10 @@ fi
 mkdir -p "$FIG_DIR"
 read -r -a GROUP_ARGS <<< "$GROUP_BY"
 AT_ARGS=()
-for k in $AT; do AT_ARGS+=(--at "$k"); done
+for k in $AT; do  # a shortened sweep (-k) is tabulated at the iterations it reaches, and at its end
+    if [ -z "$ITERATIONS" ] || [ "$k" -lt "$ITERATIONS" ]; then AT_ARGS+=(--at "$k"); fi
+done
+if [ -n "$ITERATIONS" ]; then AT_ARGS+=(--at "$ITERATIONS"); fi
 for axis in iteration comm_rounds; do
     fednest-mpi plot "$RUN_DIR" -m "$METRIC" -x "$axis" "${GROUP_ARGS[@]}" --smooth 5 -o "$FIG_DIR/${FIGURE}_$axis.png"
 done

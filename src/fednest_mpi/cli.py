@@ -91,8 +91,8 @@ def _parser() -> argparse.ArgumentParser:
         dest="metrics",
         action="append",
         metavar="COLUMN",
-        help="metric to show (repeatable); default: whichever of x_error, outer_objective, "
-        "hypergradient_norm, test_accuracy, test_loss the runs record",
+        help="metric to show (repeatable); default: the problem's primary metric, then whichever of x_error, "
+        "outer_objective, hypergradient_norm, test_accuracy, test_loss the runs record",
     )
     rep.add_argument(
         "--width", type=int, default=100, help="wrap the table into blocks of at most this many characters"
@@ -102,8 +102,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         action="append",
         metavar="K",
-        help="instead of the summary: a Markdown table of the (first) metric at outer iteration K "
-        "(repeatable), mean ± sd over the runs of each --group-by value",
+        help="instead of the summary: a Markdown table of the (first) metric, by default the problem's "
+        "primary metric, at outer iteration K (repeatable), mean ± sd over the runs of each --group-by value",
     )
     _grouping_arguments(rep)
     plot = sub.add_parser(
@@ -139,6 +139,29 @@ def _parser() -> argparse.ArgumentParser:
         const=False,
         help="linear y axis (default: log for errors/norms spanning more than 2 decades)",
     )
+    plot.add_argument("--logx", action="store_true", help="log x axis")
+    plot.add_argument("--title", help="figure title (default: the problem and what is drawn; '' for none)")
+    plot.add_argument("--xlabel", help="x-axis label (default: from the column's description and unit)")
+    plot.add_argument(
+        "--ylabel", action="append", metavar="TEXT", help="y-axis label, one per --metric (default: from the run file)"
+    )
+    plot.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        default=[],
+        metavar="VALUE=TEXT",
+        help="legend entry for a group or config value, e.g. --label fednest='FedNest (ours)' or "
+        "--label 'fednest, iid=FedNest, iid clients' (repeatable; default: the values in words)",
+    )
+    plot.add_argument(
+        "--legend",
+        choices=("best", "right", "below", "none"),
+        default="best",
+        help="legend inside the axes where it covers least (default), right of them, below them, or none",
+    )
+    plot.add_argument("--size", metavar="WxH", help="figure size in inches, e.g. 3.5x2.6 (default: 6.4x4.4 per plot)")
+    plot.add_argument("--dpi", type=float, default=150, help="resolution of a .png (default %(default)s)")
     rec = sub.add_parser(
         "recover",
         help="close the files of a killed run (SIGKILL, node loss) at its last complete iteration",
@@ -317,28 +340,56 @@ def _analyse(args) -> int:
         elif args.command == "report" and args.configs_dir:
             raise UsageError("--configs-dir goes with --benchmark FILE")
         elif args.command == "report" and args.at:
-            if not args.metrics:
-                raise UsageError("--at needs the metric to tabulate, e.g. --metric test_accuracy")
-            print(
-                post.checkpoint_table(args.runs, args.metrics[0], args.at, group_by=args.group_by, smooth=args.smooth)
-            )
+            metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
+            print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))
         elif args.command == "report":
-            print(post.report(args.runs, args.metrics, width=args.width), end="")
+            text = post.report(args.runs, args.metrics, width=args.width, group_by=args.group_by, smooth=args.smooth)
+            print(text, end="")
         else:
-            path = post.plot(
+            post.plot(
                 args.runs,
                 args.output,
-                metric=args.metrics or post.primary_metrics(args.runs),
+                metric=args.metrics,
                 x_axis=args.x_axis,
                 group_by=args.group_by,
                 logy=args.logy,
                 smooth=args.smooth,
+                title=args.title,
+                xlabel=args.xlabel,
+                ylabel=args.ylabel[0] if args.ylabel and len(args.ylabel) == 1 else args.ylabel,
+                size=_size(args.size),
+                logx=args.logx,
+                labels=_labels(args.labels),
+                legend=args.legend,
+                dpi=args.dpi,
             )
-            print(f"output: {path}")
+            print(f"output: {args.output}")
     except UsageError as exc:
         print(f"fednest-mpi: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _size(text: str | None) -> tuple[float, float] | None:
+    """``--size 3.5x2.6`` as (width, height) in inches."""
+    if text is None:
+        return None
+    try:
+        width, height = (float(v) for v in text.lower().replace(",", "x").split("x"))
+    except ValueError:
+        raise UsageError(f"--size: expected WIDTHxHEIGHT in inches, e.g. 3.5x2.6, got {text!r}") from None
+    return width, height
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    """``--label VALUE=TEXT`` (repeatable) as {VALUE: TEXT}."""
+    labels = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--label: expected VALUE=TEXT, e.g. fednest='FedNest (ours)', got {item!r}")
+        labels[key.strip()] = text
+    return labels
 
 
 def _jobs(args) -> int:

@@ -12,9 +12,11 @@ A second writer (with or without ``--overwrite``, or ``--resume``) that finds th
 (``UsageError``) naming the holder. A lock whose writer is provably gone is **stale**: written on
 this host by a pid that no longer runs (or whose ``lockf`` lock is free), or by an earlier start of
 the same SLURM job (a requeued job: ``SLURM_JOB_ID`` equal, ``SLURM_RESTART_COUNT`` larger now).
-``--resume`` and ``fednest-mpi recover`` take a stale lock over (they are the way to continue or
-repair a killed run); a new run is refused with the command that clears it. A lock written on
-another host cannot be checked from here and counts as live.
+``--resume``, ``--overwrite`` and ``fednest-mpi recover`` take a stale lock over (they are the ways
+to continue, redo or repair a killed run); a new run without them is refused with the one command
+that clears every stale lock of the run (:func:`acquire_all`: the output's and the checkpoint
+folder's together, so one retry needs one removal). A lock written on another host cannot be
+checked from here and counts as live.
 
 No MPI and no HDF5 here.
 """
@@ -211,6 +213,34 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
     )
 
 
+def acquire_all(targets, take_stale: bool = False) -> list[Lock]:
+    """Lock every ``(path, field)`` of ``targets`` (a run's output and checkpoint folder), or none. A live
+    or damaged lock is refused naming its holder (:func:`acquire`); stale locks that are not taken over
+    are refused together, with one ``rm`` that clears all of them."""
+    targets = list(targets)
+    found = [(path, field, held) for path, field in targets if (held := holder(path)) is not None]
+    for path, field, held in found:  # a running writer first: its lock must not be removed
+        if held.state != "stale" or not held.info:
+            raise UsageError(_refusal(field, path, held))
+    if found and not take_stale:
+        path, field, held = found[0]
+        files = " ".join(_quote(h.path) for _, _, h in found)
+        raise UsageError(
+            f"{field}: {str(path)!r} has a stale lock of a run that no longer runs ({held.describe()}); continue "
+            f"that run with --resume, start it again with --overwrite, or clear the "
+            f"lock{'s' if len(found) > 1 else ''}: rm {files}"
+        )
+    locks: list[Lock] = []
+    try:
+        for path, field in targets:
+            locks.append(acquire(path, field, take_stale=take_stale))
+    except BaseException:
+        for taken in reversed(locks):
+            taken.release()
+        raise
+    return locks
+
+
 def _refusal(field: str, path, held: Holder) -> str:
     if not held.info:
         return (
@@ -222,7 +252,7 @@ def _refusal(field: str, path, held: Holder) -> str:
         return (
             f"{field}: {str(path)!r} has a stale lock of a run that no longer runs ({held.describe()}); "
             "continue that run "
-            f"with --resume, or clear the lock: rm {_quote(held.path)}"
+            f"with --resume, start it again with --overwrite, or clear the lock: rm {_quote(held.path)}"
         )
     return (
         f"{field}: {str(path)!r} is being written by another run ({held.describe()}); wait for it to end or choose "

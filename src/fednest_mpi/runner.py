@@ -25,6 +25,7 @@ from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
+from fednest_mpi.heterogeneity import SystemModel
 from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
 from fednest_mpi.problems.base import shared_rows
@@ -44,6 +45,14 @@ BOOKKEEPING = {
     "wall_time": ("wall time since the start of the loop", "s"),
     "algorithm_time": ("wall time of the iteration's algorithm part on rank 0", "s"),
     "evaluation_time": ("wall time of the iteration's evaluation", "s"),
+}
+#: the columns of a run whose clients may fail to answer (heterogeneity.drop_probability / availability_trace)
+ANSWER_COLUMNS = {
+    "clients_answered": ("members of the iteration's counted aggregations that answered, summed over its rounds", "1"),
+    "clients_dropped": (
+        "members of the iteration's counted aggregations that did not answer, summed over its rounds",
+        "1",
+    ),
 }
 ORACLE_COLUMNS = {f"oracle_{name}": (f"cumulative {name} oracle calls, summed over clients", "1") for name in ORACLES}
 
@@ -241,6 +250,8 @@ class Simulation:
             if error is not None:
                 raise error
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
+            # the clients' local work and availability (reads the availability trace, if any)
+            self.fed.system = SystemModel(cfg.heterogeneity, cfg.seed, cfg.problem.n_clients)
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
             self.problem = build_problem(
                 cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype)
@@ -277,6 +288,8 @@ class Simulation:
         """name -> (description, units) of every per-iteration value :meth:`run` records."""
         cols = dict(BOOKKEEPING)
         cols.update(type(self.algorithm).diagnostics)
+        if self.fed.system.drops:
+            cols.update(ANSWER_COLUMNS)
         cols.update(ORACLE_COLUMNS)
         cols.update(self.problem.metric_info())
         for name, info in self._training_columns().items():
@@ -394,6 +407,9 @@ class Simulation:
                 "evaluation_time": eval_seconds,
             }
             row.update(diagnostic_values(type(self.algorithm), diag))
+            answered, dropped = fed.take_answer_counts()
+            if fed.system.drops:
+                row.update(clients_answered=answered, clients_dropped=dropped)
             row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
             if train_columns:

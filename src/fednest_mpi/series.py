@@ -68,7 +68,7 @@ class RunSeries:
                 "h5py is built with parallel HDF5; the per-client series still use per-rank files (docs/hdf5.md)"
             )
         self.recorder = ClientRecorder(fed.block) if records_clients(cfg) else OFF
-        sim.algorithm.recorder = self.recorder
+        sim.algorithm.recorder = fed.recorder = self.recorder  # the federation records answered / dropped rounds
         self.writer = writer
         self.main = MainSeries(writer.file) if writer is not None else None
         fed.round_times = []

@@ -98,8 +98,9 @@ class Session:
         found = None
         if rank == 0:
             try:
-                locks.append(lock.acquire(cfg.run.output, "run.output", take_stale=self.resume))
-                locks.append(lock.acquire(folder, "run.checkpoint_dir", take_stale=self.resume))
+                # a stale lock (its writer provably gone) is taken over by --resume and --overwrite
+                targets = [(cfg.run.output, "run.output"), (folder, "run.checkpoint_dir")]
+                locks = lock.acquire_all(targets, take_stale=self.resume or cfg.run.overwrite)
                 if resume is not None:
                     checkpoint.check_client_files(folder, resume)
                     check_resumable_output(cfg.run.output, resume.output_rows)

@@ -84,6 +84,7 @@ def other_problem_run(tmp_path_factory):
             "algorithm": "fednest",
             "mpi_size": 1,
             "config_json": __import__("json").dumps(cfg),
+            "primary_metric": "test_accuracy",
         },
         cols,
     )
@@ -206,6 +207,35 @@ def test_report_default_metrics_of_mixed_problems_shows_dash(runs, other_problem
     assert "-" in _row(text, "classifier")
 
 
+def test_report_groups_runs_without_at(runs):
+    """`report -g algorithm.name`: one line per algorithm, final and best as mean ± sd over its seeds."""
+    text = post.report(runs, metrics=["x_error"], group_by="algorithm.name")
+    assert "seed" not in text.splitlines()[0] + text.splitlines()[1]
+    for algorithm in ALGORITHMS:
+        members = [read_run(p)[1]["x_error"] for p in runs if p.stem.startswith(algorithm + "_")]
+        finals, bests = [m[-1] for m in members], [m.min() for m in members]
+        cells = " ".join(_row(text, algorithm))
+        for v in (finals, bests):
+            assert f"{post.format_number(np.mean(v))} ± {post.format_number(np.std(v, ddof=1))}" in cells
+        assert _row(text, algorithm)[1] == str(len(SEEDS))
+    assert "in 2 group(s) of algorithm.name" in text.replace("\n", " ")
+
+
+def test_report_across_algorithms_shows_what_the_runs_share(runs, tmp_path):
+    """A FedBiO run beside FedNest runs: the fields that only one kind has are left out (not columns of
+    '-'); a field both have that differs is shown."""
+    fedbio = tmp_path / "fedbio.h5"
+    _write_run(fedbio, "fedbio", 0, sync_period=2)
+    text = post.report([*runs[:1], fedbio], metrics=["x_error"])
+    words = set(" ".join(text.splitlines()[:2]).split())
+    diffs = post.config_differences([runs[0], fedbio])
+    shown = {f.rpartition(".")[2] for f, v in diffs.items() if None not in v}
+    own = {f.rpartition(".")[2] for f, v in diffs.items() if None in v} - shown  # e.g. sync_period
+    assert {"sync_period", "ihgp_resample_clients"} <= own and not own & words
+    assert "name" in words and "-" not in _row(text, "fedbio")
+    assert f"Not shown: {sum(None in v for v in diffs.values())} config field(s)" in text.replace("\n", " ")
+
+
 def test_formatting_helpers():
     assert post.format_bytes(0) == "0 B"
     assert post.format_bytes(1234567) == "1.23 MB"
@@ -255,13 +285,113 @@ def _is_png(path) -> bool:
 
 
 def test_plot_grouped_ungrouped_and_comm_rounds(runs, tmp_path):
-    out = post.plot(runs, tmp_path / "grouped.png", group_by="algorithm.name")
-    assert out == tmp_path / "grouped.png" and _is_png(out)
-    assert _is_png(post.plot(runs, tmp_path / "sub" / "runs.png"))
-    assert _is_png(post.plot(runs, tmp_path / "rounds.png", x_axis="comm_rounds", group_by="algorithm.name", logy=True))
-    assert _is_png(post.plot(runs, tmp_path / "wall.png", x_axis="wall_time", group_by="algorithm.name"))
-    multi = post.plot(runs, tmp_path / "multi.pdf", metric=["x_error", "outer_objective", "hypergradient_norm"])
-    assert multi.read_bytes()[:5] == b"%PDF-"
+    from matplotlib.figure import Figure
+
+    fig = post.plot(runs, tmp_path / "grouped.png", group_by="algorithm.name")
+    assert isinstance(fig, Figure) and _is_png(tmp_path / "grouped.png")
+    post.plot(runs, tmp_path / "sub" / "runs.png")
+    assert _is_png(tmp_path / "sub" / "runs.png")
+    post.plot(runs, tmp_path / "rounds.png", x_axis="comm_rounds", group_by="algorithm.name", logy=True)
+    post.plot(runs, tmp_path / "wall.png", x_axis="wall_time", group_by="algorithm.name")
+    assert _is_png(tmp_path / "rounds.png") and _is_png(tmp_path / "wall.png")
+    post.plot(runs, tmp_path / "multi.pdf", metric=["x_error", "outer_objective", "hypergradient_norm"])
+    assert (tmp_path / "multi.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def _texts(fig) -> dict:
+    ax = fig.axes[0]
+    return {
+        "title": fig.get_suptitle(),
+        "x": ax.get_xlabel(),
+        "y": ax.get_ylabel(),
+        "legend": [t.get_text() for t in ax.get_legend().get_texts()],
+        "yscale": ax.get_yscale(),
+        "xscale": ax.get_xscale(),
+    }
+
+
+def test_figure_words_come_from_the_run_files(runs, tmp_path):
+    """The y label is the column's stored description and unit, the legend names the algorithms as the
+    paper does, the title says what is drawn in words; no file is written without ``out``."""
+    from fednest_mpi.io.h5 import read_run
+
+    fig = post.plot(runs, metric="x_error", group_by="algorithm.name", smooth=3)
+    words = _texts(fig)
+    description = read_run(runs[0])[0]["columns"]["x_error"]["description"]
+    assert words["y"] == "\u2016x - x*\u2016" and description.startswith("||x - x*|| (")
+    assert words["x"] == "outer iteration"
+    assert words["legend"] == ["FedNest", "LFedNest"]
+    assert words["title"] == "Quadratic bilevel problem: mean \u00b1 sd over 2 seeds, 3-iteration running mean"
+    assert "algorithm.name" not in words["title"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_figure_options_title_labels_size_scales_and_vector_output(runs, tmp_path):
+    fig = post.plot(
+        runs,
+        tmp_path / "f.svg",
+        metric="x_error",
+        group_by="algorithm.name",
+        title="Quadratic, M = 20",
+        xlabel="round k",
+        ylabel="distance to x*",
+        size=(3.5, 2.6),
+        logy=False,
+        logx=True,
+        labels={"fednest": "FedNest (ours)"},
+    )
+    words = _texts(fig)
+    assert (words["title"], words["x"], words["y"]) == ("Quadratic, M = 20", "round k", "distance to x*")
+    assert words["legend"] == ["FedNest (ours)", "LFedNest"]
+    assert (words["xscale"], words["yscale"]) == ("log", "linear")
+    assert tuple(fig.get_size_inches()) == (3.5, 2.6)
+    assert (tmp_path / "f.svg").read_text().lstrip().startswith("<?xml") and "FedNest (ours)" in (
+        tmp_path / "f.svg"
+    ).read_text()
+    assert _texts(post.plot(runs, metric="x_error", title=""))["title"] == ""
+    assert post.plot(runs, metric="x_error", legend="none").axes[0].get_legend() is None
+    for where in ("right", "below"):
+        outside = post.plot(runs, metric=["x_error", "outer_objective"], group_by="seed", legend=where)
+        assert [a.get_legend() for a in outside.axes] == [None, None] and len(outside.legends) == 1
+    with pytest.raises(UsageError, match="legend: 'above' is not one of best, right, below, none"):
+        post.plot(runs, legend="above")
+    with pytest.raises(UsageError, match="size: expected"):
+        post.plot(runs, size=(0, 3))
+    with pytest.raises(UsageError, match="ylabel: 2 labels for 1 metrics"):
+        post.plot(runs, metric="x_error", ylabel=["a", "b"])
+
+
+def test_plot_labels_fields_and_values_in_words():
+    from fednest_mpi.post.labels import axis_label, group_label, problem_label
+
+    assert group_label(["algorithm.name", "problem.partition"], ("lfednest", "shards")) == "LFedNest, non-iid (shards)"
+    assert group_label(["algorithm.clients_per_round"], (50,)) == "clients per round = 50"
+    assert group_label(["algorithm.outer_lr", "seed"], (0.05, 2)) == "outer step size = 0.05, seed 2"
+    assert group_label(["problem.tune_loss"], (False,)) == "cross-entropy (untuned)"
+    assert group_label(["algorithm.ihgp_mode"], ("truncated",)) == "ihgp mode: truncated"
+    assert group_label(["algorithm.name"], ("my_pkg.mod:MyAlgorithm",)) == "MyAlgorithm"
+    assert group_label(["algorithm.name", "seed"], ("fednest", 1), {"fednest, 1": "mine"}) == "mine"
+    assert problem_label({"problem.name": "hyper_representation", "problem.dataset": "fashion"}) == (
+        "Hyper-representation, Fashion-MNIST"
+    )
+    assert axis_label("test_accuracy", {"description": "accuracy on the 10k test set", "units": "%"}) == (
+        "Accuracy on the 10k test set [%]"
+    )
+    assert axis_label("my_metric", {}) == "my_metric"
+    assert (
+        axis_label("x_sq_error", {"description": "||x - x*||^2 (Figure 4)", "units": "1"}) == "\u2016x - x*\u2016\u00b2"
+    )
+    assert axis_label("comm_rounds", {"description": "cumulative rounds", "units": "1"}) == "communication rounds"
+
+
+def test_plot_and_checkpoint_table_default_to_the_primary_metric(other_problem_run, tmp_path):
+    """A run whose problem has no x_error (MNIST-like) plots and tabulates without naming a metric."""
+    fig = post.plot([other_problem_run], tmp_path / "acc.png")
+    assert fig.axes[0].get_ylabel() == "Acc" and _is_png(tmp_path / "acc.png")
+    table = post.checkpoint_table([other_problem_run], None, at=[2])
+    assert table.splitlines()[2].split("|")[3].strip() == "0.8"
+    with pytest.raises(UsageError, match=r"--at 9, 12: no run reaches these iterations.*up to 4"):
+        post.checkpoint_table([other_problem_run], None, at=[9, 12])
 
 
 def test_auto_log_scale_only_for_errors_spanning_decades():
@@ -370,8 +500,14 @@ def test_checkpoint_table_is_mean_and_sd_over_seeds_by_hand(runs):
 
 
 def test_plot_and_table_group_by_two_fields(runs, tmp_path):
-    out = post.plot(runs, tmp_path / "two.png", metric="x_error", group_by=["algorithm.name", "seed"], smooth=5)
-    assert out.read_bytes().startswith(PNG_MAGIC)
+    fig = post.plot(runs, tmp_path / "two.png", metric="x_error", group_by=["algorithm.name", "seed"], smooth=5)
+    assert (tmp_path / "two.png").read_bytes().startswith(PNG_MAGIC)
+    # colour by algorithm, line style by seed; one run per group: no band, no counts
+    lines = fig.axes[0].get_lines()
+    assert [(line.get_color(), line.get_linestyle()) for line in lines] == [
+        ("C0", "-"), ("C0", "--"), ("C1", "-"), ("C1", "--")
+    ]  # fmt: skip
+    assert _texts(fig)["legend"] == ["FedNest, seed 0", "FedNest, seed 1", "LFedNest, seed 0", "LFedNest, seed 1"]
     table = post.checkpoint_table(runs, "x_error", at=[3], group_by=["algorithm.name", "seed"])
     assert len(table.splitlines()) == 2 + len(ALGORITHMS) * len(SEEDS)
     assert all(row.split("|")[2].strip() == "1" for row in table.splitlines()[2:])
@@ -420,8 +556,22 @@ def test_plot_joins_a_sparsely_recorded_metric_into_one_line(tmp_path, group_by)
             }
         )
     writer.close()
-    svg = post.plot([path], tmp_path / "sparse.svg", metric="inner_loss", group_by=group_by, smooth=1).read_text()
+    post.plot([path], tmp_path / "sparse.svg", metric="inner_loss", group_by=group_by, smooth=1)
+    svg = (tmp_path / "sparse.svg").read_text()
     data_line = re.findall(r'<path d="([^"]+)"[^>]*style="fill: none; stroke: #1f77b4', svg, flags=re.S)[
         0
     ]  # then the legend's
     assert data_line.count("M") == 1 and data_line.count("L") == 3  # 4 recorded values (k = 0, 3, 6, 9), joined
+
+
+def test_a_single_run_is_named_in_the_title_without_a_legend(runs):
+    fig = post.plot(runs[:1], metric="x_error")
+    assert fig.get_suptitle() == "Quadratic bilevel problem: FedNest, seed 0" and fig.axes[0].get_legend() is None
+
+
+def test_every_built_in_algorithm_has_its_papers_name():
+    from fednest_mpi import config
+    from fednest_mpi.post.labels import ALGORITHM_LABELS
+
+    builtin = [n for n in config.ALGORITHMS.names() if ":" not in n and n not in config.ALGORITHMS.entry_points()]
+    assert set(builtin) <= set(ALGORITHM_LABELS), set(builtin) - set(ALGORITHM_LABELS)

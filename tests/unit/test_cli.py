@@ -158,3 +158,54 @@ def test_jobs_render_and_list(tmp_path):
     )
     assert res.returncode == 0 and "submit: sbatch" in res.stdout
     assert run_cli("jobs", "list", tmp_path / "missing.toml").returncode == 2
+
+
+@pytest.fixture(scope="module")
+def two_algorithms(tmp_path_factory):
+    """FedNest and LFedNest, seeds 0 and 1: four small run files written as `fednest-mpi run` does."""
+    from small_configs import make_config
+
+    from fednest_mpi.comm import SerialComm
+    from fednest_mpi.session import Session
+
+    root = tmp_path_factory.mktemp("cli_runs")
+    for algorithm in ("fednest", "lfednest"):
+        for seed in (0, 1):
+            cfg = make_config(
+                seed=seed,
+                algorithm={"name": algorithm, "outer_iterations": 4},
+                run={"output": str(root / f"{algorithm}_s{seed}.h5"), "progress": "never", "client_series": False},
+            )
+            assert Session(cfg, SerialComm()).run_to_file() == 0
+    return root
+
+
+def _main(capsys, *args):
+    from fednest_mpi.cli import main
+
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_report_group_by_groups_the_summary_and_at_takes_the_primary_metric(two_algorithms, capsys):
+    rc, out, err = _main(capsys, "report", two_algorithms, "-g", "algorithm.name")
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["fednest"], ["lfednest"])]
+    assert [r[:2] for r in rows[:2]] == [["fednest", "2"], ["lfednest", "2"]] and "±" in out
+    rc, out, err = _main(capsys, "report", two_algorithms, "--at", "2", "-g", "algorithm.name")
+    assert rc == 0, err
+    assert out.splitlines()[0].startswith("|algorithm.name|runs| 2 |") and len(out.splitlines()) == 4
+    rc, out, err = _main(capsys, "report", two_algorithms, "--at", "40")
+    assert rc == 2 and "no run reaches this iteration" in err and len(err.splitlines()) == 1
+
+
+def test_plot_options_reach_the_figure(two_algorithms, tmp_path, capsys):
+    out_file = tmp_path / "fig.pdf"
+    args = ["plot", two_algorithms, "-o", out_file, "-g", "algorithm.name", "--title", "T", "--size", "3.5x2.5"]
+    rc, out, err = _main(capsys, *args, "--label", "lfednest=LFedNest (local)", "--ylabel", "f", "--logx")
+    assert rc == 0, err
+    assert out.strip() == f"output: {out_file}" and out_file.read_bytes()[:5] == b"%PDF-"
+    for bad, message in ((["--size", "big"], "--size: expected WIDTHxHEIGHT"), (["--label", "x"], "--label: expected")):
+        rc, _, err = _main(capsys, "plot", two_algorithms, "-o", tmp_path / "x.png", *bad)
+        assert rc == 2 and message in err and len(err.splitlines()) == 1

@@ -580,3 +580,17 @@ def test_render_all_defaults_to_runs_jobs_in_the_work_directory(tmp_path):
     paths = jobs.render_all(tiny_sweep(tmp_path, "seed = [1, 2]"), SITES["local"], workdir=tmp_path)
     assert all(p.is_relative_to(tmp_path / "runs" / "jobs" / "tiny") for p in paths) and len(paths) == 5
     assert (tmp_path / "runs" / "jobs" / "tiny" / "tiny.tasks").read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("limit,expected", [("00:05:00", 30), ("2", 12), ("00:30:00", 180), ("01:00:00", 300)])
+def test_the_default_checkpoint_signal_fits_every_time_limit(tmp_path, limit, expected):
+    """A sweep that sets only a short time limit (a 5-minute workstation sweep) is accepted: the default
+    USR1 lead is 300 s, or a tenth of a shorter limit; one chosen explicitly is still checked."""
+    path = write_sweep(
+        tmp_path / "s.toml", f'config = "{ROOT / "configs" / "quadratic.toml"}"\n[resources]\ntime = "{limit}"\n'
+    )
+    assert jobs.load_sweep(path).resources.signal_seconds == expected
+    text = (tmp_path / "s.toml").read_text()
+    write_sweep(path, text + f"signal_seconds = {jobs.parse_time(limit)}\n")
+    with pytest.raises(UsageError, match="is not less than the time limit"):
+        jobs.load_sweep(path)

@@ -45,3 +45,12 @@ def test_oracles_keep_the_contract_on_empty_single_and_shared_blocks(name, dtype
             if B == 3:  # client 2's row alone equals its row inside the block
                 alone = oracle(np.array([2]), *(a[:1] for a in args), sample)
                 torch.testing.assert_close(alone[0], out[1], rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_primary_metric_is_one_that_evaluate_records(name):
+    """`plot` and `report --at` default to the run file's primary metric: for every problem it is a metric
+    that the run records (declared in metric_info and returned by evaluate)."""
+    problem = problem_of(name)
+    primary = problem.primary_metric or next(iter(problem.metric_info()))
+    assert primary in problem.metric_info() and primary in problem.evaluate(*problem.initial_point())

@@ -160,10 +160,19 @@ def second_writer(flags):
 
 
 def stale_lock(tmp):
-    cfg, _ = _killed(tmp)
+    cfg, out = _killed(tmp)
+    assert len(list(tmp.glob("*.lock"))) == 2  # the output's and the checkpoint folder's
     res = run_cli("run", cfg, "-q", "--overwrite", timeout=LIMIT)
-    says = "stale lock" in res.stderr and "rm " in res.stderr
-    return _one_line_error(res) + (", says stale and `rm LOCK`" if says else "")
+    left = "none left" if not list(tmp.glob("*.lock")) else f"left {sorted(p.name for p in tmp.glob('*.lock'))}"
+    return f"exit {res.returncode}, takes both stale locks over, {left}"
+
+
+def stale_locks_without_overwrite(tmp):
+    cfg, out = _killed(tmp)
+    out.unlink()  # else the existing output is refused first
+    res = run_cli("run", cfg, "-q", timeout=LIMIT)
+    both = f"rm {out}.lock {out}.ckpt.lock" in res.stderr
+    return _one_line_error(res) + (", one `rm` of both locks" if both else "")
 
 
 def failure_on(rank, kind="raise", k=5):
@@ -539,9 +548,14 @@ CASES = [
         ONE_LINE + ", names host, pid, start; first run exit 0",
     ),
     (
-        "a new `run --overwrite` where a SIGKILLed run left its lock",
+        "a new `run --overwrite` where a SIGKILLed run left its locks",
         stale_lock,
-        ONE_LINE + ", says stale and `rm LOCK`",
+        "exit 0, takes both stale locks over, none left",
+    ),
+    (
+        "a new `run` (no `--overwrite`) where a SIGKILLed run left its locks, its output removed",
+        stale_locks_without_overwrite,
+        ONE_LINE + ", one `rm` of both locks",
     ),
     ("exception on rank 1 of 2 in iteration 5", failure_on(1), "exit 1, files closed, rows/clients/ranks: [5]"),
     ("exception on rank 0 of 2 in iteration 5", failure_on(0), "exit 1, files closed, rows/clients/ranks: [5]"),

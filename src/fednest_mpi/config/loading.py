@@ -14,55 +14,49 @@ from pathlib import Path
 from typing import Any
 
 from fednest_mpi.config.fields import SEED_MAX, build_section, check_range, coerce, fields_of
-from fednest_mpi.config.registries import ALGORITHMS, PROBLEMS, algorithm_fields
+from fednest_mpi.config.registries import NAMED_SECTIONS, section_fields
 from fednest_mpi.config.run_params import SECTIONS, RunConfig
 from fednest_mpi.config.validation import validate_relations
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.text import did_you_mean
 
 
-def _build_problem(data: Any):
+def _build_named(section: str, data: Any, default: str):
+    """The parameter object of the problem or algorithm (``section``) named in ``data``. A field of
+    another problem (algorithm) is an error naming both, unless it states that field's default (it then
+    changes nothing: a sweep may zip a field over algorithms that lack it); a field of none is unknown."""
     if not isinstance(data, dict):
-        raise ConfigError(f"problem: expected a table of fields, got {data!r}")
-    name = data.get("name", "quadratic")
-    spec_ = PROBLEMS.resolve(name) if isinstance(name, str) else None
-    if spec_ is None:
+        raise ConfigError(f"{section}: expected a table of fields, got {data!r}")
+    registry = NAMED_SECTIONS[section]
+    name = data.get("name", default)
+    spec_ = registry.resolve(name) if isinstance(name, str) else None
+    if spec_ is None and section == "problem":
         raise ConfigError(
             f"problem.name: unknown problem {name!r}"
-            + did_you_mean(str(name), PROBLEMS.names())
-            + f"; choose from {', '.join(PROBLEMS.names())}, or name a plugin class as 'module:Class'"
+            + did_you_mean(str(name), registry.names())
+            + f"; choose from {', '.join(registry.names())}, or name a plugin class as 'module:Class'"
         )
-    return build_section(spec_.params, data, "problem")
-
-
-def _build_algorithm(data: Any):
-    """The parameter object of the algorithm named in ``data``. A field of another algorithm is an
-    error naming both, unless it states that field's default (it then changes nothing: a sweep may zip
-    a field over algorithms that lack it)."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"algorithm: expected a table of fields, got {data!r}")
-    name = data.get("name", "fednest")
-    spec_ = ALGORITHMS.resolve(name) if isinstance(name, str) else None
     if spec_ is None:
         raise ConfigError(
-            f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS.names()))}"
-            + did_you_mean(str(name), ALGORITHMS.names())
+            f"{section}.name: {name!r} is not one of {', '.join(map(repr, registry.names()))}"
+            + did_you_mean(str(name), registry.names())
             + ", or name a plugin class as 'module:Class'"
         )
     own, kept = fields_of(spec_.params), {}
     for key, value in data.items():
-        owners = [s for s in ALGORITHMS.values() if key not in own and key in fields_of(s.params)]
+        owners = [s for s in registry.values() if key not in own and key in fields_of(s.params)]
         if not owners:
             kept[key] = value
             continue
         f = fields_of(owners[0].params)[key]
-        where = f"algorithm.{key}"
+        where = f"{section}.{key}"
         if coerce(where, value, typing.get_type_hints(owners[0].params)[key]) != f.default:
+            kind = f" ({spec_.kind})" if hasattr(spec_, "kind") else ""
             raise ConfigError(
-                f"{where}: does not apply to algorithm {name!r} ({spec_.kind}); it is a field of "
-                f"{', '.join(s.name for s in owners)}; remove it"
+                f"{where}: does not apply to {section} {name!r}{kind}; it is a field of "
+                f"{', '.join(s.name for s in owners)}; remove it{did_you_mean(key, own)}"
             )
-    return build_section(spec_.params, kept, "algorithm")
+    return build_section(spec_.params, kept, section)
 
 
 def from_dict(data: dict) -> RunConfig:
@@ -80,9 +74,9 @@ def from_dict(data: dict) -> RunConfig:
         kwargs["seed"] = coerce("seed", data["seed"], int)
         check_range("seed", kwargs["seed"], {"low": 0, "high": SEED_MAX})
     if "problem" in data:
-        kwargs["problem"] = _build_problem(data["problem"])
+        kwargs["problem"] = _build_named("problem", data["problem"], "quadratic")
     if "algorithm" in data:
-        kwargs["algorithm"] = _build_algorithm(data["algorithm"])
+        kwargs["algorithm"] = _build_named("algorithm", data["algorithm"], "fednest")
     for name, cls in SECTIONS.items():
         if name in data:
             kwargs[name] = build_section(cls, data[name], name)
@@ -110,15 +104,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Return a copy of ``data`` with every ``--set`` override applied. Overrides that name an algorithm
-    leave the fields of ``data``'s algorithm that the named one lacks behind (:func:`algorithm_fields`)."""
+    """Return a copy of ``data`` with every ``--set`` override applied. An override that names a problem or
+    an algorithm leaves the fields of ``data``'s problem (algorithm) that the named one lacks behind
+    (:func:`section_fields`)."""
     data = json.loads(json.dumps(data))
-    named = {}
+    named: dict[str, dict] = {}
     for text in overrides:
         keys, value = parse_override(text)
-        if keys == ["algorithm", "name"]:
-            named = {"name": value}
-    data = _named_algorithm(data, named)
+        if len(keys) == 2 and keys[0] in NAMED_SECTIONS and keys[1] == "name":
+            named[keys[0]] = {"name": value}
+    data = _named_sections(data, named)
     for text in overrides:
         keys, value = parse_override(text)
         node = data
@@ -130,18 +125,20 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def _named_algorithm(lower: dict, upper_algorithm: Any) -> dict:
-    """``lower`` with its [algorithm] table cut to the fields of the algorithm that an upper layer names
-    in ``upper_algorithm`` (its [algorithm] table), if it names one (:func:`algorithm_fields`)."""
-    table = lower.get("algorithm")
-    if not isinstance(upper_algorithm, dict) or "name" not in upper_algorithm or not isinstance(table, dict):
-        return lower
-    return lower | {"algorithm": algorithm_fields(upper_algorithm["name"], table)}
+def _named_sections(lower: dict, upper: Mapping) -> dict:
+    """``lower`` with its [problem] and [algorithm] tables cut to the fields of the problem and algorithm
+    that an upper layer ``upper`` names, where it names one (:func:`section_fields`)."""
+    out = dict(lower)
+    for section in NAMED_SECTIONS:
+        table, named = lower.get(section), upper.get(section)
+        if isinstance(table, dict) and isinstance(named, dict) and "name" in named:
+            out[section] = section_fields(section, named["name"], table)
+    return out
 
 
 def merge_layers(base: dict, top: dict) -> dict:
-    """``top`` over ``base``, table by table (``base``'s other algorithm's fields left behind)."""
-    out = _named_algorithm(dict(base), top.get("algorithm"))
+    """``top`` over ``base``, table by table (``base``'s other problem's and algorithm's fields left behind)."""
+    out = _named_sections(base, top)
     for name, value in top.items():
         out[name] = (
             merge_layers(out[name], value) if isinstance(value, dict) and isinstance(out.get(name), dict) else value

@@ -53,17 +53,22 @@ def reference_markdown() -> str:
         "## top level\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n"
         "| `seed` | `0` | >= 0 | seed of every random stream |\n"
     )
-    for name, spec_ in PROBLEMS.items():
-        table(spec_.params, f'[problem] name = "{name}"')
     lines.extend(
         [
-            "The `[algorithm]` section is one of the tables below, chosen by `name`. A field of another algorithm "
-            "is an error naming the field and the algorithm, unless it states that field's default; a config "
-            "layer that names an algorithm (a file over its `base`, `--set algorithm.name=...`, a sweep) leaves "
-            "the fields of the layers below that the named algorithm lacks behind.",
+            "The `[problem]` and the `[algorithm]` section are each one of the tables below, chosen by `name`, "
+            "and one rule holds for both. In one layer, a field of another problem (algorithm) is an error "
+            "naming the field and the problem (algorithm) it belongs to, unless it states that field's default; "
+            "a field of none is an unknown field. A config layer that names a problem or an algorithm (a file "
+            "over its `base`, `--set problem.name=...` or `--set algorithm.name=...` over the file, a sweep's "
+            "values) leaves the fields of the layers below that the named one lacks behind (fields it shares, "
+            "such as `n_clients` or `outer_lr`, carry over) and keeps the fields of no problem (algorithm), "
+            "so that a misspelt field is still named.",
             "",
         ]
     )
+    for name, spec_ in PROBLEMS.items():
+        table(spec_.params, f'[problem] name = "{name}"')
+    lines.extend(["The `[algorithm]` section: one of the tables below, chosen by `name` (the rule above).", ""])
     for cls in dict.fromkeys(s.params for s in ALGORITHMS.values()):
         names = tuple(n for n, s in ALGORITHMS.items() if s.params is cls)
         table(cls, "[algorithm] name = " + " | ".join(f'"{n}"' for n in names), names)

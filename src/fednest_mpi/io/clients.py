@@ -171,7 +171,8 @@ class ClientFile:
         """Column k (iteration k) of every series, flushed. Only the participants' entries are written
         (the others keep the fill value, and chunks without participants are never allocated): one
         slice from the first to the last participant when they are dense, else entry by entry."""
-        rows = np.flatnonzero(records["participation"])
+        member = [records[name] > 0 for name in ("participation", "answered_rounds", "dropped_rounds")]
+        rows = np.flatnonzero(np.logical_or.reduce(member))  # took part, answered or did not answer a round
         dense = rows.size and 2 * rows.size >= rows[-1] - rows[0] + 1
         with failure.guard():
             for name, d in self.datasets.items():

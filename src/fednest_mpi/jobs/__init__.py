@@ -327,7 +327,9 @@ class Resources:
     cpus_per_task: int = 1  #: cores per rank (torch threads, OMP_NUM_THREADS)
     gpus_per_node: int = 0  #: ``#SBATCH --gpus-per-node`` (omitted when 0)
     time: str = "01:00:00"  #: SLURM time limit
-    signal_seconds: int = 300  #: USR1 this long before the time limit, to checkpoint (0: none)
+    #: USR1 this long before the time limit, to checkpoint (0: none); a sweep file that does not set it gets
+    #: :func:`default_signal_seconds` of its time limit (300 s for limits of 50 min and more, a tenth below)
+    signal_seconds: int = 300
     max_restarts: int = 3  #: requeue after the checkpoint signal at most this often
     max_parallel: int = 0  #: array tasks running at once (``%N``; 0: no limit)
 
@@ -342,6 +344,12 @@ class Resources:
 
 
 _RESOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(Resources))
+
+
+def default_signal_seconds(time_limit: str) -> int:
+    """The checkpoint signal's lead when a sweep does not choose one: 300 s, or a tenth of a shorter time
+    limit (30 s for a 5-minute workstation run), so that every time limit has a default that fits in it."""
+    return min(300, parse_time(time_limit) // 10)
 
 
 def resources_from_dict(data: Mapping, where: str = "resources") -> Resources:
@@ -373,6 +381,8 @@ def resources_from_dict(data: Mapping, where: str = "resources") -> Resources:
         if seconds <= 0:
             raise UsageError(f"{pre}time: must be positive, got {value!r}")
         kw["time"] = value
+    if "signal_seconds" not in kw:
+        kw["signal_seconds"] = default_signal_seconds(kw.get("time", Resources.time))
     res = Resources(**kw)
     if res.signal_seconds and res.signal_seconds >= parse_time(res.time):
         raise UsageError(

@@ -11,14 +11,17 @@ matplotlib (each function imports what it needs), so ``import fednest_mpi.post``
   column and one column per config field that differs between them, dotted names such as
   ``algorithm.name``), :func:`config_differences` (those fields and their value in every run).
 * :mod:`.tables`   -- :func:`report` (plain-text table of final/best metrics, time and communication
-  per run), :func:`checkpoint_table` (Markdown: a metric at chosen iterations, mean +- sd per group)
-  and the ``format_*`` helpers.
+  per run, or mean +- sd per group of runs), :func:`checkpoint_table` (Markdown: a metric at chosen
+  iterations, mean +- sd per group) and the ``format_*`` helpers.
 * :mod:`.stats`    -- :func:`group_mean_sd` (mean +- sd over runs on a common x grid),
   :func:`running_mean`, :func:`higher_is_better`.
 * :mod:`.benchmark` -- :func:`benchmark_table` (docs/benchmarks.md: per task and algorithm, rounds and bytes to a
   target and the metric at a budget of rounds, mean +- sd over seeds, each row's config written beside it).
 * :mod:`.plotting` -- :func:`plot`: metric(s) against iteration, communication rounds or wall time;
-  runs overlaid, or grouped by config fields with a mean +- sd band over the runs of each group.
+  runs overlaid, or grouped by config fields with a mean +- sd band over the runs of each group; returns
+  the matplotlib Figure (and writes it when given a path).
+* :mod:`.labels`   -- the words of a figure: config fields and values ("FedNest", "non-iid (shards)"),
+  problems, and axis labels from a column's stored description and unit.
 
 A user's mistake (missing file, unknown metric, unknown config field, ...) raises
 :class:`~fednest_mpi.errors.UsageError` with a message that names the fix.
@@ -42,6 +45,7 @@ from fednest_mpi.post.tables import (
     DEFAULT_METRICS,
     checkpoint_table,
     format_bytes,
+    format_mean_sd,
     format_number,
     format_seconds,
     report,
@@ -57,6 +61,7 @@ __all__ = [
     "config_differences",
     "flatten_config",
     "format_bytes",
+    "format_mean_sd",
     "format_number",
     "format_seconds",
     "group_mean_sd",

@@ -35,7 +35,7 @@ import numpy as np
 from fednest_mpi.errors import UsageError
 from fednest_mpi.post.load import Run, check_columns, read_runs
 from fednest_mpi.post.stats import higher_is_better
-from fednest_mpi.post.tables import format_number
+from fednest_mpi.post.tables import format_mean_sd, format_number
 from fednest_mpi.text import format_bytes
 
 __all__ = ["BenchmarkTask", "TaskRow", "benchmark_table", "read_benchmark_file", "task_rows"]
@@ -174,20 +174,11 @@ def task_rows(task: BenchmarkTask) -> list[TaskRow]:
     return rows
 
 
-def _mean_sd(values: Sequence[float], fmt=format_number) -> str:
-    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
-    if not v.size:
-        return "-"
-    if v.size == 1:
-        return fmt(v[0])
-    return f"{fmt(v.mean())} ± {fmt(v.std(ddof=1))}"
-
-
 def _reach(values: Sequence[float], fmt=format_number) -> str:
     n_hit = sum(math.isfinite(x) for x in values)
     if not n_hit:
         return f"not reached (0/{len(values)})"
-    return f"{_mean_sd(values, fmt)} ({n_hit}/{len(values)})"
+    return f"{format_mean_sd(values, fmt)} ({n_hit}/{len(values)})"
 
 
 def _config_file(row: TaskRow, task: BenchmarkTask, folder: Path) -> Path:
@@ -234,7 +225,7 @@ def benchmark_table(
                 link = f"[json]({rel.as_posix()})"
             lines.append(
                 f"| {row.algorithm} | {setting} | {len(row.runs)} | {_reach(row.rounds_to_target)} "
-                f"| {_reach(row.bytes_to_target, format_bytes)} | {_mean_sd(row.value_at_budget)} | {link} |"
+                f"| {_reach(row.bytes_to_target, format_bytes)} | {format_mean_sd(row.value_at_budget)} | {link} |"
             )
         lines.append("")
     return "\n".join(lines)

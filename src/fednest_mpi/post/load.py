@@ -30,11 +30,13 @@ __all__ = [
     "Run",
     "check_columns",
     "check_group_by",
+    "common_primary_metrics",
     "config_differences",
     "config_label",
     "differences",
     "flatten_config",
     "group_runs",
+    "group_values",
     "load_clients",
     "load_ranks",
     "load_run",
@@ -113,6 +115,21 @@ def primary_metrics(paths) -> list[str]:
     return list(dict.fromkeys(r.attrs.get("primary_metric", "x_error") for r in read_runs(paths)))
 
 
+def common_primary_metrics(runs: Sequence[Run]) -> list[str]:
+    """The primary metrics of ``runs`` (:func:`primary_metrics`) that every one of them records: what
+    ``plot`` and ``report --at`` show by default; UsageError when there is none."""
+    primary = list(dict.fromkeys(r.attrs.get("primary_metric", "x_error") for r in runs))
+    common = [m for m in primary if all(m in r.data for r in runs)]
+    if not common:
+        shared = set.intersection(*(set(r.data) for r in runs)) - {"iteration"}
+        raise UsageError(
+            f"the runs' primary metrics ({', '.join(primary)}) are not recorded by all of them (the runs mix "
+            f"problems {', '.join(sorted({r.problem for r in runs}))}); name a metric that all of them record "
+            f"with --metric: {', '.join(sorted(shared)) or 'none'}"
+        )
+    return common
+
+
 def read_runs(paths) -> list[Run]:
     """The run files ``paths`` (a directory stands for its ``*.h5``) as :class:`Run` records."""
     from fednest_mpi.io.h5 import read_run
@@ -164,13 +181,15 @@ def _long_frame(arrays: dict[str, np.ndarray], row_name: str, keep=None) -> pand
 def load_clients(path, participants_only: bool = True) -> pandas.DataFrame:
     """The per-client series of one run file, long format: columns ``client``, ``iteration``,
     ``participation`` (role bitmask: 1 FedInn, 2 FedIHGP, 4 FedOut), ``inner_loss``, ``outer_loss``,
-    ``inner_gradient_norm``, ``local_hypergradient_norm``; one row per client and iteration in
-    which it took part (``participants_only``), or per client and iteration. The arrays
-    (clients x iterations) are :func:`fednest_mpi.io.clients.read_clients`."""
+    ``inner_gradient_norm``, ``local_hypergradient_norm``, ``answered_rounds``, ``dropped_rounds``; one
+    row per client and iteration in which it was a member of a round (``participants_only``: it took part,
+    answered or dropped), or per client and iteration. The arrays (clients x iterations) are
+    :func:`fednest_mpi.io.clients.read_clients`."""
     from fednest_mpi.io.clients import read_clients
 
     data = read_clients(path)
-    return _long_frame(data, "client", data["participation"] > 0 if participants_only else None)
+    member = (data["participation"] > 0) | (data["answered_rounds"] > 0) | (data["dropped_rounds"] > 0)
+    return _long_frame(data, "client", member if participants_only else None)
 
 
 def load_ranks(path) -> pandas.DataFrame:
@@ -279,12 +298,12 @@ def config_label(value) -> str:
     return str(value)
 
 
-def group_runs(
+def group_values(
     runs: Sequence[Run], group_by: str | Sequence[str] | None
-) -> tuple[list[str], list[tuple[str, list[Run]]]]:
+) -> tuple[list[str], list[tuple[tuple, list[Run]]]]:
     """``(fields, groups)``: ``group_by`` (None, one dotted config field or several) as a list, each
     checked with :func:`check_group_by`, and the runs with equal values of those fields as
-    ``[(label, runs)]``, sorted by the values ([] without fields).
+    ``[(values, runs)]``, sorted by the values ([] without fields).
 
     Logs a warning for a group whose runs also differ in fields other than ``fields`` and the seed."""
     fields = [] if group_by is None else [group_by] if isinstance(group_by, str) else list(group_by)
@@ -309,4 +328,12 @@ def group_runs(
                 ", ".join(f"{f}={config_label(v)}" for f, v in zip(fields, values)),
                 ", ".join(mixed),
             )
+    return fields, groups
+
+
+def group_runs(
+    runs: Sequence[Run], group_by: str | Sequence[str] | None
+) -> tuple[list[str], list[tuple[str, list[Run]]]]:
+    """:func:`group_values` with each group's values as one plain label (``"fednest, iid"``)."""
+    fields, groups = group_values(runs, group_by)
     return fields, [(", ".join(config_label(v) for v in values), members) for values, members in groups]

@@ -1,36 +1,37 @@
 """Plots of runs: metric(s) against iteration, communication rounds or wall time; runs overlaid, or
-grouped by config fields with a mean +- sd band over the runs of each group. matplotlib is imported
-inside :func:`plot` (its object API, no pyplot: no global state, no display)."""
+grouped by config fields with a mean +- sd band over the runs of each group. Labels come from the run
+files (column descriptions and units, config values in words: :mod:`.labels`); every one can be set.
+matplotlib is imported inside :func:`plot` (its object API, no pyplot: no global state, no display)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fednest_mpi.errors import UsageError
-from fednest_mpi.post.load import check_columns, group_runs, read_runs
+from fednest_mpi.post.labels import axis_label, group_label, problem_label
+from fednest_mpi.post.load import Run, check_columns, common_primary_metrics, differences, group_values, read_runs
 from fednest_mpi.post.stats import finite, group_mean_sd, running_mean
 
-__all__ = ["X_AXES", "plot"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["PLOT_SUFFIXES", "X_AXES", "plot"]
 
 logger = logging.getLogger(__name__)
 
 #: Suggested x-axes of :func:`plot` (any monotone column of the run files is accepted).
 X_AXES = ("iteration", "comm_rounds", "wall_time")
-
-_AXIS_LABELS = {
-    "iteration": "outer iteration",
-    "comm_rounds": "communication rounds",
-    "comm_bytes": "communicated bytes per rank [B]",
-    "comm_seconds": "time in Allreduce [s]",
-    "wall_time": "wall time [s]",
-}
-_PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+#: Output formats of :func:`plot`, by the file name's suffix.
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+_LINESTYLES = ("-", "--", ":", "-.")
+_LEGENDS = ("best", "right", "below", "none")
 
 
 def _auto_log(metric: str, arrays: list[np.ndarray]) -> bool:
@@ -44,51 +45,132 @@ def _auto_log(metric: str, arrays: list[np.ndarray]) -> bool:
     return values.max() / values.min() > 100.0
 
 
+def _column_info(runs: Sequence[Run], column: str) -> dict:
+    """The stored attributes (description, units) of ``column`` in the first run that has them."""
+    for r in runs:
+        info = r.attrs.get("columns", {}).get(column)
+        if info:
+            return info
+    return {}
+
+
+def _styles(fields: list[str], keys: list[tuple]) -> list[tuple[str, str]]:
+    """(colour, line style) per group: with two or more fields and at most 4 values of the last one, the
+    colour follows the other fields (the algorithm) and the line style the last (the partition)."""
+    last = list(dict.fromkeys(k[-1] for k in keys))
+    heads = list(dict.fromkeys(k[:-1] for k in keys))
+    if len(fields) >= 2 and len(last) <= len(_LINESTYLES) and len(heads) <= 10 and len(heads) < len(keys):
+        return [(f"C{heads.index(k[:-1])}", _LINESTYLES[last.index(k[-1])]) for k in keys]
+    return [(f"C{i % 10}", "-") for i in range(len(keys))]
+
+
+def _how(runs: Sequence[Run], fields: list[str], groups, smooth: int) -> tuple[str, bool]:
+    """The title's account of what is drawn, and whether legend entries must carry their run counts."""
+    counts = {len(members) for _, members in groups}
+    per_entry = len(counts) > 1
+    if not fields and len(runs) == 1:  # the run itself in words; no legend needed
+        how = group_label(
+            ["algorithm.name", "seed"], (runs[0].config.get("algorithm.name"), runs[0].config.get("seed"))
+        )
+    elif not fields:
+        how = f"{len(runs)} runs"
+    elif per_entry:
+        how = "mean \u00b1 sd over the runs of each group"
+    elif counts == {1}:
+        how = "one run per group"
+    else:
+        (n,) = counts
+        seeds_only = all(set(differences(members)) <= {"seed"} for _, members in groups)
+        how = f"mean \u00b1 sd over {n} {'seeds' if seeds_only else 'runs'}"
+    if smooth > 1:
+        how += f", {smooth}-iteration running mean"
+    return how, per_entry
+
+
 def plot(
     paths,
-    out,
-    metric: str | Sequence[str] = "x_error",
+    out=None,
+    metric: str | Sequence[str] | None = None,
     x_axis: str = "iteration",
     group_by: str | Sequence[str] | None = None,
     logy: bool | None = None,
     smooth: int = 1,
-) -> Path:
-    """Draw ``metric`` against ``x_axis`` for several runs; write ``out`` (.png, .pdf or .svg); return its path.
+    *,
+    title: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | Sequence[str] | None = None,
+    size: tuple[float, float] | None = None,
+    logx: bool = False,
+    labels: Mapping[str, str] | None = None,
+    legend: str = "best",
+    dpi: float = 150,
+) -> Figure:
+    """Draw ``metric`` against ``x_axis`` for several runs and return the matplotlib Figure (edit it, or
+    save it with ``fig.savefig(path)``); with ``out`` it is also written there (.png, .pdf or .svg, by
+    the suffix; its folder is created).
 
     Parameters
     ----------
     paths : run files (a directory stands for its ``*.h5``).
-    out : output image; its format follows the suffix; its directory is created.
-    metric : a recorded column, or a list of them (one subplot each).
+    out : image file to write, or None.
+    metric : a recorded column, or a list of them (one subplot each); None: the runs' primary metric
+        (each run file's ``primary_metric``, those that every run records).
     x_axis : ``iteration``, ``comm_rounds``, ``wall_time`` (or any other non-decreasing column).
     group_by : dotted config field(s) (``algorithm.name``): runs with the same values are drawn as
-        one line, the mean over them, with a +- 1 sd band; None: one line per run.
+        one line, the mean over them, with a +- 1 sd band (kept within the range of the group's
+        values); None: one line per run. With two or more fields the colour follows the first
+        ones and the line style the last (e.g. algorithm and partition).
     logy : log y-axis; None: automatic (errors and norms whose values span more than 2 decades).
     smooth : trailing running mean over this many recorded iterations (:func:`running_mean`), per
         run, before the statistics (the paper's accuracy curves are 5-iteration running means).
+    title : the figure's title; None: the problem and what is drawn ("Hyper-representation, MNIST:
+        mean ± sd over 3 seeds"); "": none.
+    xlabel, ylabel : axis labels (``ylabel``: one, or one per metric); None: from the columns'
+        stored description and units.
+    size : figure size (width, height) in inches; None: 6.4 x 4.4 per subplot.
+    logx : log x-axis.
+    labels : legend entries by a group's plain label (``"fednest, iid"``), a config value
+        (``"fednest"``) or a run's name; None: config values in words (:mod:`.labels`).
+    legend : ``best`` (inside the axes, where it covers least), ``right`` or ``below`` the axes (for
+        small figures and many lines), or ``none``.
+    dpi : resolution of a PNG.
     """
     from matplotlib.figure import Figure  # no pyplot: no global state, no display; savefig picks Agg/PDF by suffix
 
     runs = read_runs(paths)
-    metrics = [metric] if isinstance(metric, str) else list(metric)
+    metrics = common_primary_metrics(runs) if metric is None else [metric] if isinstance(metric, str) else list(metric)
     if not metrics:
         raise UsageError("plot: no metric given; name at least one recorded column, e.g. x_error")
-    out = Path(out)
-    if out.suffix.lower() not in _PLOT_SUFFIXES:
-        raise UsageError(f"plot output {str(out)!r}: use a file name ending in {', '.join(_PLOT_SUFFIXES)}")
+    if out is not None:
+        out = Path(out)
+        if out.suffix.lower() not in PLOT_SUFFIXES:
+            raise UsageError(f"plot output {str(out)!r}: use a file name ending in {', '.join(PLOT_SUFFIXES)}")
+    ylabels = [ylabel] * len(metrics) if ylabel is None or isinstance(ylabel, str) else list(ylabel)
+    if len(ylabels) != len(metrics):
+        raise UsageError(f"ylabel: {len(ylabels)} labels for {len(metrics)} metrics; give one per metric")
+    if size is not None and not (len(size) == 2 and all(math.isfinite(s) and 0 < s <= 100 for s in size)):
+        raise UsageError(f"size: expected (width, height) in inches, each in (0, 100], got {size!r}")
+    if legend not in _LEGENDS:
+        raise UsageError(f"legend: {legend!r} is not one of {', '.join(_LEGENDS)}")
     check_columns(runs, [x_axis], "x_axis")
     check_columns(runs, metrics, "metric")
-    fields, groups = group_runs(runs, group_by)
+    fields, groups = group_values(runs, group_by)
+    labels = dict(labels or {})
 
     ncols = min(len(metrics), 2)
     nrows = math.ceil(len(metrics) / ncols)
-    fig = Figure(figsize=(6.4 * ncols, 4.4 * nrows), layout="constrained")
+    fig = Figure(figsize=size or (6.4 * ncols, 4.4 * nrows), layout="constrained")
+    wrap = max(20, int(10.5 * fig.get_size_inches()[1] / nrows))  # characters of a y label's line
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax in axes[len(metrics) :]:
         ax.set_visible(False)
 
-    colors = [f"C{i % 10}" for i in range(max(len(groups) if fields else len(runs), 1))]
-    for ax, m in zip(axes, metrics):
+    how, counts_in_legend = _how(runs, fields, groups, smooth)
+    if fields:
+        styles = _styles(fields, [values for values, _ in groups])
+    else:
+        styles = [(f"C{i % 10}", "-") for i in range(len(runs))]
+    for ax, m, label_y in zip(axes, metrics, ylabels):
         arrays = [running_mean(r.data[m], smooth) for r in runs]
         series = {id(r): {x_axis: r.data[x_axis], m: a} for r, a in zip(runs, arrays)}
         if not any(finite(a).size for a in arrays):
@@ -99,46 +181,58 @@ def plot(
         if empty:
             logger.warning("metric %s has no finite value in %s; not drawn", m, ", ".join(empty))
         use_log = _auto_log(m, arrays) if logy is None else bool(logy)
-        floor = min((finite(a)[finite(a) > 0].min() for a in arrays if (finite(a) > 0).any()), default=None)
         # lines join the finite values only: a metric recorded every k iterations (run.train_eval_every)
         # is NaN in between and would otherwise be drawn as isolated dashes
         if not fields:
-            for r, color in zip(runs, colors):
+            for r, (color, style) in zip(runs, styles):
                 x, y = np.asarray(r.data[x_axis], dtype=float), series[id(r)][m]
                 ok = np.isfinite(y)
-                ax.plot(x[ok], y[ok], color=color, lw=1.5, label=r.name)
+                ax.plot(x[ok], y[ok], color=color, ls=style, lw=1.5, label=labels.get(r.name, r.name))
         else:
-            for (value, members), color in zip(groups, colors):
+            for (values, members), (color, style) in zip(groups, styles):
                 stats = group_mean_sd([series[id(r)] for r in members], m, x_axis)
                 ok = np.isfinite(stats.mean)
-                label = f"{value} ({len(members)} run{'s' if len(members) > 1 else ''})"
-                ax.plot(stats.x[ok], stats.mean[ok], color=color, lw=1.8, label=label)
+                label = group_label(fields, values, labels)
+                if counts_in_legend:
+                    label += f" ({len(members)} run{'s' if len(members) > 1 else ''})"
+                ax.plot(stats.x[ok], stats.mean[ok], color=color, ls=style, lw=1.8, label=label)
                 if len(members) > 1:
-                    lower, upper = stats.mean - stats.sd, stats.mean + stats.sd
-                    if use_log and floor is not None:
-                        lower = np.maximum(lower, floor)
-                    ax.fill_between(stats.x[ok], lower[ok], upper[ok], color=color, alpha=0.2, lw=0)
+                    # the band stays within the values the group's runs took (an accuracy's sd band
+                    # does not dip below the worst run, nor below zero on a log axis)
+                    own = np.concatenate([finite(series[id(r)][m]) for r in members])
+                    low, high = own.min(), own.max()
+                    if use_log and (own > 0).any():
+                        low = max(low, own[own > 0].min())
+                    lower = np.clip(stats.mean - stats.sd, low, high)
+                    upper = np.clip(stats.mean + stats.sd, low, high)
+                    ax.fill_between(stats.x[ok], lower[ok], upper[ok], color=color, alpha=0.15, lw=0)
         if use_log:
             ax.set_yscale("log")
-        ax.set_xlabel(_AXIS_LABELS.get(x_axis, x_axis))
-        ax.set_ylabel(m)
-        if len(metrics) > 1:
-            ax.set_title(m)
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel if xlabel is not None else axis_label(x_axis, _column_info(runs, x_axis)))
+        ax.set_ylabel(label_y if label_y is not None else textwrap.fill(axis_label(m, _column_info(runs, m)), wrap))
         ax.grid(True, which="major", alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
         n_entries = len(groups) if fields else len(runs)
-        ax.legend(
-            title=", ".join(fields) or None, fontsize="small", title_fontsize="small", ncols=1 if n_entries <= 8 else 2
-        )
+        if n_entries == 1 and not fields and not labels and legend == "best":
+            pass  # one line: the title says what it is
+        elif legend == "best":
+            ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
+    if legend in ("right", "below"):  # one legend for all subplots, outside them (the layout makes room)
+        handles, texts = axes[0].get_legend_handles_labels()
+        where = "outside right upper" if legend == "right" else "outside lower center"
+        entry = 0.065 * max(map(len, texts), default=1) + 0.6  # inches of one entry in the small font
+        ncols = 1 if legend == "right" else max(1, min(len(texts), int(fig.get_size_inches()[0] / entry)))
+        # the "outside ..." locations (constrained layout) are not in matplotlib's type stubs
+        fig.legend(handles, texts, loc=where, ncols=ncols, fontsize="small", frameon=False)  # type: ignore[call-overload]
 
-    problems = ", ".join(sorted({r.problem for r in runs}))
-    how = (
-        f"mean \u00b1 sd over the runs of each {', '.join(fields)} value"
-        if fields
-        else f"{len(runs)} run{'s' if len(runs) > 1 else ''}"
-    )
-    if smooth > 1:
-        how += f", {smooth}-iteration running mean"
-    fig.suptitle(textwrap.fill(f"{problems}: {how}", 60 * ncols), fontsize="medium")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    return out
+    if title is None:
+        problems = " / ".join(dict.fromkeys(problem_label(r.config) for r in runs))
+        title = textwrap.fill(f"{problems}: {how}", 80 * ncols)
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=dpi)
+    return fig

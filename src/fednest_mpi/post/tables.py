@@ -4,6 +4,7 @@ with the number formats they use."""
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 from collections.abc import Sequence
@@ -12,11 +13,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from fednest_mpi.errors import UsageError
-from fednest_mpi.post.load import check_columns, config_label, differences, group_runs, read_runs
+from fednest_mpi.post.load import (
+    check_columns,
+    common_primary_metrics,
+    config_label,
+    differences,
+    group_runs,
+    group_values,
+    read_runs,
+)
 from fednest_mpi.post.stats import best, final, median_per_iteration, running_mean
 from fednest_mpi.text import format_bytes
 
-__all__ = ["DEFAULT_METRICS", "checkpoint_table", "format_bytes", "format_number", "format_seconds", "report"]
+__all__ = [
+    "DEFAULT_METRICS",
+    "checkpoint_table",
+    "format_bytes",
+    "format_mean_sd",
+    "format_number",
+    "format_seconds",
+    "report",
+]
 
 #: Metrics shown by :func:`report` by default, those of them that a run has.
 DEFAULT_METRICS = ("x_error", "outer_objective", "hypergradient_norm", "test_accuracy", "test_loss")
@@ -121,17 +138,69 @@ def _blocks(key: _Group, groups: list[_Group], width: int) -> list[list[_Group]]
     return blocks
 
 
-def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) -> str:
-    """A plain-text table, one line per run (in the order given).
+def _shown_differences(runs) -> tuple[dict[str, list], list[str]]:
+    """The config fields that :func:`report` shows, and those it leaves out: a field that only some runs
+    have (another algorithm's or problem's own field) is shown only where it takes more than one value
+    among the runs that have it; else their ``algorithm.name`` / ``problem.name`` already tells the runs apart."""
+    shown, hidden = {}, []
+    for field, values in differences(runs).items():
+        present = {json.dumps(v, sort_keys=True, default=str) for v in values if v is not None}
+        if len(present) > 1 or len(present) == len(values):
+            shown[field] = values
+        else:
+            hidden.append(field)
+    return shown, hidden
 
-    Columns: run name; the config fields that differ between the runs; iterations done (``k/K``
-    when the run stopped before its ``outer_iterations``); final and best value of each metric
-    (best = min, or max for accuracies); median ``algorithm_time`` and ``evaluation_time`` per
-    iteration; final ``comm_rounds`` and ``comm_bytes`` (per rank). Tables wider than ``width``
-    characters are split into blocks that each start with the run name.
 
-    ``metrics`` defaults to those of :data:`DEFAULT_METRICS` that the runs record (a run lacking
-    one shows '-'); metrics named explicitly must be recorded by every run.
+def _config_groups(fields_values: dict[str, list]) -> list[_Group]:
+    """One column per config field, under its section's title (``algorithm``: ``name``, ``outer_lr``)."""
+    groups: list[_Group] = []
+    for field, values in fields_values.items():
+        section, _, name = field.rpartition(".")
+        cells = [config_label(v) for v in values]
+        right = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values if v is not None)
+        if groups and groups[-1].title == section and section:
+            groups[-1].cols.append(_Col(name, cells, right))
+        else:
+            groups.append(_Group(section, [_Col(name, cells, right)]))
+    return groups
+
+
+def format_mean_sd(values: Sequence[float], fmt=format_number) -> str:
+    """The finite ``values`` as 'm' (one), 'm ± sd' (several; sample sd) or '-' (none), numbers in ``fmt``."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    if not v.size:
+        return "-"
+    if v.size == 1:
+        return fmt(v[0])
+    return f"{fmt(v.mean())} ± {fmt(v.std(ddof=1))}"
+
+
+def _iterations_done(r) -> tuple[int | None, object]:
+    it = r.data.get("iteration")
+    return (int(it[-1]) if it is not None and len(it) else None), r.config.get("algorithm.outer_iterations")
+
+
+def report(
+    paths,
+    metrics: Sequence[str] | str | None = None,
+    width: int = 100,
+    group_by: str | Sequence[str] | None = None,
+    smooth: int = 1,
+) -> str:
+    """A plain-text table, one line per run (in the order given), or with ``group_by`` one line per
+    group of runs (the config fields' values; mean ± sd over the group's runs, e.g. seeds).
+
+    Columns: run name (or the group's values and its run count); the config fields that differ between
+    the runs (a field that only some runs have is shown where it takes several values among them);
+    iterations done (``k/K`` when the run stopped before its ``outer_iterations``); final and best value
+    of each metric (best = max where the run file declares higher is better, else min), of its trailing
+    ``smooth``-iteration running mean; median ``algorithm_time`` and ``evaluation_time`` per iteration;
+    final ``comm_rounds`` and ``comm_bytes`` (per rank). Tables wider than ``width`` characters are
+    split into blocks that each start with the run name (the group's values).
+
+    ``metrics`` defaults to the runs' primary metrics and then those of :data:`DEFAULT_METRICS` that the
+    runs record (a run lacking one shows '-'); metrics named explicitly must be recorded by every run.
     """
     runs = read_runs(paths)
     if isinstance(metrics, str):
@@ -146,59 +215,87 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
                 "report: metrics is empty; name at least one recorded column, or leave it unset for the defaults"
             )
         check_columns(runs, metrics, "metric")
-    diffs = differences(runs)
-
-    key = _Group("", [_Col("run", [r.name for r in runs], right=False)])
-    groups: list[_Group] = []
-    for field, values in diffs.items():
-        section, _, name = field.rpartition(".")
-        cells = [config_label(v) for v in values]
-        right = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values if v is not None)
-        if groups and groups[-1].title == section and section:
-            groups[-1].cols.append(_Col(name, cells, right))
-        else:
-            groups.append(_Group(section, [_Col(name, cells, right)]))
+    fields, grouped = group_values(runs, group_by)
+    rows = [members for _, members in grouped] if fields else [[r] for r in runs]
+    diffs, hidden = _shown_differences(runs)
+    if fields:  # the group's own values first; a differing field constant within every group after them
+        key_fields = {f: [values[i] for values, _ in grouped] for i, f in enumerate(fields)}
+        key = _Group("", [_Col(f, [config_label(v) for v in vs], right=False) for f, vs in key_fields.items()])
+        key.cols.append(_Col("runs", [str(len(members)) for members in rows]))
+        per_group = {
+            f: [v[runs.index(m[0])] for m in rows]
+            for f, v in diffs.items()
+            if f not in fields and all(len({json.dumps(v[runs.index(r)], default=str) for r in m}) == 1 for m in rows)
+        }
+        groups = _config_groups(per_group)
+    else:
+        key = _Group("", [_Col("run", [r.name for r in runs], right=False)])
+        groups = _config_groups(diffs)
 
     iters = []
-    for r in runs:
-        it = r.data.get("iteration")
-        done = str(int(it[-1])) if it is not None and len(it) else "-"
-        planned = r.config.get("algorithm.outer_iterations")
-        iters.append(done if planned is None or done == str(planned) else f"{done}/{planned}")
+    for members in rows:
+        done = sorted({d for d, _ in map(_iterations_done, members) if d is not None})
+        planned = {str(k) for _, k in map(_iterations_done, members) if k is not None}
+        text = "-" if not done else str(done[0]) if len(done) == 1 else f"{done[0]}-{done[-1]}"
+        iters.append(text if len(planned) != 1 or text == next(iter(planned)) else f"{text}/{next(iter(planned))}")
     groups.append(_Group("", [_Col("iters", iters)]))
 
     for m in metrics:
-        finals = [format_number(final(r.data[m])) if m in r.data else "-" for r in runs]
-        bests = [format_number(best(r.data[m], m, r.higher_is_better(m))) if m in r.data else "-" for r in runs]
+        finals, bests = [], []
+        for members in rows:
+            have = [r for r in members if m in r.data]
+            series = [(r, running_mean(r.data[m], smooth)) for r in have]
+            if not have:
+                finals.append("-")
+                bests.append("-")
+                continue
+            finals.append(format_mean_sd([final(y) for _, y in series]))
+            bests.append(format_mean_sd([best(y, m, r.higher_is_better(m)) for r, y in series]))
         groups.append(_Group(m, [_Col("final", finals), _Col("best", bests)]))
+
+    def median_of(members, column):
+        values = [median_per_iteration(r.data, column) for r in members]
+        values = [v for v in values if math.isfinite(v)]
+        return float(np.median(values)) if values else math.nan
 
     groups.append(
         _Group(
             "time/iteration",
             [
-                _Col("algorithm", [format_seconds(median_per_iteration(r.data, "algorithm_time")) for r in runs]),
-                _Col("evaluation", [format_seconds(median_per_iteration(r.data, "evaluation_time")) for r in runs]),
+                _Col("algorithm", [format_seconds(median_of(members, "algorithm_time")) for members in rows]),
+                _Col("evaluation", [format_seconds(median_of(members, "evaluation_time")) for members in rows]),
             ],
         )
     )
-    rounds = [format_number(final(r.data["comm_rounds"])) if "comm_rounds" in r.data else "-" for r in runs]
-    nbytes = [
-        format_bytes(final(r.data["comm_bytes"])) if "comm_bytes" in r.data and len(r.data["comm_bytes"]) else "-"
-        for r in runs
-    ]
+
+    def final_of(members, column):
+        values = [final(r.data[column]) for r in members if column in r.data and len(r.data[column])]
+        return float(np.mean(values)) if values else math.nan
+
+    rounds = [format_number(final_of(members, "comm_rounds")) for members in rows]
+    nbytes = [format_bytes(v) if math.isfinite(v := final_of(members, "comm_bytes")) else "-" for members in rows]
     groups.append(_Group("communication", [_Col("rounds", rounds), _Col("bytes", nbytes)]))
 
     lines: list[str] = []
     for i, block in enumerate(_blocks(key, groups, width)):
         if i:
             lines.append("")
-        lines.extend(_render(block, len(runs)))
+        lines.extend(_render(block, len(rows)))
     problems = sorted({r.problem for r in runs})
-    footer = (
-        f"{len(runs)} run(s) of {', '.join(problems)}; best = max over iterations where the problem declares "
-        "higher is better, else min; time/iteration = median over iterations 1..K (algorithm on rank 0); "
-        "communication = final totals, bytes per rank."
+    footer = f"{len(runs)} run(s) of {', '.join(problems)}"
+    if fields:
+        footer += f" in {len(rows)} group(s) of {', '.join(fields)}; metrics: mean ± sd over each group's runs"
+    footer += (
+        "; best = max over iterations where the problem declares higher is better, else min"
+        + (f", of the {smooth}-iteration running mean" if smooth > 1 else "")
+        + "; time/iteration = median over iterations 1..K (algorithm on rank 0); "
+        "communication = final totals, bytes per rank" + (", mean over the group" if fields else "") + "."
     )
+    if hidden:
+        footer += (
+            f" Not shown: {len(hidden)} config field(s) that only some of the runs have, with one value among "
+            "them (their algorithm.name / problem.name tells the runs apart)."
+        )
     lines += ["", *textwrap.wrap(footer, width, break_on_hyphens=False)]
     return "\n".join(lines) + "\n"
 
@@ -208,13 +305,24 @@ def report(paths, metrics: Sequence[str] | str | None = None, width: int = 100) 
 
 
 def checkpoint_table(
-    paths, metric: str, at: Sequence[int], group_by: str | Sequence[str] | None = None, smooth: int = 1
+    paths, metric: str | None, at: Sequence[int], group_by: str | Sequence[str] | None = None, smooth: int = 1
 ) -> str:
-    """A Markdown table of ``metric`` (optionally a trailing running mean) at the iterations ``at``:
-    one row per group (mean +- sd over its runs, e.g. seeds) or per run, with the run count and
-    the median wall time per iteration."""
+    """A Markdown table of ``metric`` (None: the runs' primary metric; optionally a trailing running mean)
+    at the iterations ``at``: one row per group (mean +- sd over its runs, e.g. seeds) or per run, with
+    the run count and the median wall time per iteration. An iteration that some runs do not reach shows
+    what the others have ('-' where none of a row's runs does); one that no run reaches is a UsageError."""
     runs = read_runs(paths)
+    if metric is None:
+        metric = common_primary_metrics(runs)[0]
     check_columns(runs, [metric], "metric")
+    last = max(int(np.max(r.data["iteration"])) if len(r.data["iteration"]) else 0 for r in runs)
+    beyond = [k for k in at if k > last]
+    if beyond and len(beyond) == len(at):
+        which = "this iteration" if len(beyond) == 1 else "these iterations"
+        raise UsageError(
+            f"--at {', '.join(map(str, beyond))}: no run reaches {which}; the runs end by iteration {last}: "
+            f"choose iterations up to {last}"
+        )
     fields, groups = group_runs(runs, group_by)
     groups = groups or [(r.name, [r]) for r in runs]
     head = ["|".join(["", ", ".join(fields) or "run", "runs"] + [f" {k} " for k in at] + [" s/iteration", ""])]
