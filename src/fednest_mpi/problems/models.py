@@ -1,0 +1,252 @@
+"""Hyper-representation (paper section 4.1) and loss tuning (section 4.2) over any ``nn.Module``,
+with the oracles derived from the losses of one client (:mod:`~fednest_mpi.problems.derived`).
+
+``problem.model = "module:Class"`` names a network class (built with no arguments, on every rank);
+an empty ``model`` with ``problem.derived_oracles = true`` is the paper's MLP through the derived
+oracles (the same numbers as the closed forms to rounding: ``tests/unit/test_derived.py``).
+
+* hyper_representation: x = every parameter of the **body** phi_x, a network from the (b, 784)
+  image rows to (b, H) features; y = the linear head H -> 10 (W2, b2) on them:
+  g_i = CE(head_y(phi_x(A)), t) on the inner split + (lambda/2) ||y||^2, f_i = the same CE on the
+  outer split. Default body: Linear(784, hidden) + ReLU (x, y laid out as the closed forms lay them).
+* loss_tuning: y = every parameter of the **network** z_y, from (b, 784) rows to (b, 10) logits;
+  x = (delta, iota) of the VS-loss: g_i = CE(2 sigmoid(delta) z + iota, t) + (lambda/2) ||y||^2 on
+  the inner split, f_i = class-weighted CE(z, t) on the outer split (x fixed at 0 without
+  ``tune_loss``). Default network: the 784-hidden1-hidden2-10 MLP.
+
+The data, minibatches, initial points of the default networks and metrics are those of the
+closed-form problems (:mod:`.hyperrep`, :mod:`.losstuning`); a user's network starts from PyTorch's
+default initialisation keyed by the seed (:meth:`ModuleParameters.initial`). Dropout (the
+closed-form hyper-representation's ``dropout``) is not offered here: a module's own dropout would
+draw from torch's global generator, which ``torch.func.vmap(randomness="error")`` refuses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fednest_mpi.errors import ConfigError
+from fednest_mpi.problems import kernels, losstuning
+from fednest_mpi.problems.base import is_shared
+from fednest_mpi.problems.clientdata import image_clients
+from fednest_mpi.problems.derived import INNER, Batch, ClientSamples, LossProblem, ModuleParameters
+from fednest_mpi.problems.representation import linear_uniform
+from fednest_mpi.registry import import_class
+
+N_PIXELS, N_CLASSES = 784, 10
+_EVAL_CHUNK = 5000
+
+
+def uses_model(cfg) -> bool:
+    """Whether a hyper_representation / loss_tuning config runs on the derived oracles."""
+    return bool(getattr(cfg, "model", "")) or bool(getattr(cfg, "derived_oracles", False))
+
+
+def user_module(cfg) -> nn.Module | None:
+    """The network ``problem.model`` names, built with no arguments; None for the default."""
+    target = getattr(cfg, "model", "")
+    if not target:
+        return None
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"problem.model: {target!r} is not of the form 'module:Class'; write e.g. 'my_nets:LeNet'")
+    try:
+        factory = import_class(target)
+    except ImportError as exc:
+        raise ConfigError(
+            f"problem.model: cannot import module {module_name!r} ({exc}); install the model's package on every "
+            "node, or put its folder on PYTHONPATH"
+        ) from None
+    except AttributeError:
+        raise ConfigError(f"problem.model: module {module_name!r} has no {attr!r}; check the name") from None
+    module = factory()
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"problem.model: {target}() is a {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def _mlp(widths) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for j, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(a, b))
+        if j < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _meta(module: nn.Module) -> nn.Module:
+    """The module without storage for its parameters (torch.func replaces them at every call)."""
+    return module.to("meta")
+
+
+def _check_no_dropout(cfg) -> None:
+    if getattr(cfg, "dropout", 0.0) > 0:
+        raise ConfigError(
+            "problem.dropout: the derived oracles (problem.model / derived_oracles) take no dropout; "
+            "set problem.dropout = 0, or use the closed-form oracles"
+        )
+
+
+class _ImageLosses(LossProblem):
+    """What both problems share: the image clients, weighted cross-entropy, test logits in chunks."""
+
+    network: ModuleParameters
+
+    def _setup(self, cfg, seed, clients, device, dtype, select=None):
+        self.cfg, self.seed = cfg, seed
+        self.n_clients = cfg.n_clients
+        self.device, self.dtype = torch.device(device), dtype
+        data = image_clients(cfg, seed, clients, self.device, dtype, select=select)
+        self.samples = ClientSamples.of(data, dtype)
+        self.test_inputs, self.test_targets = data.test_inputs, data.test_targets
+        return data
+
+    def _logits(self, x, y, inputs):
+        raise NotImplementedError
+
+    def client_bytes(self) -> int:
+        """Per client: rows of x and y (iterates, gradients, tangents) and the activations of the
+        network on a whole split (forward and its tangent, backward and its tangent), measured once
+        on one sample by the size of its largest intermediate."""
+        split = max(self.samples.splits[s].index.shape[1] for s in self.samples.splits)
+        return super().client_bytes() + 8 * split * self._activation_numbers * self.dtype.itemsize
+
+    def _count_activations(self) -> int:
+        """Numbers of every intermediate output of the network for one sample (forward hooks, meta tensors)."""
+        total = [0]
+        hooks = [
+            m.register_forward_hook(lambda _m, _i, out: total.__setitem__(0, total[0] + out.numel()))
+            for m in self.network.module.modules()
+        ]
+        try:
+            self.network.module(torch.zeros(1, N_PIXELS, device="meta"))
+        finally:
+            for h in hooks:
+                h.remove()
+        return total[0]
+
+    def test_logits(self, x, y) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([self._logits(x, y, chunk) for chunk in self.test_inputs.split(_EVAL_CHUNK)])
+
+    def correct_counts(self, clients, x, y):
+        """(correct, total) predictions (plain logits) on each client's inner split."""
+        clients = np.asarray(clients, dtype=np.int64)
+        batch = self.client_batch(INNER, clients, None, 0)
+        args = tuple(r[0] if is_shared(r) else r for r in (x, y))
+        dims = tuple(None if is_shared(r) else 0 for r in (x, y))
+        with torch.no_grad():
+            logits = torch.func.vmap(self._logits, in_dims=(*dims, 0))(*args, batch["inputs"])
+        valid = batch["weight"] > 0
+        hit = (logits.argmax(-1) == batch["targets"]) & valid
+        return hit.sum(1), valid.sum(1)
+
+
+class ModelHyperRepresentation(_ImageLosses):
+    """hyper_representation with x = a body network's parameters (module docstring)."""
+
+    primary_metric = "test_accuracy"
+
+    def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
+        super().__init__()
+        _check_no_dropout(cfg)
+        self._setup(cfg, seed, clients, device, dtype)
+        module = user_module(cfg)
+        self.default_body = module is None
+        body = _mlp((N_PIXELS, cfg.hidden)) if module is None else module
+        if self.default_body:
+            body.append(nn.ReLU())
+        self.network = ModuleParameters(_meta(body), x_names=[n for n, _ in body.named_parameters()])
+        self._activation_numbers = self._count_activations()
+        self.hidden = int(self.network.module(torch.zeros(1, N_PIXELS, device="meta")).shape[-1])
+        self.dim_x, self.dim_y = self.network.dim_x, N_CLASSES * self.hidden + N_CLASSES
+
+    def initial_point(self):
+        """The closed-form problem's for the default body (PyTorch's Linear init keyed by the seed);
+        a user's body: :meth:`ModuleParameters.initial`; the head U(+-1/sqrt(H)) keyed as there."""
+        if self.default_body:
+            x = linear_uniform(self.seed, 1, self.dim_x, N_PIXELS, self.dtype, self.device)
+        else:
+            x = self.network.initial(self.seed, 1, "x", self.dtype, self.device)
+        return x, linear_uniform(self.seed, 2, self.dim_y, self.hidden, self.dtype, self.device)
+
+    def _logits(self, x, y, inputs):
+        H, C = self.hidden, N_CLASSES
+        features = self.network.call(x, None, inputs)
+        return features @ y[: C * H].view(C, H).T + y[C * H :]
+
+    def _cross_entropy(self, x, y, batch: Batch) -> torch.Tensor:
+        z = self._logits(x, y, batch["inputs"])
+        return (batch["weight"] * F.cross_entropy(z, batch["targets"], reduction="none")).sum()
+
+    def inner_loss(self, x, y, batch):
+        """g_i = weighted CE on the inner batch + (lambda/2) ||y||^2."""
+        return self._cross_entropy(x, y, batch) + 0.5 * self.cfg.inner_regularization * (y * y).sum()
+
+    def outer_loss(self, x, y, batch):
+        """f_i = weighted CE on the outer batch."""
+        return self._cross_entropy(x, y, batch)
+
+    def metric_info(self):
+        return {
+            "test_accuracy": ("accuracy on the 10k test set", "%", True),
+            "test_loss": ("mean cross-entropy on the 10k test set", "nats"),
+        }
+
+    def evaluate(self, x, y):
+        logits = self.test_logits(x, y)
+        acc = (logits.argmax(1) == self.test_targets).to(torch.float64).mean()
+        return {"test_accuracy": 100.0 * float(acc), "test_loss": float(F.cross_entropy(logits, self.test_targets))}
+
+
+class ModelLossTuning(_ImageLosses):
+    """loss_tuning with y = a network's parameters (module docstring)."""
+
+    primary_metric = "balanced_accuracy"
+
+    def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
+        super().__init__()
+        data = self._setup(cfg, seed, clients, device, dtype, select=losstuning.long_tail_select(cfg))
+        self.class_weights = losstuning.class_weights(
+            np.bincount(data.train_labels, minlength=N_CLASSES), dtype, self.device
+        )
+        module = user_module(cfg)
+        self.default_network = module is None
+        widths = (N_PIXELS, *(h for h in (cfg.hidden1, cfg.hidden2) if h > 0), N_CLASSES)
+        self.network = ModuleParameters(_meta(_mlp(widths) if module is None else module))
+        self._activation_numbers = self._count_activations()
+        self.dim_x, self.dim_y = 2 * N_CLASSES, self.network.dim_y
+
+    def initial_point(self):
+        """x = 0; y: the closed-form problem's for the default MLP, else :meth:`ModuleParameters.initial`."""
+        x = torch.zeros(self.dim_x, dtype=self.dtype, device=self.device)
+        if self.default_network:
+            shapes = [s for _, s in self.network.y_shapes if len(s) == 2]  # the weights' (out, in)
+            return x, losstuning.mlp_initial_point(shapes, self.seed, self.dtype, self.device)
+        return x, self.network.initial(self.seed, 2, "y", self.dtype, self.device)
+
+    def _logits(self, x, y, inputs):
+        return self.network.call(None, y, inputs)
+
+    def inner_loss(self, x, y, batch):
+        """g_i = weighted VS-loss on the inner batch + (lambda/2) ||y||^2."""
+        z = self._logits(x, y, batch["inputs"])
+        if self.cfg.tune_loss:
+            z = z * (2.0 * kernels.sigmoid(x[:N_CLASSES])) + x[N_CLASSES:]
+        ce = F.cross_entropy(z, batch["targets"], reduction="none")
+        return (batch["weight"] * ce).sum() + 0.5 * self.cfg.inner_regularization * (y * y).sum()
+
+    def outer_loss(self, x, y, batch):
+        """f_i = class-weighted CE on the outer batch (independent of x)."""
+        t = batch["targets"]
+        ce = F.cross_entropy(self._logits(x, y, batch["inputs"]), t, reduction="none")
+        return (batch["weight"] * self.class_weights[t] * ce).sum()
+
+    def metric_info(self):
+        return losstuning.METRICS
+
+    def evaluate(self, x, y):
+        return losstuning.metrics_of(self.test_logits(x, y), self.test_targets)
