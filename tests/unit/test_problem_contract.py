@@ -34,6 +34,7 @@ NEEDS = {
 PLUGIN = "tiny_plugins:TinyQuadratic"  # a plugin registered by the tests (tests/plugins), checked like the built-ins
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 config.PROBLEMS.resolve(PLUGIN)
+config.PROBLEMS.resolve("derived_plugins:LossQuadratic")  # oracles derived from one client's losses (torch.func)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper_cleaning"))  # the example plugin
 config.PROBLEMS.resolve("fednest_hyper_cleaning:HyperCleaning")
 NAMES = sorted(config.PROBLEMS)  # every entry, plugins included

@@ -51,6 +51,7 @@ from fednest_mpi.problems.clientdata import ClientSplit, HostedSamples
 
 Batch = dict[str, torch.Tensor]
 INNER, OUTER = "inner", "outer"
+Y_ONLY = frozenset({"grad_y_inner", "grad_y_outer", "hvp_yy_inner"})  #: the oracles that do not differentiate in x
 
 
 @dataclass
@@ -125,6 +126,15 @@ class LossProblem(BilevelProblem):
         ``self.samples.batch(...)`` (:class:`ClientSamples`)."""
         return self.samples.batch(split, clients, sample, batch_size)
 
+    def oracle_batch(self, oracle: str, clients: np.ndarray, x: torch.Tensor, sample: Sample | None) -> Batch:
+        """The batch ``oracle`` (a name of :data:`~.base.ORACLES`) sees at the (B, d1) rows ``x``: by default
+        :meth:`client_batch` of its :meth:`minibatch`. A problem whose losses reach x only through a
+        representation of the batch (hyper-representation: a network's features) may return that
+        representation, computed once, for the oracles of :data:`Y_ONLY` (which do not differentiate in x)
+        at a shared x; its losses then read it instead of recomputing it."""
+        split, size = self.minibatch(oracle)
+        return self.client_batch(split, clients, sample, size)
+
     def minibatch(self, oracle: str) -> tuple[str, int]:
         """(split, minibatch size) of an oracle (see the class docstring); 0: the whole split."""
         if oracle == "grad_y_inner":
@@ -138,11 +148,23 @@ class LossProblem(BilevelProblem):
         clients = np.asarray(clients, dtype=np.int64)
         if clients.size == 0:
             return torch.zeros(0, width, dtype=self.dtype, device=self.device)
-        split, size = self.minibatch(oracle)
-        batch = self.client_batch(split, clients, sample, size)
+        batch = self._remembered_batch(oracle, clients, rows[0], sample)
         args = tuple(r[0] if is_shared(r) else r for r in rows)
         dims = tuple(None if is_shared(r) else 0 for r in rows)
         return vmap(per_client, in_dims=(*dims, 0), randomness="error")(*args, batch).contiguous()
+
+    def _remembered_batch(self, oracle, clients, x, sample) -> Batch:
+        """:meth:`oracle_batch`, remembered for one call: FedInn's SVRG step evaluates the same
+        minibatch at y_i and at the anchor y (Alg. 4), so the second gather is free. The key holds
+        everything the batch depends on (x by storage and version, as the feature store keys it)."""
+        split, size = self.minibatch(oracle)
+        key = (oracle in Y_ONLY, split, size, clients.tobytes(), sample, is_shared(x), x.data_ptr(), x._version)
+        memo = getattr(self, "_last_batch", None)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        batch = self.oracle_batch(oracle, clients, x, sample)
+        self._last_batch = (key, batch)
+        return batch
 
     def _grad_x_outer(self, clients, x, y, sample):
         return self._derived("grad_x_outer", grad(self.outer_loss, 0), clients, (x, y), sample, self.dim_x)
@@ -161,7 +183,7 @@ class LossProblem(BilevelProblem):
 
     def _jvp_xy_inner(self, clients, x, y, v, sample):
         def cross(x, y, v, batch):
-            return jvp(lambda y: grad(self.inner_loss, 0)(x, y, batch), (y,), (v,))[1]
+            return grad(lambda x: jvp(lambda y: self.inner_loss(x, y, batch), (y,), (v,))[1])(x)
 
         return self._derived("jvp_xy_inner", cross, clients, (x, y, v), sample, self.dim_x)
 

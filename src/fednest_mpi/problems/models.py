@@ -32,12 +32,13 @@ from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems import kernels, losstuning
 from fednest_mpi.problems.base import is_shared
 from fednest_mpi.problems.clientdata import image_clients
-from fednest_mpi.problems.derived import INNER, Batch, ClientSamples, LossProblem, ModuleParameters
-from fednest_mpi.problems.representation import linear_uniform
+from fednest_mpi.problems.derived import INNER, Y_ONLY, Batch, ClientSamples, LossProblem, ModuleParameters
+from fednest_mpi.problems.representation import FeatureStore, linear_uniform
 from fednest_mpi.registry import import_class
 
 N_PIXELS, N_CLASSES = 784, 10
 _EVAL_CHUNK = 5000
+_TILE = 256  # rows per call of the body when its features are computed once per x
 
 
 def uses_model(cfg) -> bool:
@@ -163,6 +164,7 @@ class ModelHyperRepresentation(_ImageLosses):
         self._activation_numbers = self._count_activations()
         self.hidden = int(self.network.module(torch.zeros(1, N_PIXELS, device="meta")).shape[-1])
         self.dim_x, self.dim_y = self.network.dim_x, N_CLASSES * self.hidden + N_CLASSES
+        self._store = FeatureStore()
 
     def initial_point(self):
         """The closed-form problem's for the default body (PyTorch's Linear init keyed by the seed);
@@ -173,14 +175,65 @@ class ModelHyperRepresentation(_ImageLosses):
             x = self.network.initial(self.seed, 1, "x", self.dtype, self.device)
         return x, linear_uniform(self.seed, 2, self.dim_y, self.hidden, self.dtype, self.device)
 
-    def _logits(self, x, y, inputs):
+    def _head(self, y, features):
         H, C = self.hidden, N_CLASSES
-        features = self.network.call(x, None, inputs)
         return features @ y[: C * H].view(C, H).T + y[C * H :]
 
+    def _logits(self, x, y, inputs):
+        return self._head(y, self.network.call(x, None, inputs))
+
     def _cross_entropy(self, x, y, batch: Batch) -> torch.Tensor:
-        z = self._logits(x, y, batch["inputs"])
+        """Weighted CE of the head on the batch's features: precomputed ones (:meth:`oracle_batch`) or phi_x(inputs)."""
+        features = batch["features"] if "features" in batch else self.network.call(x, None, batch["inputs"])
+        z = self._head(y, features)
         return (batch["weight"] * F.cross_entropy(z, batch["targets"], reduction="none")).sum()
+
+    # -- the body's features at a shared x, once per x (FedInn's local steps, FedIHGP's products) ------
+    def oracle_batch(self, oracle, clients, x, sample):
+        """For the oracles of :data:`~.derived.Y_ONLY` at a shared x: the minibatch's rows of the
+        features phi_x of the clients' whole split, computed once per x (no graph) and kept in a
+        :class:`~.representation.FeatureStore`, so that local steps and Neumann products differentiate
+        the head only, as the closed forms do."""
+        if oracle not in Y_ONLY or not is_shared(x):
+            return super().oracle_batch(oracle, clients, x, sample)
+        split, size = self.minibatch(oracle)
+        part, rows = self.samples.splits[split], clients - self.samples.first
+        whole = self._split_features(split, clients, x[0])  # (B, width, H)
+        cols, weights = part.batch(rows, clients, sample, size)
+        flat = torch.as_tensor(cols + np.arange(len(cols))[:, None] * whole.shape[1], device=self.device)
+        pos = torch.as_tensor(part.positions(rows, cols), device=self.device)
+        return {
+            "features": whole.flatten(0, 1).index_select(0, flat.flatten()).view(*cols.shape, -1),
+            "targets": self.samples.tensors["targets"][pos],
+            "weight": torch.as_tensor(weights, dtype=self.dtype, device=self.device),
+        }
+
+    def _split_features(self, split, clients, x):
+        """phi_x of the whole split of ``clients`` (B, width, H), from the store where it has them."""
+        store, part = self._store, self.samples.splits[split]
+        if not store.matches(x):
+            store.reset(x)
+        width = part.index.shape[1]
+        missing = store.missing(split, clients)
+        if missing.size:
+            if 2 * missing.size > clients.size:  # mostly new: one block of the whole set
+                missing = clients
+            inputs = self.samples.batch(split, missing, None, 0)["inputs"]
+            features = self._tiled_body(x, inputs.flatten(0, 1)).view(missing.size, width, self.hidden)
+            store.add(split, missing, part.count[missing - self.samples.first], features)
+        return store.assemble(split, clients, width, self.hidden, x)
+
+    def _tiled_body(self, x, inputs):
+        """phi_x of (n, 784) rows in tiles of :data:`_TILE` rows (the last one zero-padded): every row
+        meets the network at the same shape whatever the block (see :mod:`~.kernels`)."""
+        out = inputs.new_empty(inputs.shape[0], self.hidden)
+        with torch.no_grad():
+            for lo in range(0, inputs.shape[0], _TILE):
+                tile = inputs[lo : lo + _TILE]
+                if tile.shape[0] < _TILE:
+                    tile = torch.cat([tile, tile.new_zeros(_TILE - tile.shape[0], tile.shape[1])])
+                out[lo : lo + _TILE] = self.network.call(x, None, tile)[: out.shape[0] - lo]
+        return out
 
     def inner_loss(self, x, y, batch):
         """g_i = weighted CE on the inner batch + (lambda/2) ||y||^2."""
