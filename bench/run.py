@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench import floors  # noqa: E402
 from bench.plain import PROBLEMS, ClientData  # noqa: E402
 from fednest_mpi import config  # noqa: E402
-from fednest_mpi.config import _merge  # noqa: E402  (table-by-table merge of the config files' base chains)
+from fednest_mpi.config import merge_layers  # noqa: E402  (table-by-table merge of the config files' base chains)
 from fednest_mpi.data import resolve_data_dir  # noqa: E402
 from fednest_mpi.errors import UsageError  # noqa: E402
 from fednest_mpi.io.bench import write_bench  # noqa: E402
@@ -113,7 +113,7 @@ def load_spec(path: str, overrides: list[str]) -> dict:
 def case_config(case: dict, clients: int) -> dict:
     """The run config (plain data) of one case at ``clients`` per round."""
     data = config.read_file(ROOT / case["base"]) if "base" in case else {}
-    data = _merge(data, case.get("config", {}))
+    data = merge_layers(data, case.get("config", {}))
     problem = data.setdefault("problem", {})
     problem["n_clients"] = max(int(problem.get("n_clients", 100)), clients)
     data.setdefault("algorithm", {})["clients_per_round"] = clients

@@ -3,7 +3,14 @@ tests/cluster/conftest.py beside it, ``from conftest import ...`` would find tha
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+from shared_data import DATA, need
+
 from fednest_mpi import config
+
+TESTS = Path(__file__).resolve().parent
 
 
 def make_config(**sections) -> config.RunConfig:
@@ -48,3 +55,53 @@ def small_synthetic(**fields) -> dict:
         "eval_samples": 10,
         **fields,
     }
+
+
+#: a small problem section per registered problem, plugins included (an entry without one runs with its defaults)
+SMALL_PROBLEMS = {
+    "quadratic": {"n_clients": 6, "dim_x": 3, "dim_y": 4, "gradient_noise": 0.1},
+    "hyper_representation": {"n_clients": 20, "hidden": 8, "batch_size": 4},
+    "loss_tuning": {"n_clients": 20, "hidden1": 6, "hidden2": 5, "batch_size": 4, "max_per_class": 100},
+    "minimax": {"n_clients": 6, "dim": 3},
+    "compositional": {"n_clients": 6, "dim_x": 2, "dim_y": 3},
+    "synthetic": small_synthetic(n_clients=12),
+    "fairness": {"n_clients": 6},
+    "fednest_hyper_cleaning:HyperCleaning": {"n_clients": 6, "n_samples": 300, "batch_size": 4, "partition": "iid"},
+    "derived_plugins:LossQuadratic": {"n_clients": 6, "dim_x": 3, "dim_y": 4},
+}
+#: the data set (a folder of DATA) a problem reads
+PROBLEM_DATA = {
+    "hyper_representation": "mnist",
+    "loss_tuning": "mnist",
+    "fairness": "adult",
+    "fednest_hyper_cleaning:HyperCleaning": "mnist",
+}
+#: plugins registered by the tests (tests/plugins, examples/), checked by every registry-wide test like a built-in
+TEST_PLUGINS = {
+    "problem": ["tiny_plugins:TinyQuadratic", "derived_plugins:LossQuadratic", "fednest_hyper_cleaning:HyperCleaning"],
+    "algorithm": ["fednest_server_momentum:FedNestMomentum"],
+}
+
+
+def register_test_plugins() -> None:
+    """Put the test plugins' folders on ``sys.path`` and register them, as a user's config naming them would."""
+    for folder in (
+        TESTS / "plugins",
+        TESTS.parent / "examples" / "hyper_cleaning",
+        TESTS.parent / "examples" / "server_momentum",
+    ):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    for name in TEST_PLUGINS["problem"]:
+        config.PROBLEMS.resolve(name)
+    for name in TEST_PLUGINS["algorithm"]:
+        config.ALGORITHMS.resolve(name)
+
+
+def small_problem_section(name: str) -> dict:
+    """The small [problem] section of registered problem ``name`` (its data folder checked by ``need``)."""
+    section = {**SMALL_PROBLEMS.get(name, {}), "name": name}
+    if name in PROBLEM_DATA:
+        need(DATA / PROBLEM_DATA[name])
+        section["data_dir"] = str(DATA)
+    return section

@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from fednest_mpi import __version__
 from fednest_mpi.config import DATASETS
@@ -67,10 +68,22 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "report",
         help="text table of runs: differing config, final/best metrics, time, communication",
-        epilog="example:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm",
+        epilog="examples:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm\n"
+        "  fednest-mpi report --benchmark jobs/benchmarks/table.toml --configs-dir docs/benchmarks",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rep.add_argument("runs", nargs="+", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
+    rep.add_argument("runs", nargs="*", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
+    rep.add_argument(
+        "--benchmark",
+        metavar="FILE",
+        help="instead of runs: the Markdown benchmark table of the tasks of FILE (docs/benchmarks.md): rounds "
+        "and bytes to each task's target and the metric at its budget, mean ± sd over seeds, per algorithm",
+    )
+    rep.add_argument(
+        "--configs-dir",
+        metavar="DIR",
+        help="with --benchmark: write each row's config there as JSON and link it from the table",
+    )
     rep.add_argument(
         "--metric",
         "-m",
@@ -279,7 +292,16 @@ def _analyse(args) -> int:
     try:
         if args.smooth < 1:
             raise UsageError(f"--smooth: expected a window of at least 1 iteration, got {args.smooth}")
-        if args.command == "report" and args.at:
+        if args.command == "report" and args.benchmark:
+            if args.runs:
+                raise UsageError("--benchmark reads the runs its file names; drop the run files from the command")
+            base = Path(args.configs_dir).parent if args.configs_dir else None
+            print(post.benchmark_table(args.benchmark, args.configs_dir, link_base=base), end="")
+        elif args.command == "report" and not args.runs:
+            raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
+        elif args.command == "report" and args.configs_dir:
+            raise UsageError("--configs-dir goes with --benchmark FILE")
+        elif args.command == "report" and args.at:
             if not args.metrics:
                 raise UsageError("--at needs the metric to tabulate, e.g. --metric test_accuracy")
             print(

@@ -157,6 +157,7 @@ class Federation:
         # the clients whose data this rank needs: its block, or every client when any rank may evaluate any client
         self.hosted = self.block if placement == "block" else range(n_clients)
         self.stats = CommStats()
+        self.evaluation_stats = CommStats()  # evaluation-only aggregations (:meth:`evaluation_sum`)
         self.chunk_clients = (
             0  # members a rank evaluates at once in mean_over (0: all); set by the run from its memory budget
         )
@@ -329,20 +330,28 @@ class Federation:
 
     def block_slots(self, rows: np.ndarray) -> np.ndarray:
         """(n_clients, k) float64: this rank's block's per-client ``rows`` in their clients' slots,
-        zero elsewhere; summed over ranks (:meth:`sum_uncounted`), every slot is exact, and
+        zero elsewhere; summed over ranks (:meth:`evaluation_sum`), every slot is exact, and
         :func:`sum_in_client_order` then gives a total that no rank count can change."""
         slots = np.zeros((self.n_clients, rows.shape[1]))
         slots[self.block.start : self.block.stop] = rows
         return slots
 
-    def sum_uncounted(self, values: np.ndarray) -> np.ndarray:
-        """SUM over ranks of a small float64 array for bookkeeping (oracle counts, health flags).
-
-        Not an algorithm aggregation, so it is not counted in :attr:`stats`. **Collective**.
-        """
+    def bookkeeping_sum(self, values: np.ndarray) -> np.ndarray:
+        """SUM over ranks of a small float64 array for the runner's bookkeeping (oracle counts, health
+        flags, stop requests): not traffic of the algorithm, so counted nowhere. **Collective**."""
         buf = np.ascontiguousarray(values, dtype=np.float64).copy()
         if self.size > 1:
             self._allreduce_array(buf)
+        return buf
+
+    def evaluation_sum(self, values: np.ndarray) -> np.ndarray:
+        """SUM over ranks of a float64 array that an algorithm needs only to *report* its iterate (e.g.
+        FedBiO's population mean of the clients' own y): declared evaluation-only by calling this, it is
+        tallied in :attr:`evaluation_stats`, not in :attr:`stats` (the paper's rounds and bytes). Every
+        other aggregation of an algorithm goes through :meth:`mean_over` and is counted. **Collective**."""
+        buf = self.bookkeeping_sum(values)
+        self.evaluation_stats.rounds += 1
+        self.evaluation_stats.bytes += buf.nbytes
         return buf
 
 

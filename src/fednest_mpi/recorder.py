@@ -28,10 +28,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from fednest_mpi.io import schema as S
+
 INNER, IHGP, OUTER = 1, 2, 4
 
-#: per-client value series an algorithm may report (name -> meaning); see docs/hdf5.md
-CLIENT_VALUES = ("inner_loss", "outer_loss", "inner_gradient_norm", "local_hypergradient_norm")
+#: per-client value series an algorithm may report: every series of the run file's /clients but the roles
+#: (declared once, with dtype, fill, description and units, in io/schema.CLIENT_SERIES; docs/hdf5.md)
+CLIENT_VALUES = tuple(name for name in S.CLIENT_SERIES if name != "participation")
 
 
 def row_norms(rows: torch.Tensor) -> torch.Tensor:
@@ -69,6 +72,8 @@ class ClientRecorder:
     def record(self, name: str, ids, compute: Callable[[], torch.Tensor | None]) -> None:
         """Store ``compute()`` (one number per client of ``ids``, or None when the problem has no such
         value) as the clients' ``name`` of this iteration; ``compute`` is not called when recording is off."""
+        if name not in self.values:
+            raise KeyError(f"per-client series {name!r} is not declared in io/schema.CLIENT_SERIES ({CLIENT_VALUES})")
         values = compute()
         if values is not None:
             self.values[name][self._rows(ids)] = values.detach().to("cpu", torch.float64).numpy()

@@ -355,7 +355,7 @@ class Simulation:
             health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
             totals = Bookkeeping.unpack(
-                fed.sum_uncounted(
+                fed.bookkeeping_sum(
                     Bookkeeping.pack(
                         oracle_counts=problem.counts_vector() + base_counts,
                         health=health,

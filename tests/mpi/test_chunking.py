@@ -8,22 +8,14 @@ import torch
 from histories import assert_histories_match
 from mpi4py import MPI
 from shared_data import DATA, requires, small_fairness_config
-from small_configs import small_synthetic
+from small_configs import register_test_plugins, small_problem_section, small_synthetic
 
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
 
-ALGORITHMS = [
-    "fednest",
-    "fednest_sgd",
-    "lfednest",
-    "lfednest_svrg",
-    "lfednest_nonalt",
-    "fedbio",
-    "fedbioacc",
-    "fedavg",
-    "fedsvrg",
-]
+register_test_plugins()
+#: every registered algorithm that runs on the quadratic problem, the test plugins included
+ALGORITHMS = sorted(name for name, entry in config.ALGORITHMS.items() if entry.accepts("quadratic"))
 
 
 def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = "ordered") -> config.RunConfig:
@@ -34,7 +26,7 @@ def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = 
             "dim_x": 3,
             "dim_y": 5,
             "gradient_noise": 0.1,
-            "lower_level": "local" if name.startswith("fedbio") else "global",
+            "lower_level": "local" if config.ALGORITHMS[name].stateful else "global",  # FedBiO: y_i*(x)
         },
         "minimax": {"name": "minimax", "n_clients": 40, "dim": 4, "heterogeneity": 10.0},
         # float32, ragged clients: fused head steps, feature blocks, generated data
@@ -77,6 +69,28 @@ def test_ordered_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(n
     reference = simulate(_config(name, 0), MPI.COMM_SELF)
     for chunk in (1, 7, 0):
         _same(simulate(_config(name, chunk), MPI.COMM_WORLD), reference)
+
+
+def _problem_config(name: str, chunk: int) -> config.RunConfig:
+    section = small_problem_section(name)
+    return config.from_dict(
+        {
+            "seed": 4,
+            "problem": section,
+            "algorithm": {"name": "fednest", "outer_iterations": 2, "clients_per_round": 5, "inner_local_steps": 2},
+            "federation": {"reduction": "ordered"},
+            "run": {"chunk_clients": chunk},
+        }
+    )
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(config.PROBLEMS))
+def test_every_registered_problem_is_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
+    """Every entry of the problem registry (plugins registered by the tests included), under FedNest."""
+    reference = simulate(_problem_config(name, 0), MPI.COMM_SELF)
+    for chunk in (1, 3):
+        _same(simulate(_problem_config(name, chunk), MPI.COMM_WORLD), reference)
 
 
 @pytest.mark.mpi

@@ -7,6 +7,7 @@ user's own module would be.
 from dataclasses import dataclass
 
 from fednest_mpi.config import QuadraticConfig, spec
+from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems import QuadraticProblem
 
 
@@ -21,6 +22,26 @@ class TinyQuadratic(QuadraticProblem):
     """The quadratic problem, registered as a plugin (its closed-form x* is the built-in's)."""
 
     Params = ShiftedParams
+
+
+@dataclass(frozen=True)
+class EvenParams(QuadraticConfig):
+    """A plugin parameter class with a check among its own fields, on top of the inherited ones."""
+
+    name: str = spec("even_quadratic", "problem kind")
+
+    def check(self) -> None:
+        super().check()
+        if self.n_clients % 2:
+            raise ConfigError(
+                f"problem.n_clients: {self.n_clients} is odd; this plugin pairs clients, use an even count"
+            )
+
+
+class EvenQuadratic(QuadraticProblem):
+    """The quadratic problem with a plugin's own cross-field check."""
+
+    Params = EvenParams
 
 
 class NoParams(QuadraticProblem):

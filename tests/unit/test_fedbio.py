@@ -11,7 +11,7 @@ from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems import build_problem
-from fednest_mpi.runner import simulate
+from fednest_mpi.runner import Simulation
 
 NAMES = ["fedbio", "fedbioacc"]
 
@@ -127,8 +127,12 @@ def test_checkpoint_restore_continues_bitwise(small_config, name):
 
 def test_runner_records_one_round_per_outer_iteration(small_config):
     cfg = _config(small_config, name="fedbioacc", outer_iterations=3, sync_period=4)
-    h = simulate(cfg, MPI.COMM_SELF).history
+    sim = Simulation(cfg, MPI.COMM_SELF)
+    h = sim.run().history
     assert h["comm_rounds"] == [0, 1, 2, 3]
+    # the population mean of y that reports the iterate is declared evaluation-only, tallied apart
+    dim_y = cfg.problem.dim_y
+    assert (sim.fed.evaluation_stats.rounds, sim.fed.evaluation_stats.bytes) == (3, 3 * 8 * dim_y)
     # two hypergradients (new and old point) per local iteration after the first
     assert h["oracle_grad_x_outer"][-1] == 12 * (2 * 4 * 3 - 1)
 

@@ -87,6 +87,16 @@ def test_a_plugin_problem_by_module_class_runs_as_the_builtin(plugin_path):
     assert "tiny_plugins:TinyQuadratic" in config.reference_markdown()
 
 
+def test_a_plugin_params_check_runs_with_the_inherited_ones(plugin_path):
+    data = {"problem": {"name": "tiny_plugins:EvenQuadratic", "n_clients": 8}, "algorithm": {"clients_per_round": 4}}
+    assert config.from_dict(data).problem.n_clients == 8
+    with pytest.raises(ConfigError, match=r"^problem.n_clients: 7 is odd; this plugin pairs clients"):
+        config.from_dict(data | {"problem": {"name": "tiny_plugins:EvenQuadratic", "n_clients": 7}})
+    bad_spectrum = {"name": "tiny_plugins:EvenQuadratic", "n_clients": 8, "smoothness": 0.5}
+    with pytest.raises(ConfigError, match=r"^problem.smoothness: 0.5 is below problem.strong_convexity"):
+        config.from_dict(data | {"problem": bad_spectrum})
+
+
 @pytest.mark.parametrize(
     "name,message",
     [

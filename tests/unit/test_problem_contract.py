@@ -2,49 +2,21 @@
 plugins): shapes and dtypes of the five oracles, empty blocks (B = 0, as FedBiO / FedBiOAcc ask for on a
 rank none of whose clients take part), one-client blocks, and rows that do not depend on their block."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from shared_data import DATA, need
-from small_configs import small_synthetic
+from small_configs import register_test_plugins, small_problem_section
 
 from fednest_mpi import config
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample, shared_rows
 
-SMALL = {  # a small problem section per built-in (an entry without one is checked with its defaults)
-    "quadratic": {"n_clients": 6, "dim_x": 3, "dim_y": 4, "gradient_noise": 0.1},
-    "hyper_representation": {"n_clients": 20, "hidden": 8, "batch_size": 4, "data_dir": str(DATA)},
-    "loss_tuning": {"n_clients": 20, "hidden1": 6, "hidden2": 5, "batch_size": 4, "max_per_class": 100},
-    "minimax": {"n_clients": 6, "dim": 3},
-    "compositional": {"n_clients": 6, "dim_x": 2, "dim_y": 3},
-    "synthetic": small_synthetic(n_clients=12),
-    "fairness": {"n_clients": 6, "data_dir": str(DATA)},
-    "fednest_hyper_cleaning:HyperCleaning": {"n_clients": 6, "n_samples": 300, "batch_size": 4, "partition": "iid"},
-}
-NEEDS = {
-    "hyper_representation": "mnist",
-    "loss_tuning": "mnist",
-    "fairness": "adult",
-    "fednest_hyper_cleaning:HyperCleaning": "mnist",
-}
-PLUGIN = "tiny_plugins:TinyQuadratic"  # a plugin registered by the tests (tests/plugins), checked like the built-ins
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
-config.PROBLEMS.resolve(PLUGIN)
-config.PROBLEMS.resolve("derived_plugins:LossQuadratic")  # oracles derived from one client's losses (torch.func)
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper_cleaning"))  # the example plugin
-config.PROBLEMS.resolve("fednest_hyper_cleaning:HyperCleaning")
+register_test_plugins()
 NAMES = sorted(config.PROBLEMS)  # every entry, plugins included
 
 
 def problem_of(name, dtype=torch.float64):
-    section = {**SMALL.get(name, {}), "name": name}
-    if name in NEEDS:
-        need(DATA / NEEDS[name])
-        section["data_dir"] = str(DATA)
+    section = small_problem_section(name)
     cfg = config.from_dict({"problem": section, "algorithm": {"clients_per_round": 2}})
     return build_problem(cfg.problem, 3, range(0, cfg.problem.n_clients), dtype=dtype)
 

@@ -1,5 +1,6 @@
 """Every shipped config loads and validates; config families (``base = ...``) resolve as documented."""
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def test_every_shipped_config_validates():
 
 
 def test_family_members_write_distinct_outputs_and_differ_only_where_they_say():
-    members = [p for p in SHIPPED if "base" in config.tomllib.loads(p.read_text())]
+    members = [p for p in SHIPPED if "base" in tomllib.loads(p.read_text())]
     assert len(members) >= 24  # every variant, iid and non-iid, of both MNIST problems
     outputs = [config.load(p).run.output for p in SHIPPED if p.name not in ("base.toml", "iid.toml")]
     assert len(outputs) == len(set(outputs))

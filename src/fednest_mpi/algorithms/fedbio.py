@@ -162,12 +162,14 @@ class FedBiO(LocalHypergradient, Algorithm):
 
     # -- evaluation --------------------------------------------------------------------------------
     def population_mean(self, name: str) -> torch.Tensor:
-        """Mean over all M clients of a stored row (uncounted bookkeeping reduction, for evaluation):
+        """Mean over all M clients of a stored row, to report the iterate (``Federation.evaluation_sum``: declared
+        evaluation-only, so not in the paper's round count):
         with ``reduction = "ordered"`` one slot per client, summed in client-id order (bitwise
         rank-count invariant); else each rank's partial sum."""
         fed, like = self.fed, self.store.initial[name]
         if fed.reduction == "ordered":
-            out = sum_in_client_order(fed.sum_uncounted(fed.block_slots(self.store.block_rows(name).numpy(force=True))))
+            slots = fed.block_slots(self.store.block_rows(name).numpy(force=True))
+            out = sum_in_client_order(fed.evaluation_sum(slots))
         else:
-            out = fed.sum_uncounted(self.store.block_sum(name).numpy(force=True))
+            out = fed.evaluation_sum(self.store.block_sum(name).numpy(force=True))
         return torch.as_tensor(out / fed.n_clients, dtype=like.dtype, device=like.device)

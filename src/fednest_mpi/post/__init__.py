@@ -15,6 +15,8 @@ matplotlib (each function imports what it needs), so ``import fednest_mpi.post``
   and the ``format_*`` helpers.
 * :mod:`.stats`    -- :func:`group_mean_sd` (mean +- sd over runs on a common x grid),
   :func:`running_mean`, :func:`higher_is_better`.
+* :mod:`.benchmark` -- :func:`benchmark_table` (docs/benchmarks.md: per task and algorithm, rounds and bytes to a
+  target and the metric at a budget of rounds, mean +- sd over seeds, each row's config written beside it).
 * :mod:`.plotting` -- :func:`plot`: metric(s) against iteration, communication rounds or wall time;
   runs overlaid, or grouped by config fields with a mean +- sd band over the runs of each group.
 
@@ -22,6 +24,7 @@ A user's mistake (missing file, unknown metric, unknown config field, ...) raise
 :class:`~fednest_mpi.errors.UsageError` with a message that names the fix.
 """
 
+from fednest_mpi.post.benchmark import benchmark_table, read_benchmark_file
 from fednest_mpi.post.load import (
     IGNORED_FIELDS,
     config_differences,
@@ -49,6 +52,7 @@ __all__ = [
     "IGNORED_FIELDS",
     "X_AXES",
     "GroupStats",
+    "benchmark_table",
     "checkpoint_table",
     "config_differences",
     "flatten_config",
@@ -63,6 +67,7 @@ __all__ = [
     "load_sweep",
     "plot",
     "primary_metrics",
+    "read_benchmark_file",
     "report",
     "run_names",
     "running_mean",

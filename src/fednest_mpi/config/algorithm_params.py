@@ -1,0 +1,185 @@
+"""The parameter classes of the built-in algorithms (the ``[algorithm]`` section, chosen by ``name``).
+
+One frozen class per algorithm class; the fields shared by several classes are made by one function each,
+so their meaning is written once. A ``check`` method holds the checks that involve several fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fednest_mpi.config.fields import spec
+from fednest_mpi.errors import ConfigError
+
+
+def _outer_iterations():
+    return spec(
+        100, "outer iterations K of Algorithm 1 (one communication round for fedbio, fedbioacc, fedavg_s)", low=1
+    )
+
+
+def _clients_per_round():
+    return spec(10, "clients |S| sampled (uniformly, without replacement) per round", low=1)
+
+
+def _inner_rounds():
+    return spec(1, "FedInn rounds T per outer iteration", low=1)
+
+
+def _inner_lr():
+    return spec(
+        0.01,
+        "local inner step size beta_i of FedInn (Alg. 4/6); fedbio, fedbioacc: beta (y steps); fedavg_s: the y step",
+        low=0.0,
+        low_open=True,
+    )
+
+
+def _outer_lr():
+    return spec(
+        0.01,
+        "local outer step size alpha_i of FedOut (Alg. 2/5); fedbio, fedbioacc: alpha (x steps); fedavg_s: the x step",
+        low=0.0,
+        low_open=True,
+    )
+
+
+def _inner_local_steps():
+    return spec(40, "local steps tau_i of FedInn per round (fedavg_s: its simultaneous local steps)", low=1)
+
+
+def _neumann_steps():
+    return spec(
+        5,
+        "N: Hessian-vector rounds of FedIHGP (Alg. 3), terms of the local Neumann series (Alg. 5; "
+        "fedbio, fedbioacc: Q)",
+        low=0,
+    )
+
+
+def _neumann_scale():
+    return spec(0.01, "eta = 1/l_{g,1}: scale of the Neumann series (I - eta H)^k", low=0.0, low_open=True)
+
+
+def _ihgp_mode():
+    return spec(
+        "truncated",
+        "truncated: eta * sum_{k=0..N} (I - eta H)^k v (N rounds, deterministic); "
+        "randomized: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (10b), N' rounds)",
+        choices=("truncated", "randomized"),
+    )
+
+
+def _hypergradient():
+    return spec(
+        "implicit",
+        "implicit: direct minus indirect gradient through FedIHGP / local Neumann series (eq. (8), "
+        "(10)); direct: the minimax specialisation of eq. (9), nabla_x f_i only, no FedIHGP (saddle-point "
+        "problems only)",
+        choices=("implicit", "direct"),
+    )
+
+
+def _check_randomized_neumann(params) -> None:
+    """The randomized FedIHGP (eq. (10b)) needs N >= 1."""
+    if params.ihgp_mode == "randomized" and params.neumann_steps < 1:
+        raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
+
+
+@dataclass(frozen=True)
+class FedNestConfig:
+    """FedNest family (paper Table 2, appendix H.1) and its step sizes; defaults are the paper's appendix H."""
+
+    name: str = spec("fednest", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    inner_rounds: int = _inner_rounds()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    outer_lr: float = _outer_lr()
+    inner_local_steps: int = _inner_local_steps()
+    outer_local_steps: int = spec(1, "local steps tau_i of FedOut per round", low=1)
+    neumann_steps: int = _neumann_steps()
+    neumann_scale: float = _neumann_scale()
+    ihgp_mode: str = _ihgp_mode()
+    ihgp_resample_clients: bool = spec(
+        True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of reusing FedOut's set"
+    )
+    hypergradient: str = _hypergradient()
+
+    check = _check_randomized_neumann
+
+
+@dataclass(frozen=True)
+class FedBiOConfig:
+    """FedBiO and FedBiOAcc (Li, Huang & Huang): local lower level, sync_period local iterations per round."""
+
+    name: str = spec("fedbio", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    outer_lr: float = _outer_lr()
+    neumann_steps: int = _neumann_steps()
+    neumann_scale: float = _neumann_scale()
+    ihgp_mode: str = _ihgp_mode()
+    hypergradient: str = _hypergradient()
+    sync_period: int = spec(
+        5,
+        "I, local iterations (a y step and an x step each) per round; the round averages x "
+        "(fedbio) or x, x_prev and the momentum nu (fedbioacc)",
+        low=1,
+    )
+    local_update_order: str = spec(
+        "simultaneous",
+        "fedbio: simultaneous (y and x steps both from (x_t, y_t)) or inner_first (the x step uses the new y_{t+1})",
+        choices=("simultaneous", "inner_first"),
+    )
+    step_schedule: str = spec(
+        "constant",
+        "step sizes at local iteration t: constant (outer_lr, inner_lr) or storm: "
+        "scaled by ((u + 1) / (u + t))^(1/3) (MRBO/STORM), u = schedule_offset",
+        choices=("constant", "storm"),
+    )
+    schedule_offset: float = spec(10.0, "u of step_schedule = storm", low=0.0)
+    momentum_outer: float = spec(
+        0.5,
+        "fedbioacc: STORM weight a_1 of the fresh hypergradient in nu at t = 1; "
+        "a_t = min(1, a_1 (alpha_t / alpha_1)^2)",
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    momentum_inner: float = spec(
+        0.5,
+        "fedbioacc: STORM weight b_1 of the fresh inner gradient in omega; b_t likewise",
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+
+    check = _check_randomized_neumann
+
+
+@dataclass(frozen=True)
+class FedAvgSConfig:
+    """FedAvg-S, the simultaneous saddle-point baseline of section 4.3: inner_local_steps steps with inner_lr on y
+    and outer_lr on x, one round."""
+
+    name: str = spec("fedavg_s", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    outer_lr: float = _outer_lr()
+    inner_local_steps: int = _inner_local_steps()
+
+
+@dataclass(frozen=True)
+class SingleLevelConfig:
+    """Single-level FL on g(x0, .) with x fixed: inner_rounds rounds of LFedInn (Alg. 6, fedavg) or FedInn
+    (Alg. 4, fedsvrg) per outer iteration."""
+
+    name: str = spec("fedavg", "algorithm")
+    outer_iterations: int = _outer_iterations()
+    inner_rounds: int = _inner_rounds()
+    clients_per_round: int = _clients_per_round()
+    inner_lr: float = _inner_lr()
+    inner_local_steps: int = _inner_local_steps()

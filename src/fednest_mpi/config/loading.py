@@ -1,0 +1,228 @@
+"""From files and ``--set`` overrides to a validated :class:`~fednest_mpi.config.RunConfig`: reading
+TOML/JSON with its ``base`` chain, merging layers, overrides, building the sections; and the flat views
+(dotted field names) that reports and checkpoints compare."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fednest_mpi.config.fields import SEED_MAX, build_section, check_range, coerce, fields_of
+from fednest_mpi.config.registries import ALGORITHMS, PROBLEMS, algorithm_fields
+from fednest_mpi.config.run_params import SECTIONS, RunConfig
+from fednest_mpi.config.validation import validate_relations
+from fednest_mpi.errors import ConfigError
+from fednest_mpi.text import did_you_mean
+
+
+def _build_problem(data: Any):
+    if not isinstance(data, dict):
+        raise ConfigError(f"problem: expected a table of fields, got {data!r}")
+    name = data.get("name", "quadratic")
+    spec_ = PROBLEMS.resolve(name) if isinstance(name, str) else None
+    if spec_ is None:
+        raise ConfigError(
+            f"problem.name: unknown problem {name!r}"
+            + did_you_mean(str(name), PROBLEMS.names())
+            + f"; choose from {', '.join(PROBLEMS.names())}, or name a plugin class as 'module:Class'"
+        )
+    return build_section(spec_.params, data, "problem")
+
+
+def _build_algorithm(data: Any):
+    """The parameter object of the algorithm named in ``data``. A field of another algorithm is an
+    error naming both, unless it states that field's default (it then changes nothing: a sweep may zip
+    a field over algorithms that lack it)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"algorithm: expected a table of fields, got {data!r}")
+    name = data.get("name", "fednest")
+    spec_ = ALGORITHMS.resolve(name) if isinstance(name, str) else None
+    if spec_ is None:
+        raise ConfigError(
+            f"algorithm.name: {name!r} is not one of {', '.join(map(repr, ALGORITHMS.names()))}"
+            + did_you_mean(str(name), ALGORITHMS.names())
+            + ", or name a plugin class as 'module:Class'"
+        )
+    own, kept = fields_of(spec_.params), {}
+    for key, value in data.items():
+        owners = [s for s in ALGORITHMS.values() if key not in own and key in fields_of(s.params)]
+        if not owners:
+            kept[key] = value
+            continue
+        f = fields_of(owners[0].params)[key]
+        where = f"algorithm.{key}"
+        if coerce(where, value, typing.get_type_hints(owners[0].params)[key]) != f.default:
+            raise ConfigError(
+                f"{where}: does not apply to algorithm {name!r} ({spec_.kind}); it is a field of "
+                f"{', '.join(s.name for s in owners)}; remove it"
+            )
+    return build_section(spec_.params, kept, "algorithm")
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from plain data (TOML/JSON tables)."""
+    if not isinstance(data, dict):
+        raise ConfigError("config: expected a table at the top level")
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    for name in data:
+        if name not in known:
+            raise ConfigError(
+                f"{name}: unknown section or field" + did_you_mean(name, known) + f"; known: {', '.join(sorted(known))}"
+            )
+    kwargs = {}
+    if "seed" in data:
+        kwargs["seed"] = coerce("seed", data["seed"], int)
+        check_range("seed", kwargs["seed"], {"low": 0, "high": SEED_MAX})
+    if "problem" in data:
+        kwargs["problem"] = _build_problem(data["problem"])
+    if "algorithm" in data:
+        kwargs["algorithm"] = _build_algorithm(data["algorithm"])
+    for name, cls in SECTIONS.items():
+        if name in data:
+            kwargs[name] = build_section(cls, data[name], name)
+    cfg = RunConfig(**kwargs)
+    validate_relations(cfg)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value); the value is read as TOML (bare words become strings)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.field=value, e.g. --set algorithm.outer_lr=0.05")
+    keypath, raw = text.split("=", 1)
+    keys = [k.strip() for k in keypath.split(".")]
+    if not all(keys):
+        raise ConfigError(f"--set {text!r}: empty field name in {keypath!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return keys, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Return a copy of ``data`` with every ``--set`` override applied. Overrides that name an algorithm
+    leave the fields of ``data``'s algorithm that the named one lacks behind (:func:`algorithm_fields`)."""
+    data = json.loads(json.dumps(data))
+    named = {}
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys == ["algorithm", "name"]:
+            named = {"name": value}
+    data = _named_algorithm(data, named)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {k!r} is a field, not a section")
+        node[keys[-1]] = value
+    return data
+
+
+def _named_algorithm(lower: dict, upper_algorithm: Any) -> dict:
+    """``lower`` with its [algorithm] table cut to the fields of the algorithm that an upper layer names
+    in ``upper_algorithm`` (its [algorithm] table), if it names one (:func:`algorithm_fields`)."""
+    table = lower.get("algorithm")
+    if not isinstance(upper_algorithm, dict) or "name" not in upper_algorithm or not isinstance(table, dict):
+        return lower
+    return lower | {"algorithm": algorithm_fields(upper_algorithm["name"], table)}
+
+
+def merge_layers(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, table by table (``base``'s other algorithm's fields left behind)."""
+    out = _named_algorithm(dict(base), top.get("algorithm"))
+    for name, value in top.items():
+        out[name] = (
+            merge_layers(out[name], value) if isinstance(value, dict) and isinstance(out.get(name), dict) else value
+        )
+    return out
+
+
+def read_file(path: str | Path, _seen: tuple = ()) -> dict:
+    """The plain data of a TOML (or JSON) config file, with its ``base`` chain resolved.
+
+    A top-level ``base = "other.toml"`` (relative to the file) names a config whose values this
+    file overrides, table by table, so a family of configs shares one base and each member states
+    only what differs (``configs/mnist/``).
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(
+            f"config file {str(p)!r} is a folder; pass the path of a TOML file, such as configs/quadratic.toml"
+        )
+    if not p.is_file():
+        raise ConfigError(
+            f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml"
+        )
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}"
+        ) from None
+    if not _seen and data == {}:
+        raise ConfigError(
+            f"config file {str(p)!r} is empty; a config needs at least the sections [problem] and [algorithm] "
+            "(every other field has a default), e.g. a copy of configs/quadratic.toml"
+        )
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{p}: base: expected the path of a config file, got {base!r}")
+    base_path = (p.parent / base).resolve()
+    if base_path in _seen or base_path == p.resolve():
+        raise ConfigError(f"{p}: base: {base!r} leads back to itself; remove the cycle")
+    return merge_layers(read_file(base_path, _seen + (p.resolve(),)), data)
+
+
+def load(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a TOML (or JSON) config (and its ``base`` chain), apply overrides, validate."""
+    data = read_file(path) if path is not None else {}
+    return from_dict(apply_overrides(data, list(overrides)))
+
+
+def flatten_config(data: Mapping[str, Any], prefix: str = "", hashable: bool = True) -> dict[str, Any]:
+    """Nested config dict -> ``{"algorithm.outer_lr": 0.2, ..., "seed": 0}`` (dotted names, as in ``--set``).
+
+    ``hashable``: lists become tuples, so that values can be grouped and compared as keys.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name + ".", hashable))
+        elif hashable and isinstance(value, list):
+            flat[name] = tuple(value)
+        else:
+            flat[name] = value
+    return flat
+
+
+def differing_fields(flat_configs: Sequence[Mapping[str, Any]], ignore: Iterable[str] = ()) -> dict[str, list]:
+    """``{dotted field: [value in each config]}`` for the fields of flattened configs whose values are
+    not all the same (compared as JSON, sorted by name); a field missing from a config is None there."""
+    ignore = frozenset(ignore)
+    keys = set().union(*(set(c) for c in flat_configs)) - ignore
+    diffs = {}
+    for key in sorted(keys):
+        values = [c.get(key) for c in flat_configs]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1:
+            diffs[key] = values
+    return diffs

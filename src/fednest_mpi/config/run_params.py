@@ -1,0 +1,120 @@
+"""The ``[federation]`` and ``[run]`` sections and :class:`RunConfig`, the whole run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from fednest_mpi import numerics
+from fednest_mpi.config.algorithm_params import FedNestConfig
+from fednest_mpi.config.fields import spec
+from fednest_mpi.config.problem_params import QuadraticConfig
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """How aggregation is done across ranks."""
+
+    reduction: str = spec(
+        "sum",
+        "sum: one Allreduce of the weighted local sums (fastest; rank-count invariant to ~1e-15 relative); "
+        "ordered: one Allreduce of per-participant slots summed in client order (bitwise rank-count invariant, "
+        "|S| times more bytes)",
+        choices=("sum", "ordered"),
+    )
+    wait: str = spec(
+        "auto",
+        "how ranks wait in a collective: block (MPI's busy-poll), poll (test and yield the core), "
+        "auto (poll when a node has more ranks than cores)",
+        choices=("auto", "block", "poll"),
+    )
+    placement: str = spec(
+        "block",
+        "which rank evaluates which client: block (contiguous blocks of client ids, a rank hosts their data); "
+        "balanced (each round's participants split evenly, every rank within one client of the same count; "
+        "every rank then holds every client's data -- synthetic generates it from the client id -- and no per-client "
+        "records are written)",
+        choices=("block", "balanced"),
+    )
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """Where and how the run executes."""
+
+    output: str = spec("runs/run.h5", "HDF5 output path")
+    overwrite: bool = spec(False, "replace an existing output file")
+    device: str = spec("cpu", "torch device", choices=("cpu", "cuda"))
+    dtype: str = spec("float64", "floating-point precision of iterates and oracles", choices=("float32", "float64"))
+    torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
+    numerics: str = spec(
+        numerics.DEFAULT,
+        "which code paths of MKL, ATen and OpenBLAS compute the run: reproducible = chunk- and rank-count "
+        "invariant on every x86-64 CPU, the same bits on every Intel CPU with AVX2; portable = also the same "
+        "bits on Intel and AMD (slower products); native = each library's fastest path, no guarantee across "
+        "CPUs (docs/design.md)",
+        choices=tuple(numerics.MODES),
+    )
+    chunk_clients: int = spec(
+        0,
+        "clients a rank evaluates at once; a round's members are processed chunk by chunk, so memory "
+        "per rank is bounded by the chunk (0: automatic from run.block_memory; results do not depend "
+        "on it: bitwise with federation.reduction = ordered, docs/performance.md)",
+        low=0,
+    )
+    block_memory: int = spec(
+        512,
+        "working-set budget of one chunk per rank in MiB, for the automatic run.chunk_clients "
+        "(the problem estimates its bytes per client)",
+        low=1,
+    )
+    log_every: int = spec(10, "one summary log line every k outer iterations (batch logs)", low=1)
+    progress: str = spec(
+        "auto", "progress bar on rank 0: auto (only on a terminal), always, never", choices=("auto", "always", "never")
+    )
+    checkpoint_every: int = spec(
+        100,
+        "write a checkpoint every k outer iterations; one is also written at iteration 0, at the end "
+        "and on SIGTERM/SIGUSR1 (0: only then); see docs/reliability.md",
+        low=0,
+    )
+    checkpoint_dir: str = spec(
+        "", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended"
+    )
+    client_series: bool = spec(
+        True,
+        "record per-client series (participation, local losses, gradient norms; clients x iterations, "
+        "one file per rank joined by virtual datasets, docs/hdf5.md); needs federation.placement = block",
+    )
+    train_eval_every: int = spec(
+        0,
+        "every k outer iterations also evaluate on the training data of all clients: "
+        "outer_loss = mean_i f_i(x, y), inner_loss = mean_i g_i(x, y) and train_accuracy "
+        "where the problem classifies (NaN in between; 0: never)",
+        low=0,
+    )
+    snapshot_every: int = spec(
+        0, "store x and y in /snapshots every k outer iterations and at the last one (0: never)", low=0
+    )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run."""
+
+    seed: int = spec(0, "seed of every random stream (sampling, minibatches, data, init)", low=0)
+    problem: Any = field(default_factory=QuadraticConfig, metadata={"help": "problem section; see the problem kinds"})
+    algorithm: Any = field(default_factory=FedNestConfig, metadata={"help": "algorithm section; see the algorithms"})
+    federation: FederationConfig = field(default_factory=FederationConfig, metadata={"help": "federation section"})
+    run: RunSection = field(default_factory=RunSection, metadata={"help": "run section"})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+SECTIONS = {"federation": FederationConfig, "run": RunSection}

@@ -1,0 +1,58 @@
+"""The checks that involve several sections (a problem and the algorithm run on it, the federation, the MPI
+world). Checks within one section are its parameter class's ``check`` method. Pure functions of the config,
+so every rank reaches the same verdict before any collective."""
+
+from __future__ import annotations
+
+from fednest_mpi.config.registries import ALGORITHMS, PROBLEMS
+from fednest_mpi.config.run_params import RunConfig
+from fednest_mpi.errors import ConfigError
+
+
+def validate_relations(cfg: RunConfig) -> None:
+    """The checks that involve several sections, after each section's own ``check()`` (a parameter class
+    may define one: the built-ins' and the plugins' alike)."""
+    p, a = cfg.problem, cfg.algorithm
+    alg, prob = ALGORITHMS[a.name], PROBLEMS[p.name]
+    if a.clients_per_round > p.n_clients:
+        raise ConfigError(
+            f"algorithm.clients_per_round: {a.clients_per_round} is more than problem.n_clients = {p.n_clients}; "
+            "lower it or add clients"
+        )
+    for params in (p, a):
+        check = getattr(params, "check", None)  # the checks among one section's own fields
+        if check is not None:
+            check()
+    if not prob.saddle_point and getattr(a, "hypergradient", None) == "direct":
+        raise ConfigError(
+            "algorithm.hypergradient: 'direct' drops the indirect gradient, which is zero only for minimax problems "
+            "(g = -f); "
+            f"use 'implicit' for problem {p.name!r}"
+        )
+    if not alg.accepts(p.name):
+        fits = [s.name for s in ALGORITHMS.values() if s.accepts(p.name)]
+        raise ConfigError(
+            f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems or ()))}; "
+            f"choose one of {', '.join(fits)} for problem {p.name!r}"
+        )
+    if alg.stateful and cfg.federation.placement != "block":
+        raise ConfigError(
+            f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
+            "use placement = 'block'"
+        )
+    if getattr(p, "pooled_outer_objective", False) and not alg.pools_outer_objective:
+        pooling = " or ".join(repr(s.name) for s in ALGORITHMS.values() if s.pools_outer_objective)
+        raise ConfigError(
+            f"problem.outer_objective: {p.outer_objective!r} is a loss of the pooled validation set, which only "
+            f"FedOut's global hypergradient can pool (one extra round); use algorithm.name = {pooling}, "
+            f"or outer_objective = 'balanced' with {a.name!r}"
+        )
+
+
+def validate_world(cfg: RunConfig, world_size: int) -> None:
+    """Checks that depend on the MPI world; identical on every rank."""
+    if world_size > cfg.problem.n_clients:
+        raise ConfigError(
+            f"problem.n_clients: {cfg.problem.n_clients} clients cannot fill {world_size} MPI ranks; "
+            f"use at most {cfg.problem.n_clients} ranks (mpiexec -n) or more clients"
+        )

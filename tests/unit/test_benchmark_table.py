@@ -1,0 +1,137 @@
+"""The benchmark table (post.benchmark, `fednest-mpi report --benchmark`): rounds and bytes to a target and the
+value at a budget, mean ± sd over seeds, one row per algorithm and setting, each checked against the run files."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from small_configs import make_config
+
+from fednest_mpi import cli, config, post
+from fednest_mpi.errors import UsageError
+from fednest_mpi.io.h5 import RunWriter, read_run
+from fednest_mpi.runner import Simulation
+
+TARGET, BUDGET = 0.3, 60
+
+
+def _write_run(path, seed: int, **algorithm) -> None:
+    cfg = make_config(seed=seed, algorithm={"outer_iterations": 12, **algorithm}, run={"output": str(path)})
+    sim = Simulation(cfg, MPI.COMM_SELF)
+    attrs = {
+        "mpi_size": 1,
+        "seed": seed,
+        "problem": "quadratic",
+        "algorithm": cfg.algorithm.name,
+        "config_json": cfg.to_json(),
+    }
+    writer = RunWriter(path, attrs, sim.columns())
+    try:
+        sim.run(writer=writer)
+    finally:
+        writer.close()
+
+
+@pytest.fixture(scope="module")
+def bench_file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    runs = root / "quadratic"
+    runs.mkdir()
+    for seed in (0, 1, 2):
+        _write_run(runs / f"fednest_s{seed}.h5", seed, name="fednest")
+        for lr in (0.05, 0.2):  # a tuning grid: one row per setting
+            _write_run(runs / f"lfednest_lr{lr}_s{seed}.h5", seed, name="lfednest", outer_lr=lr)
+    path = root / "table.toml"
+    path.write_text(
+        f'[[task]]\nname = "quadratic"\nruns = "quadratic"\nmetric = "x_error"\ntarget = {TARGET}\n'
+        f"budget_rounds = {BUDGET}\n"
+    )
+    return path
+
+
+def _by_hand(paths):
+    rounds, at_budget = [], []
+    for p in paths:
+        _, d = read_run(p)
+        hit = np.flatnonzero(d["x_error"] <= TARGET)
+        rounds.append(d["comm_rounds"][hit[0]] if hit.size else np.nan)
+        ran_the_budget = d["comm_rounds"][-1] >= BUDGET  # else no value at the budget (LFedNest: 24 rounds)
+        at_budget.append(d["x_error"][np.flatnonzero(d["comm_rounds"] <= BUDGET)[-1]] if ran_the_budget else np.nan)
+    return np.array(rounds, dtype=float), np.array(at_budget)
+
+
+def test_rows_are_algorithms_and_settings_with_numbers_from_the_files(bench_file):
+    (task,) = post.read_benchmark_file(bench_file)
+    rows = post.benchmark.task_rows(task)
+    assert [(r.algorithm, r.setting) for r in rows] == [
+        ("fednest", {}),
+        ("lfednest", {"algorithm.outer_lr": 0.05}),
+        ("lfednest", {"algorithm.outer_lr": 0.2}),
+    ]
+    for row in rows:
+        assert [r.config["seed"] for r in row.runs] == [0, 1, 2]
+        rounds, at_budget = _by_hand([r.path for r in row.runs])
+        np.testing.assert_array_equal(np.asarray(row.rounds_to_target), rounds)
+        np.testing.assert_array_equal(np.asarray(row.value_at_budget), at_budget)
+    assert np.isfinite(rows[0].rounds_to_target).all()  # FedNest reaches 0.3 within 12 iterations
+
+
+def test_the_markdown_cells_and_config_links(bench_file, tmp_path, capsys):
+    configs = tmp_path / "benchmarks"
+    assert cli.main(["report", "--benchmark", str(bench_file), "--configs-dir", str(configs)]) == 0
+    text = capsys.readouterr().out
+    (task,) = post.read_benchmark_file(bench_file)
+    fednest = post.benchmark.task_rows(task)[0]
+    rounds, at_budget = _by_hand([r.path for r in fednest.runs])
+    line = next(line for line in text.splitlines() if line.startswith("| fednest |"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[2] == "3"
+    mean_sd = f"{post.format_number(rounds.mean())} ± {post.format_number(rounds.std(ddof=1))} (3/3)"
+    assert cells[3] == mean_sd
+    assert cells[5] == f"{post.format_number(at_budget.mean())} ± {post.format_number(at_budget.std(ddof=1))}"
+    link = cells[6].split("(")[1].rstrip(")")
+    cfg = config.from_dict(json.loads((configs.parent / link).read_text()))  # the linked config reruns the row
+    assert cfg.algorithm.name == "fednest" and cfg.seed == 0
+    assert "lfednest | outer_lr=0.05" in text
+
+
+def test_a_target_never_reached_says_so(bench_file, tmp_path):
+    other = tmp_path / "t.toml"
+    other.write_text(
+        bench_file.read_text()
+        .replace(f"target = {TARGET}", "target = 1e-300")
+        .replace('runs = "quadratic"', f'runs = "{bench_file.parent / "quadratic"}"')
+    )
+    assert "not reached (0/3)" in post.benchmark_table(other)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "no [[task]] tables"),
+        (
+            '[[task]]\nname = "q"\nruns = "r"\nmetric = "x_error"\ntarget = "low"\nbudget_rounds = 5\n',
+            "task 1: target: expected a number",
+        ),
+        (
+            '[[task]]\nname = "q"\nruns = "nowhere"\nmetric = "x_error"\ntarget = 1\nbudget_rounds = 5\nseeds = 3\n',
+            "unknown field(s) seeds",
+        ),
+    ],
+)
+def test_a_bad_benchmark_file_is_one_usage_error(tmp_path, text, message):
+    path = tmp_path / "b.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        post.benchmark_table(path)
+
+
+def test_missing_runs_name_the_sweep_to_run(tmp_path):
+    path = tmp_path / "b.toml"
+    path.write_text('[[task]]\nname = "q"\nruns = "nowhere"\nmetric = "x_error"\ntarget = 1\nbudget_rounds = 5\n')
+    with pytest.raises(UsageError, match="does not exist; run the task's sweep first"):
+        post.benchmark_table(path)
