@@ -87,11 +87,6 @@ def test_fednest_on_the_derived_quadratic_reaches_the_closed_form_solution():
 
 
 # -- against the hand-written oracles of hyper-representation and loss tuning ------------------------
-def _derived_of(problem_cfg, cls):
-    cfg = types.SimpleNamespace(**dataclasses.asdict(problem_cfg), derived_oracles=True, model="")
-    return cls(cfg, 3, range(problem_cfg.n_clients), dtype=torch.float64)
-
-
 @pytest.mark.needs_data("mnist")
 @pytest.mark.parametrize(
     "name, fields, cls",
@@ -104,7 +99,8 @@ def _derived_of(problem_cfg, cls):
 def test_derived_oracles_equal_the_hand_written_ones(name, fields, cls):
     p = small_mnist_config(name, batch_size=2, hypergradient_batch_size=2, **fields).problem
     reference = build_problem(p, 3, range(p.n_clients), dtype=torch.float64)
-    derived = _derived_of(p, cls)
+    derived = build_problem(dataclasses.replace(p, derived_oracles=True), 3, range(p.n_clients), dtype=torch.float64)
+    assert type(derived) is cls
     x, y = reference.initial_point()
     x2, y2 = derived.initial_point()
     assert torch.equal(x, x2) and torch.equal(y, y2)

@@ -74,6 +74,16 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
     inner: ClientSplit
     outer: ClientSplit
 
+    @classmethod
+    def implementation_for(cls, cfg):
+        """The derived oracles over a network (:class:`~fednest_mpi.problems.models.ModelLossTuning`) when
+        ``cfg.model`` or ``cfg.derived_oracles`` asks for them; else these closed forms."""
+        if cfg.model or cfg.derived_oracles:
+            from fednest_mpi.problems.models import ModelLossTuning
+
+            return ModelLossTuning
+        return cls
+
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
         super().__init__()
         self.cfg, self.seed = cfg, seed

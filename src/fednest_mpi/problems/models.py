@@ -41,19 +41,12 @@ _EVAL_CHUNK = 5000
 _TILE = 256  # rows per call of the body when its features are computed once per x
 
 
-def uses_model(cfg) -> bool:
-    """Whether a hyper_representation / loss_tuning config runs on the derived oracles."""
-    return bool(getattr(cfg, "model", "")) or bool(getattr(cfg, "derived_oracles", False))
-
-
 def user_module(cfg) -> nn.Module | None:
     """The network ``problem.model`` names, built with no arguments; None for the default."""
     target = getattr(cfg, "model", "")
     if not target:
         return None
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"problem.model: {target!r} is not of the form 'module:Class'; write e.g. 'my_nets:LeNet'")
+    module_name, _, attr = target.partition(":")  # the form is checked with the config
     try:
         factory = import_class(target)
     except ImportError as exc:
@@ -81,14 +74,6 @@ def _mlp(widths) -> nn.Sequential:
 def _meta(module: nn.Module) -> nn.Module:
     """The module without storage for its parameters (torch.func replaces them at every call)."""
     return module.to("meta")
-
-
-def _check_no_dropout(cfg) -> None:
-    if getattr(cfg, "dropout", 0.0) > 0:
-        raise ConfigError(
-            "problem.dropout: the derived oracles (problem.model / derived_oracles) take no dropout; "
-            "set problem.dropout = 0, or use the closed-form oracles"
-        )
 
 
 class _ImageLosses(LossProblem):
@@ -153,7 +138,6 @@ class ModelHyperRepresentation(_ImageLosses):
 
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
         super().__init__()
-        _check_no_dropout(cfg)
         self._setup(cfg, seed, clients, device, dtype)
         module = user_module(cfg)
         self.default_body = module is None
