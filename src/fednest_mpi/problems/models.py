@@ -71,11 +71,6 @@ def _mlp(widths) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def _meta(module: nn.Module) -> nn.Module:
-    """The module without storage for its parameters (torch.func replaces them at every call)."""
-    return module.to("meta")
-
-
 class _ImageLosses(LossProblem):
     """What both problems share: the image clients, weighted cross-entropy, test logits in chunks."""
 
@@ -101,14 +96,15 @@ class _ImageLosses(LossProblem):
         return super().client_bytes() + 8 * split * self._activation_numbers * self.dtype.itemsize
 
     def _count_activations(self) -> int:
-        """Numbers of every intermediate output of the network for one sample (forward hooks, meta tensors)."""
+        """Numbers of every intermediate output of the network for one sample (forward hooks, one dry run)."""
         total = [0]
         hooks = [
             m.register_forward_hook(lambda _m, _i, out: total.__setitem__(0, total[0] + out.numel()))
             for m in self.network.module.modules()
         ]
         try:
-            self.network.module(torch.zeros(1, N_PIXELS, device="meta"))
+            with torch.no_grad():
+                self.network.module(torch.zeros(1, N_PIXELS))
         finally:
             for h in hooks:
                 h.remove()
@@ -144,9 +140,10 @@ class ModelHyperRepresentation(_ImageLosses):
         body = _mlp((N_PIXELS, cfg.hidden)) if module is None else module
         if self.default_body:
             body.append(nn.ReLU())
-        self.network = ModuleParameters(_meta(body), x_names=[n for n, _ in body.named_parameters()])
+        self.network = ModuleParameters(body, x_names=[n for n, _ in body.named_parameters()])
         self._activation_numbers = self._count_activations()
-        self.hidden = int(self.network.module(torch.zeros(1, N_PIXELS, device="meta")).shape[-1])
+        with torch.no_grad():
+            self.hidden = int(self.network.module(torch.zeros(1, N_PIXELS)).shape[-1])
         self.dim_x, self.dim_y = self.network.dim_x, N_CLASSES * self.hidden + N_CLASSES
         self._store = FeatureStore()
 
@@ -253,7 +250,7 @@ class ModelLossTuning(_ImageLosses):
         module = user_module(cfg)
         self.default_network = module is None
         widths = (N_PIXELS, *(h for h in (cfg.hidden1, cfg.hidden2) if h > 0), N_CLASSES)
-        self.network = ModuleParameters(_meta(_mlp(widths) if module is None else module))
+        self.network = ModuleParameters(_mlp(widths) if module is None else module)
         self._activation_numbers = self._count_activations()
         self.dim_x, self.dim_y = 2 * N_CLASSES, self.network.dim_y
 
