@@ -236,3 +236,51 @@ def test_module_parameters_split_into_x_and_y_and_call_the_module_functionally()
     assert float(a[:18].abs().max()) <= 1 / 3 and float(a[:18].abs().max()) > 0.2  # U(+-1/sqrt(9))
     with pytest.raises(ValueError, match="buffers"):
         ModuleParameters(nn.BatchNorm1d(3))
+
+
+# -- a user's network: the example's LeNet as the body of hyper-representation -------------------------
+@pytest.mark.needs_data("mnist")
+def test_a_cnn_body_gets_per_client_oracles_equal_to_plain_autograd_on_the_module():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "cnn_hyperrep"))
+    p = small_mnist_config(
+        "hyper_representation",
+        model="fednest_cnn_hyperrep:LeNet",
+        n_clients=300,
+        batch_size=3,
+        hypergradient_batch_size=4,
+    ).problem
+    problem = build_problem(p, 3, range(p.n_clients), dtype=torch.float64)
+    assert isinstance(problem, ModelHyperRepresentation) and problem.hidden == 84
+    x, y = problem.initial_point()
+    net = problem.network
+    ids, s = np.array([2, 5, 9]), Sample(8, 1)
+    gen = torch.Generator().manual_seed(0)
+    (shared, (X, Y)), V = _blocks(problem, x, y, gen, 3)
+    rows = {o: getattr(problem, o)(ids, X, Y, *((V,) if o in SECOND else ()), s) for o in ORACLES}
+    for o, out in rows.items():  # empty blocks, one-client blocks
+        assert getattr(problem, o)(ids[:0], X[:0], Y[:0], *((V[:0],) if o in SECOND else ()), s).shape[0] == 0
+        alone = getattr(problem, o)(ids[1:2], X[1:2], Y[1:2], *((V[1:2],) if o in SECOND else ()), s)
+        torch.testing.assert_close(alone[0], out[1], rtol=1e-12, atol=1e-14)
+    b = 1  # client 5 by plain autograd on the module's own parameters (no torch.func)
+    module = net.module.double()
+    for param, value in zip(module.parameters(), net.parameters(X[b], None).values()):
+        param.data.copy_(value)
+    yl = Y[b].clone().requires_grad_()
+    params = list(module.parameters())
+
+    def loss(split, size, inner):
+        batch = problem.client_batch(split, ids[b : b + 1], s, size)
+        z = problem._head(yl, module(batch["inputs"][0]))
+        ce = (batch["weight"][0] * nn.functional.cross_entropy(z, batch["targets"][0], reduction="none")).sum()
+        return ce + (0.5 * p.inner_regularization * (yl * yl).sum() if inner else 0.0)
+
+    f = loss("outer", 4, False)
+    gx = torch.autograd.grad(f, params)
+    torch.testing.assert_close(rows["grad_x_outer"][b], torch.cat([g.flatten() for g in gx]), rtol=1e-10, atol=1e-12)
+    g = loss("inner", 4, True)
+    gy = torch.autograd.grad(g, yl, create_graph=True)[0]
+    hv = torch.autograd.grad(gy @ V[b], [yl, *params])
+    torch.testing.assert_close(rows["hvp_yy_inner"][b], hv[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        rows["jvp_xy_inner"][b], torch.cat([h.flatten() for h in hv[1:]]), rtol=1e-10, atol=1e-12
+    )
