@@ -78,7 +78,12 @@ PROBLEM_DATA = {
 }
 #: plugins registered by the tests (tests/plugins, examples/), checked by every registry-wide test like a built-in
 TEST_PLUGINS = {
-    "problem": ["tiny_plugins:TinyQuadratic", "derived_plugins:LossQuadratic", "fednest_hyper_cleaning:HyperCleaning"],
+    "problem": [
+        "tiny_plugins:TinyQuadratic",
+        "derived_plugins:LossQuadratic",
+        "feature_weights:FeatureWeights",
+        "fednest_hyper_cleaning:HyperCleaning",
+    ],
     "algorithm": ["fednest_server_momentum:FedNestMomentum"],
 }
 

@@ -23,6 +23,8 @@ draw from torch's global generator, which ``torch.func.vmap(randomness="error")`
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -75,6 +77,7 @@ class _ImageLosses(LossProblem):
     """What both problems share: the image clients, weighted cross-entropy, test logits in chunks."""
 
     network: ModuleParameters
+    _activation_numbers: int  #: outputs of every layer of the network for one sample (client_bytes)
 
     def _setup(self, cfg, seed, clients, device, dtype, select=None):
         self.cfg, self.seed = cfg, seed
@@ -85,13 +88,14 @@ class _ImageLosses(LossProblem):
         self.test_inputs, self.test_targets = data.test_inputs, data.test_targets
         return data
 
+    @abstractmethod
     def _logits(self, x, y, inputs):
-        raise NotImplementedError
+        """Logits (n, 10) of one client's (n, 784) rows at x (d1,) and y (d2,)."""
 
     def client_bytes(self) -> int:
         """Per client: rows of x and y (iterates, gradients, tangents) and the activations of the
-        network on a whole split (forward and its tangent, backward and its tangent), measured once
-        on one sample by the size of its largest intermediate."""
+        network on a whole split (forward and its tangent, backward and its tangent): 8 numbers per
+        output of every layer, counted once on one sample."""
         split = max(self.samples.splits[s].index.shape[1] for s in self.samples.splits)
         return super().client_bytes() + 8 * split * self._activation_numbers * self.dtype.itemsize
 
@@ -137,9 +141,7 @@ class ModelHyperRepresentation(_ImageLosses):
         self._setup(cfg, seed, clients, device, dtype)
         module = user_module(cfg)
         self.default_body = module is None
-        body = _mlp((N_PIXELS, cfg.hidden)) if module is None else module
-        if self.default_body:
-            body.append(nn.ReLU())
+        body = nn.Sequential(*_mlp((N_PIXELS, cfg.hidden)), nn.ReLU()) if module is None else module
         self.network = ModuleParameters(body, x_names=[n for n, _ in body.named_parameters()])
         self._activation_numbers = self._count_activations()
         with torch.no_grad():
@@ -195,6 +197,9 @@ class ModelHyperRepresentation(_ImageLosses):
         if not store.matches(x):
             store.reset(x)
         width = part.index.shape[1]
+        hit = store.lookup(split, clients, width)  # the last set (FedInn's steps) or a stored block: no search
+        if hit is not None:
+            return hit
         missing = store.missing(split, clients)
         if missing.size:
             if 2 * missing.size > clients.size:  # mostly new: one block of the whole set
