@@ -284,3 +284,13 @@ def test_a_cnn_body_gets_per_client_oracles_equal_to_plain_autograd_on_the_modul
     torch.testing.assert_close(
         rows["jvp_xy_inner"][b], torch.cat([h.flatten() for h in hv[1:]]), rtol=1e-10, atol=1e-12
     )
+
+
+def test_a_bad_model_is_one_clear_line():
+    with pytest.raises(config.ConfigError, match=r"problem.model: 'LeNet' is not of the form 'module:Class'"):
+        small_mnist_config("hyper_representation", model="LeNet")
+    with pytest.raises(config.ConfigError, match="problem.dropout: the derived oracles"):
+        small_mnist_config("hyper_representation", derived_oracles=True, dropout=0.5)
+    p = small_mnist_config("loss_tuning", model="no_such_module_here:Net").problem
+    with pytest.raises(config.ConfigError, match="problem.model: cannot import module 'no_such_module_here'"):
+        build_problem(p, 0, range(0))
