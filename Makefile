@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 MPIEXEC ?= $(BIN)/mpiexec
 # every test command runs under a hard time limit, so a deadlock fails instead of hanging
 TIMEOUT ?= timeout -k 10 1800
-MPI_TIMEOUT ?= timeout -k 10 300
+MPI_TIMEOUT ?= timeout -k 10 900
 export MPI4PY_RC_THREAD_LEVEL ?= single
 export OMP_NUM_THREADS ?= 1
 

@@ -66,7 +66,8 @@ SMALL_PROBLEMS = {
     "compositional": {"n_clients": 6, "dim_x": 2, "dim_y": 3},
     "synthetic": small_synthetic(n_clients=12),
     "fairness": {"n_clients": 6},
-    "fednest_hyper_cleaning:HyperCleaning": {"n_clients": 6, "n_samples": 300, "batch_size": 4, "partition": "iid"},
+    "hyper_cleaning": {"n_clients": 6, "n_samples": 300, "batch_size": 4, "partition": "iid"},
+    "fednest_ridge_tuning:RidgeTuning": {"n_clients": 6, "dim": 5, "train_samples": 3, "val_samples": 2},
     "derived_plugins:LossQuadratic": {"n_clients": 6, "dim_x": 3, "dim_y": 4},
 }
 #: the data set (a folder of DATA) a problem reads
@@ -74,25 +75,27 @@ PROBLEM_DATA = {
     "hyper_representation": "mnist",
     "loss_tuning": "mnist",
     "fairness": "adult",
-    "fednest_hyper_cleaning:HyperCleaning": "mnist",
+    "hyper_cleaning": "mnist",
 }
 #: plugins registered by the tests (tests/plugins, examples/), checked by every registry-wide test like a built-in
 TEST_PLUGINS = {
     "problem": [
         "tiny_plugins:TinyQuadratic",
+        "fednest_ridge_tuning:RidgeTuning",
         "derived_plugins:LossQuadratic",
         "feature_weights:FeatureWeights",
-        "fednest_hyper_cleaning:HyperCleaning",
     ],
     "algorithm": ["fednest_server_momentum:FedNestMomentum"],
 }
 
 
 def register_test_plugins() -> None:
-    """Put the test plugins' folders on ``sys.path`` and register them, as a user's config naming them would."""
+    """Put the test plugins' folders on ``sys.path`` and register them, as a user's config naming them would;
+    load every built-in that is provided by name (loaded only when first named), so that the registries hold
+    every entry."""
     for folder in (
         TESTS / "plugins",
-        TESTS.parent / "examples" / "hyper_cleaning",
+        TESTS.parent / "examples" / "ridge_tuning",
         TESTS.parent / "examples" / "server_momentum",
     ):
         if str(folder) not in sys.path:
@@ -101,6 +104,9 @@ def register_test_plugins() -> None:
         config.PROBLEMS.resolve(name)
     for name in TEST_PLUGINS["algorithm"]:
         config.ALGORITHMS.resolve(name)
+    for registry in (config.PROBLEMS, config.ALGORITHMS):
+        for name in list(registry.provided):
+            registry.resolve(name)
 
 
 def small_problem_section(name: str) -> dict:

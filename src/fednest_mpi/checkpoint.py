@@ -13,7 +13,14 @@ output path with ``.ckpt`` appended)::
 Randomness needs no saving: every stream is keyed by ``(seed, purpose, k, ...)``
 (:mod:`fednest_mpi.rng`), so the iteration counter *is* the position of every random stream.
 
-Every file is written atomically (a temporary file in the same folder, fsync, ``os.replace``).
+Every file starts with a line ``fednest-mpi/checkpoint VERSION SHA256`` (the digest of the rest),
+and the manifest records the SHA-256 of every client file and the identity of the run (the
+config's digest, the iteration, the rank count; each client file repeats them with its rank), so
+a resume refuses a damaged file, a file of another run, iteration or rank, and a missing one,
+naming it (:func:`load`, :func:`check_client_files`), before any collective.
+
+Every file is written atomically (a unique temporary name in the same folder, created
+exclusively, fsync, ``os.replace``: :mod:`fednest_mpi.atomic`).
 The manifest is the commit point: it is replaced only once every client file of the new
 checkpoint is complete, and the client files of older checkpoints are deleted only after that,
 so a crash at any moment leaves the previous checkpoint whole. Client files are keyed by client
@@ -23,26 +30,38 @@ id, not by rank: a restart on any number of ranks reads the files holding the id
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
 import os
-import signal
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fednest_mpi import config
+from fednest_mpi import atomic, config
 from fednest_mpi.errors import UsageError
 
 FORMAT = "fednest-mpi/checkpoint"
-VERSION = 1
+VERSION = 2  # 2: a header line with the payload's SHA-256; the manifest records every client file's SHA-256
 MANIFEST = "state.pt"
 # config fields a resumed run may change: they do not enter the iterates or the recorded values
 RESUMABLE_CHANGES = frozenset(
-    {"algorithm.outer_iterations", "run.log_every", "run.progress", "run.overwrite", "run.checkpoint_every"}
+    {
+        "algorithm.outer_iterations",
+        "run.log_every",
+        "run.progress",
+        "run.overwrite",
+        "run.checkpoint_every",
+        "run.stop_timeout",
+        "run.round_timeout",
+    }
 )
 
+PATH_FIELDS = ("run.output", "run.checkpoint_dir")  # compared as the files they name
 ClientStates = dict[str, tuple[np.ndarray, torch.Tensor]]
 
 
@@ -63,6 +82,7 @@ class Checkpoint:
     mpi_size: int
     algorithm_state: dict[str, torch.Tensor] = field(default_factory=dict)
     client_files: dict[str, torch.Tensor] = field(default_factory=dict)  # file name -> the client ids it holds
+    client_digests: dict[str, str] = field(default_factory=dict)  # file name -> SHA-256 of the whole file
 
 
 def folder_of(cfg) -> Path:
@@ -71,54 +91,104 @@ def folder_of(cfg) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------
-# files
+# files: a header line with the SHA-256 of the payload, then the payload (torch.save bytes)
 
 
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def config_digest(config_json: str) -> str:
+    """The identity of a run's config: the SHA-256 of its canonical JSON."""
+    return digest(config_json.encode())
+
+
+def _encode(obj) -> bytes:
+    """``obj`` as checkpoint file bytes: ``fednest-mpi/checkpoint VERSION SHA256\n`` and ``torch.save(obj)``."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    payload = buffer.getvalue()
+    return f"{FORMAT} {VERSION} {digest(payload)}\n".encode() + payload
+
+
+def atomic_save(obj, path: Path) -> str:
+    """Save ``obj`` to ``path`` such that ``path`` is either its old or its new content (through a
+    temporary name no planted link redirects, :mod:`fednest_mpi.atomic`); the file's SHA-256."""
+    data = _encode(obj)
+    atomic.write_bytes(path, data)
+    return digest(data)
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file ``path``; a FIFO, device or folder is refused without blocking."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_save(obj, path: Path) -> None:
-    """``torch.save(obj)`` to ``path`` such that ``path`` is either its old or its new content."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_folder(path.parent)
-
-
-def _load(path: Path) -> dict:
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise UsageError(
             f"checkpoint file '{path}' is missing: the checkpoint folder was changed by hand; "
             "restore the file or start the run again without --resume"
         ) from None
+    except OSError as exc:
+        raise UsageError(f"checkpoint file '{path}' cannot be opened ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(
+                f"checkpoint file '{path}' is not a regular file (a FIFO, device or folder); "
+                "restore the file or start the run again without --resume"
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _load(path: Path, expected_digest: str | None = None) -> dict:
+    """The payload of checkpoint file ``path``, after checking its header, its own digest and (if
+    given) that the whole file's SHA-256 is ``expected_digest`` (the manifest's record of it)."""
+    data = _read_regular(path)
+    if expected_digest is not None and digest(data) != expected_digest:
+        raise UsageError(
+            f"checkpoint file '{path}' is not the one its checkpoint's {MANIFEST} recorded (SHA-256 differs: "
+            f"damaged, or copied from another run, rank or iteration){_identity_of(data)}; restore it or start "
+            "the run again without --resume"
+        )
+    head, newline, payload = data.partition(b"\n")
+    fields = head.decode("ascii", "replace").split(" ")
+    if not newline or fields[0] != FORMAT or len(fields) != 3:
+        raise UsageError(f"'{path}' is not a fednest-mpi checkpoint file (of this version); start the run again")
+    if fields[1] != str(VERSION):
+        raise UsageError(
+            f"checkpoint '{path}' has format version {fields[1]}, this fednest-mpi reads "
+            f"version {VERSION}; resume it with the fednest-mpi version that wrote it"
+        )
+    if digest(payload) != fields[2]:
+        raise UsageError(
+            f"checkpoint file '{path}' is damaged (its SHA-256 differs from the one written with it); "
+            "start the run again without --resume"
+        )
+    try:
+        obj = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- torch.load raises many kinds for a damaged file
         raise UsageError(
             f"checkpoint file '{path}' cannot be read ({type(exc).__name__}: {exc}); "
             "start the run again without --resume"
         ) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(obj, dict):
         raise UsageError(f"'{path}' is not a fednest-mpi checkpoint file")
-    if data.get("version") != VERSION:
-        raise UsageError(
-            f"checkpoint '{path}' has format version {data.get('version')}, this fednest-mpi reads "
-            f"version {VERSION}; resume it with the fednest-mpi version that wrote it"
+    return obj
+
+
+def _identity_of(data: bytes) -> str:
+    """What a client file says it is (for the message about a foreign file), or ''."""
+    try:
+        obj = torch.load(io.BytesIO(data.partition(b"\n")[2]), map_location="cpu", weights_only=True)
+        who = obj["identity"]
+        return (
+            f" (it holds rank {who['rank']}'s clients at iteration {who['iteration']} of a run with config "
+            f"{who['config_sha256'][:12]})"
         )
-    return data
+    except Exception:  # noqa: BLE001 -- any damage: nothing to add
+        return ""
 
 
 def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates) -> None:
@@ -126,7 +196,7 @@ def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates
 
     **Collective** over ``comm`` (a gather of file names to rank 0, then a barrier: every rank
     returns once the checkpoint is complete). Rank 0's ``ckpt`` is saved; ``ckpt.client_files``
-    is filled in here.
+    and ``ckpt.client_digests`` are filled in here.
     """
     folder = Path(folder)
     rank = comm.Get_rank()
@@ -138,8 +208,14 @@ def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates
             key: (torch.as_tensor(np.asarray(ids), dtype=torch.int64), rows.detach().cpu())
             for key, (ids, rows) in client_states.items()
         }
-        atomic_save({"format": FORMAT, "version": VERSION, "states": states}, folder / name)
-        mine = (name, torch.unique(torch.cat([ids for ids, _ in states.values()])))
+        identity = {
+            "config_sha256": config_digest(ckpt.config_json),
+            "iteration": ckpt.iteration,
+            "rank": rank,
+            "mpi_size": ckpt.mpi_size,
+        }
+        sha = atomic_save({"identity": identity, "states": states}, folder / name)
+        mine = (name, torch.unique(torch.cat([ids for ids, _ in states.values()])), sha)
     written = comm.gather(mine, root=0)
     if rank == 0:
         _commit(folder, ckpt, written)
@@ -148,29 +224,55 @@ def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates
 
 def _commit(folder: Path, ckpt: Checkpoint, written: list) -> None:
     """Rank 0: write the manifest naming the client files just ``written``, then drop older ones."""
-    ckpt.client_files = dict(item for item in written if item is not None)
+    ckpt.client_files = {name: ids for name, ids, _ in (w for w in written if w is not None)}
+    ckpt.client_digests = {name: sha for name, _, sha in (w for w in written if w is not None)}
     record = {f.name: getattr(ckpt, f.name) for f in dataclasses.fields(ckpt)}
     record["x"], record["y"] = ckpt.x.detach().cpu(), ckpt.y.detach().cpu()
     record["algorithm_state"] = {key: value.detach().cpu() for key, value in ckpt.algorithm_state.items()}
-    atomic_save({"format": FORMAT, "version": VERSION, **record}, folder / MANIFEST)
+    record["config_sha256"] = config_digest(ckpt.config_json)
+    atomic_save(record, folder / MANIFEST)
     # the new checkpoint is complete: the client files of older (or unfinished) ones can go
-    for stale in [*folder.glob("clients-*.pt"), *folder.glob(".*.tmp*")]:
+    for stale in [*folder.glob("clients-*.pt"), *folder.glob(".*.tmp")]:
         if stale.name not in ckpt.client_files:
             stale.unlink(missing_ok=True)
 
 
 def load(folder: str | Path) -> Checkpoint:
-    """The latest checkpoint in ``folder`` (its replicated part); UsageError when there is none."""
+    """The latest checkpoint in ``folder`` (its replicated part), its manifest checked (digest, fields,
+    config); UsageError when there is none or it is damaged."""
     folder = Path(folder)
     path = folder / MANIFEST
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise UsageError(
             f"--resume: no checkpoint in '{folder}' (no {MANIFEST}); run without --resume to start "
             "the run, or set run.checkpoint_dir to the folder of the run you want to continue"
         )
     data = _load(path)
     names = {f.name for f in dataclasses.fields(Checkpoint)}
-    return Checkpoint(**{k: v for k, v in data.items() if k in names})
+    missing = sorted(names - set(data))
+    if missing:
+        raise UsageError(f"checkpoint file '{path}' lacks {', '.join(missing)}; start the run again without --resume")
+    ckpt = Checkpoint(**{k: v for k, v in data.items() if k in names})
+    try:
+        saved = json.loads(ckpt.config_json)
+        assert isinstance(saved, dict) and config_digest(ckpt.config_json) == data.get("config_sha256")
+        assert set(ckpt.client_files) == set(ckpt.client_digests)
+    except Exception:  # noqa: BLE001 -- any inconsistency of the manifest
+        raise UsageError(
+            f"checkpoint file '{path}' holds a damaged config or file list; start the run again without --resume"
+        ) from None
+    return ckpt
+
+
+def check_client_files(folder: str | Path, ckpt: Checkpoint) -> None:
+    """Refuse (UsageError naming the file) unless every client file ``ckpt`` names is there, is the
+    very file its manifest recorded (SHA-256) and belongs to this run and iteration. No MPI."""
+    for name in sorted(ckpt.client_files):
+        if not re.fullmatch(rf"clients-k{ckpt.iteration:09d}-r\d{{5}}\.pt", name):
+            raise UsageError(
+                f"checkpoint file '{Path(folder) / MANIFEST}' names a client file {name!r} of another iteration"
+            )
+        _load(Path(folder) / name, ckpt.client_digests[name])
 
 
 def load_client_states(folder: str | Path, ckpt: Checkpoint, clients) -> ClientStates:
@@ -182,7 +284,19 @@ def load_client_states(folder: str | Path, ckpt: Checkpoint, clients) -> ClientS
     for name, ids in ckpt.client_files.items():
         if not np.isin(ids.numpy(), wanted).any():
             continue
-        for key, (ids_k, rows) in _load(Path(folder) / name)["states"].items():
+        path = Path(folder) / name
+        content = _load(path, ckpt.client_digests[name])
+        try:
+            states = content["states"]
+            found = torch.unique(torch.cat([ids_k for ids_k, _ in states.values()]))
+            complete = torch.equal(found, torch.unique(ids))
+        except Exception:  # noqa: BLE001 -- a file of another layout
+            complete = False
+        if not complete:
+            raise UsageError(
+                f"checkpoint file '{path}' does not hold the clients its manifest lists; start the run again"
+            )
+        for key, (ids_k, rows) in states.items():
             keep = torch.from_numpy(np.isin(ids_k.numpy(), wanted))
             parts.setdefault(key, []).append((ids_k[keep], rows[keep]))
     out = {}
@@ -207,6 +321,11 @@ def config_differences(saved_json: str, cfg) -> list[str]:
     if isinstance(saved.get("algorithm"), dict):
         saved["algorithm"] = config.algorithm_fields(cfg.algorithm.name, saved["algorithm"])
     flat = [config.flatten_config(c, hashable=False) for c in (saved, json.loads(cfg.to_json()))]
+    for key in PATH_FIELDS:  # the same file however it is spelled (./runs/x.h5, runs/x.h5, /abs/runs/x.h5)
+        values = [f.get(key) for f in flat]
+        if all(isinstance(v, str) and v for v in values) and len({os.path.realpath(str(v)) for v in values}) == 1:
+            for f in flat:
+                f.pop(key)
     return [
         f"{key}: checkpoint {then!r}, now {now!r}"
         for key, (then, now) in config.differing_fields(flat, ignore=RESUMABLE_CHANGES).items()
@@ -215,7 +334,13 @@ def config_differences(saved_json: str, cfg) -> list[str]:
 
 def check_resumable(ckpt: Checkpoint, cfg) -> None:
     """UsageError unless ``cfg`` may continue ``ckpt`` (same config up to :data:`RESUMABLE_CHANGES`)."""
-    diffs = config_differences(ckpt.config_json, cfg)
+    try:
+        diffs = config_differences(ckpt.config_json, cfg)
+    except Exception as exc:  # noqa: BLE001 -- a config of another shape inside the checkpoint
+        raise UsageError(
+            f"--resume: the config inside the checkpoint cannot be compared with this one ({type(exc).__name__}: "
+            f"{exc}); start the run again without --resume"
+        ) from None
     if diffs:
         raise UsageError(
             "--resume: the config differs from the checkpoint's in "
@@ -228,33 +353,3 @@ def check_resumable(ckpt: Checkpoint, cfg) -> None:
             f"--resume: the checkpoint is at iteration {ckpt.iteration}, beyond algorithm.outer_iterations "
             f"= {cfg.algorithm.outer_iterations}; raise outer_iterations to at least {ckpt.iteration}"
         )
-
-
-# ----------------------------------------------------------------------------------------------
-# signals
-
-
-class StopSignals:
-    """While active, SIGTERM and SIGUSR1 (what SLURM sends before a time limit with ``--signal``)
-    only set a flag; the runner checks it once per iteration. A context manager."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self):
-        self.received: str | None = None
-        self._previous: dict = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.received is not None
-
-    def _handler(self, signum, frame) -> None:
-        self.received = signal.Signals(signum).name
-
-    def __enter__(self) -> StopSignals:
-        self._previous = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)

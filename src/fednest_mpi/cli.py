@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 from fednest_mpi import __version__
-from fednest_mpi.config import DATASETS
 from fednest_mpi.errors import UsageError
 
 EPILOG_RUN = """\
@@ -33,6 +32,8 @@ example:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from fednest_mpi.config import DATASETS  # here, not at import: the stop signals are installed first
+
     parser = argparse.ArgumentParser(
         prog="fednest-mpi",
         description="MPI simulator for federated bilevel optimisation (FedNest family).",
@@ -345,6 +346,10 @@ def _jobs(args) -> int:
 
 
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["run"]:  # the program itself, not a test calling main(): as early as can be
+        from fednest_mpi import stop
+
+        stop.install()
     args = _parser().parse_args(argv)
     if args.command == "config-doc":
         from fednest_mpi.config import reference_markdown

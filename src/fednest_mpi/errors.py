@@ -16,3 +16,7 @@ class ConfigError(UsageError):
 
 class DataError(UsageError):
     """A data file is missing, truncated or of the wrong format."""
+
+
+class OutputLost(Exception):
+    """A run's output file or client file was deleted or replaced while the run wrote it (exit code 1)."""

@@ -14,6 +14,12 @@ thread on every rank watches:
    their client files to the same R iterations (they can only be ahead of rank 0, never behind);
 3. the failed rank waits until every rank has closed (at most :data:`ACK_SECONDS`), then aborts.
 
+A run ended at once (a second stop signal, ``run.stop_timeout``, the watchdog: :mod:`fednest_mpi.stop`)
+uses the same folder without an abort: the ending rank writes ``end-rankR`` (exit code and message)
+instead of ``failed-rankR``, every rank closes its files as above, waits until every rank has closed
+(at most :data:`END_ACK_SECONDS`: a stopped rank never does) and exits by itself with that code
+(``on_end``), so the launcher sees every rank end normally.
+
 After the guard has closed the files, a write from the main thread waits for the abort instead of
 failing a second time. The folder of an earlier run is removed by rank 0 when it takes the output's
 lock (:mod:`fednest_mpi.lock`). No MPI and no HDF5 here.
@@ -27,8 +33,12 @@ import threading
 import time
 from pathlib import Path
 
+from fednest_mpi import atomic
+
 POLL_SECONDS = 0.5  # how often the watcher looks for a failure (one stat)
 ACK_SECONDS = 10.0  # how long the failed rank waits for every rank to close its files
+END_ACK_SECONDS = 5.0  # how long a rank ending at once waits for the others to close theirs
+GUARD_SECONDS = 5.0  # how long closing waits for a write in progress (a write blocked on I/O: files left as they are)
 _GUARD = threading.RLock()
 _CLOSED = threading.Event()
 
@@ -63,10 +73,12 @@ class Watch:
     """One rank's part: a thread watching for another rank's failure, and :meth:`fail` for its own.
 
     ``close(rows)`` closes this rank's files, cutting them to ``rows`` iterations (None: as many as
-    this rank completed), and returns the rows kept (rank 0: those of the run file)."""
+    this rank completed), and returns the rows kept (rank 0: those of the run file). ``on_end(code,
+    message)`` ends this rank after another rank's :meth:`end` (it must not return)."""
 
-    def __init__(self, output: str | Path, rank: int, size: int, close):
+    def __init__(self, output: str | Path, rank: int, size: int, close, on_end=None):
         self.folder, self.rank, self.size, self.close = folder_of(output), rank, size, close
+        self.on_end = on_end
         self._done = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
@@ -87,19 +99,30 @@ class Watch:
             if self.folder.is_dir() and any(self.folder.glob("failed-rank*")):
                 self._close_files()
                 return
+            ends = sorted(self.folder.glob("end-rank*")) if self.folder.is_dir() else []
+            if ends and self.on_end is not None:
+                code, _, message = _read(ends[0]).partition("\n")
+                self._close_files()
+                self._wait_closed(END_ACK_SECONDS)
+                self.on_end(int(code or 1), message)
+                return
 
     def _close_files(self) -> None:
         with self._done:
             if self._closed:
                 return
             self._closed = True
-            with _GUARD:
-                rows = None if self.rank == 0 else self._rank0_rows()
+            kept = None
+            if _GUARD.acquire(timeout=GUARD_SECONDS):
                 try:
-                    kept = self.close(rows)
-                except Exception:  # noqa: BLE001 -- a broken file must not stop the others from closing
-                    kept = None
-                _CLOSED.set()
+                    rows = None if self.rank == 0 else self._rank0_rows()
+                    try:
+                        kept = self.close(rows)
+                    except Exception:  # noqa: BLE001 -- a broken file must not stop the others from closing
+                        kept = None
+                    _CLOSED.set()
+                finally:
+                    _GUARD.release()
             _write(self.folder / f"closed-rank{self.rank:05d}", "" if kept is None else str(kept))
 
     def _rank0_rows(self) -> int | None:
@@ -118,16 +141,33 @@ class Watch:
         self.folder.mkdir(parents=True, exist_ok=True)
         _write(self.folder / f"failed-rank{self.rank:05d}", message)
         self._close_files()
-        deadline = time.monotonic() + ACK_SECONDS
+        self._wait_closed(ACK_SECONDS)
+        self.stop()
+
+    def end(self, code: int, message: str) -> bool:
+        """End the run at once (no abort): tell the others, close this rank's files and wait until
+        every rank has closed (at most :data:`END_ACK_SECONDS`); whether rank 0 closed its files."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _write(self.folder / f"end-rank{self.rank:05d}", f"{code}\n{message}")
+        self._close_files()
+        self._wait_closed(END_ACK_SECONDS)
+        return (self.folder / "closed-rank00000").exists()
+
+    def _wait_closed(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and len(list(self.folder.glob("closed-rank*"))) < self.size:
             time.sleep(0.05)
-        self.stop()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic.write_bytes(path, text.encode())
     except OSError:
         pass

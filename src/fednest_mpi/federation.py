@@ -39,6 +39,8 @@ import torch
 from fednest_mpi import rng
 from fednest_mpi.comm import mpi, wtime
 from fednest_mpi.errors import UsageError
+from fednest_mpi.heterogeneity import IDEAL, SystemModel
+from fednest_mpi.recorder import OFF
 
 
 def block_range(n_clients: int, size: int, rank: int) -> range:
@@ -136,7 +138,15 @@ class Federation:
     **Collective** construction (``wait="auto"`` asks MPI how many ranks share the node).
     """
 
-    def __init__(self, comm, n_clients: int, reduction: str = "sum", wait: str = "auto", placement: str = "block"):
+    def __init__(
+        self,
+        comm,
+        n_clients: int,
+        reduction: str = "sum",
+        wait: str = "auto",
+        placement: str = "block",
+        system: SystemModel = IDEAL,
+    ):
         if reduction not in ("sum", "ordered"):
             raise ValueError(f"reduction must be 'sum' or 'ordered', got {reduction!r}")
         if wait not in ("auto", "block", "poll"):
@@ -164,6 +174,10 @@ class Federation:
         self.block_bytes = 0  # that budget in bytes (0: none), for calls that state their own bytes per client
         self.fixed_chunk = False  # chunk_clients was set by the user (run.chunk_clients): no call may change it
         self.round_times: list[tuple[float, float]] | None = None  # a list: record (enter, exit) of every round
+        #: the clients' local work and availability (:mod:`fednest_mpi.heterogeneity`; default: ideal clients)
+        self.system = system
+        self.answer_counts = np.zeros(2, dtype=np.int64)  # members that answered / dropped since take_answer_counts
+        self.recorder = OFF  # per-client records of answered and dropped rounds (set by the run's series)
 
     # ---------------------------------------------------------------------------------------
     def sample(self, key, size: int) -> Participants:
@@ -178,9 +192,47 @@ class Federation:
             local = np.nonzero((ids >= self.block.start) & (ids < self.block.stop))[0]
         return Participants(ids=ids, local_slots=local)
 
+    # -- system heterogeneity (heterogeneity.py) -----------------------------------------------
+    def local_steps(self, ids: np.ndarray, k: int, steps: int) -> np.ndarray:
+        """The local steps each client of ``ids`` performs in outer iteration ``k`` in a phase of ``steps``
+        configured steps (:meth:`SystemModel.local_steps`; ``steps`` for every client by default)."""
+        return self.system.local_steps(ids, k, steps)
+
+    def answering(self, part: Participants) -> np.ndarray:
+        """Which members of S (a bool mask over ``part.ids``) answer the **next** counted aggregation
+        (:meth:`mean` / :meth:`mean_over`), the same on every rank; all of them by default."""
+        if not self.system.drops:
+            return np.ones(part.size, dtype=bool)
+        return self.system.answers(part.ids, self.stats.rounds + 1)
+
+    def take_answer_counts(self) -> tuple[int, int]:
+        """(members that answered, members that dropped) summed over the counted aggregations since the
+        last call (the run's per-iteration columns ``clients_answered`` / ``clients_dropped``)."""
+        answered, dropped = (int(c) for c in self.answer_counts)
+        self.answer_counts[:] = 0
+        return answered, dropped
+
+    def _answered_part(self, part: Participants, weights) -> tuple[Participants, np.ndarray | None]:
+        """The members of ``part`` this rank evaluates among those that answer the next aggregation, and
+        the weights with the others' set to zero (unchanged: ``part`` and ``weights`` when all answer);
+        counts and records the answers."""
+        answered = self.answering(part)
+        n_answered = int(answered.sum())
+        self.answer_counts += (n_answered, part.size - n_answered)
+        local = answered[part.local_slots]
+        self.recorder.answered(part.local_ids[local], part.local_ids[~local])
+        if n_answered == part.size:
+            return part, weights
+        w = np.ones(part.size) if weights is None else np.asarray(weights, dtype=np.float64)
+        return Participants(ids=part.ids, local_slots=part.local_slots[local]), np.where(answered, w, 0.0)
+
     # ---------------------------------------------------------------------------------------
     def mean(
-        self, part: Participants, vectors: list[torch.Tensor], weights: np.ndarray | None = None
+        self,
+        part: Participants,
+        vectors: list[torch.Tensor],
+        weights: np.ndarray | None = None,
+        fallback: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Weighted mean over S of each of ``vectors``, in one counted ``Allreduce``.
 
@@ -191,7 +243,10 @@ class Federation:
             ``part.local_ids[j]``. Several vectors aggregated in the same round are fused into one
             contiguous buffer.
         weights : per-member weights of S (shape ``(part.size,)``); uniform ``1/|S|`` when None,
-            as in the paper. They are normalised to sum to one.
+            as in the paper. They are normalised to sum to one over the members that answer
+            (:meth:`answering`; all of them without system heterogeneity).
+        fallback : what the server keeps when no member answers (e.g. the current iterate, for an
+            average of local iterates); zeros when None (a direction that moves nothing).
 
         Returns
         -------
@@ -208,7 +263,11 @@ class Federation:
         single client's value exactly, and every rank sums the slots in client-id order, so the
         result is bitwise independent of the number of ranks.
         """
-        return self._reduce(part, [(part, vectors)], weights)
+        answered, weights = self._answered_part(part, weights)
+        if answered is not part:  # the rows of the members that did not answer are dropped
+            keep = torch.as_tensor(np.isin(part.local_slots, answered.local_slots), device=vectors[0].device)
+            vectors = [v[keep] for v in vectors]
+        return self._reduce(answered, [(answered, vectors)], weights, fallback)
 
     def configure_chunks(self, chunk_clients: int, block_bytes: int, client_bytes: int) -> None:
         """``run.chunk_clients`` (0: automatic), ``run.block_memory`` in bytes and the problem's
@@ -224,7 +283,12 @@ class Federation:
         return max(1, self.block_bytes // max(1, client_bytes))
 
     def mean_over(
-        self, part: Participants, local_rows, weights: np.ndarray | None = None, client_bytes: int | None = None
+        self,
+        part: Participants,
+        local_rows,
+        weights: np.ndarray | None = None,
+        client_bytes: int | None = None,
+        fallback: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """:meth:`mean` of rows that this rank computes chunk by chunk: ``local_rows(piece)`` returns,
         for a piece of :meth:`Participants.chunks` (at most :attr:`chunk_clients` members), one
@@ -236,14 +300,18 @@ class Federation:
         (each row lands in its slot, whatever the chunk); with ``"sum"`` it equals it to rounding
         (the weighted sum is accumulated chunk by chunk; one chunk: bitwise). ``client_bytes``: this
         call's working set per client when it differs from the problem's default (:meth:`chunk_for`).
-        **Collective**."""
-        pieces = part.chunks(self.chunk_for(client_bytes))
-        return self._reduce(part, ((piece, local_rows(piece)) for piece in pieces), weights)
+        Members that do not answer (:meth:`answering`) are not evaluated; ``weights`` and ``fallback``
+        as in :meth:`mean`. **Collective**."""
+        answered, weights = self._answered_part(part, weights)
+        pieces = answered.chunks(self.chunk_for(client_bytes))
+        return self._reduce(answered, ((piece, local_rows(piece)) for piece in pieces), weights, fallback)
 
-    def _reduce(self, part: Participants, pieces, weights) -> list[torch.Tensor]:
-        """The reduction of :meth:`mean` over ``(piece, rows)`` pairs that cover this rank's members."""
+    def _reduce(self, part: Participants, pieces, weights, fallback=None) -> list[torch.Tensor]:
+        """The reduction of :meth:`mean` over ``(piece, rows)`` pairs that cover this rank's members
+        (``weights``: zero for the members that did not answer; ``fallback`` when all are zero)."""
         m = part.size
-        w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / np.sum(weights)
+        total = None if weights is None else float(np.sum(weights))
+        w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / (total or 1.0)
         buf, w_t, dims = None, None, []
         for piece, rows in pieces:
             rows = list(rows)
@@ -264,6 +332,8 @@ class Federation:
             buf = torch.zeros(sum(dims), dtype=w_t.dtype, device=w_t.device)
         buf = buf.contiguous()
         self._allreduce_(buf)
+        if total == 0.0 and fallback is not None:  # no member answered: the server keeps what it has
+            return list(fallback)
         if self.reduction == "sum":
             return list(torch.split(buf, dims))
         out = buf[0] * w_t[0]

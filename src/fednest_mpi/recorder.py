@@ -12,6 +12,8 @@ stores them, which skips their computation). Roles are bits of a mask (paper Alg
 * :data:`OUTER` (4) -- a member of the FedOut / LFedOut client set (Alg. 2 / 5).
 
 A value reported twice in one iteration (a client in two of the T FedInn rounds) keeps the last.
+The federation counts, per client, the counted aggregations of the iteration it answered and those it
+was a member of but did not answer (:mod:`fednest_mpi.heterogeneity`): :data:`ROUND_COUNTS`.
 
 **Per-rank phase times.** :func:`phase_times` splits every rank's algorithm time of one iteration
 into local computation, waiting and transfer, from the enter/exit times of its counted
@@ -32,9 +34,12 @@ from fednest_mpi.io import schema as S
 
 INNER, IHGP, OUTER = 1, 2, 4
 
-#: per-client value series an algorithm may report: every series of the run file's /clients but the roles
-#: (declared once, with dtype, fill, description and units, in io/schema.CLIENT_SERIES; docs/hdf5.md)
-CLIENT_VALUES = tuple(name for name in S.CLIENT_SERIES if name != "participation")
+#: per-client counts of the iteration's aggregations the client answered / was a member of and did not answer,
+#: kept by the federation (:meth:`ClientRecorder.answered`)
+ROUND_COUNTS = ("answered_rounds", "dropped_rounds")
+#: per-client value series an algorithm may report: every series of the run file's /clients but the roles and
+#: the round counts (declared once, with dtype, fill, description and units, in io/schema.CLIENT_SERIES; docs/hdf5.md)
+CLIENT_VALUES = tuple(name for name in S.CLIENT_SERIES if name != "participation" and name not in ROUND_COUNTS)
 
 
 def row_norms(rows: torch.Tensor) -> torch.Tensor:
@@ -55,6 +60,7 @@ class ClientRecorder:
         n = len(self.hosted)
         self.roles = np.zeros(n, dtype=np.uint8)
         self.values = {name: np.full(n, np.nan) for name in CLIENT_VALUES}
+        self.rounds = {name: np.zeros(n, dtype=np.uint16) for name in ROUND_COUNTS}
 
     def _rows(self, ids) -> np.ndarray:
         rows = np.asarray(ids, dtype=np.int64) - self.hosted.start
@@ -69,6 +75,11 @@ class ClientRecorder:
         """Clients ``ids`` are members of a client set of the given role in this iteration."""
         self.roles[self._rows(ids)] |= np.uint8(role)
 
+    def answered(self, answered_ids, dropped_ids) -> None:
+        """One counted aggregation: the members ``answered_ids`` answered it, ``dropped_ids`` did not."""
+        self.rounds["answered_rounds"][self._rows(answered_ids)] += np.uint16(1)
+        self.rounds["dropped_rounds"][self._rows(dropped_ids)] += np.uint16(1)
+
     def record(self, name: str, ids, compute: Callable[[], torch.Tensor | None]) -> None:
         """Store ``compute()`` (one number per client of ``ids``, or None when the problem has no such
         value) as the clients' ``name`` of this iteration; ``compute`` is not called when recording is off."""
@@ -79,9 +90,9 @@ class ClientRecorder:
             self.values[name][self._rows(ids)] = values.detach().to("cpu", torch.float64).numpy()
 
     def take(self) -> dict[str, np.ndarray]:
-        """This iteration's records (``participation`` and :data:`CLIENT_VALUES`, one entry per hosted
-        client, NaN / 0 for non-participants); starts the next iteration."""
-        out = {"participation": self.roles, **self.values}
+        """This iteration's records (``participation``, :data:`CLIENT_VALUES` and :data:`ROUND_COUNTS`, one
+        entry per hosted client, NaN / 0 for non-participants); starts the next iteration."""
+        out = {"participation": self.roles, **self.values, **self.rounds}
         self._reset()
         return out
 
@@ -92,6 +103,9 @@ class _Off:
     enabled = False
 
     def took_part(self, ids, role: int) -> None:
+        pass
+
+    def answered(self, answered_ids, dropped_ids) -> None:
         pass
 
     def record(self, name: str, ids, compute) -> None:

@@ -10,7 +10,11 @@ reads. Built-ins and plugins enter it by the same function, :meth:`Registry.regi
 * by a config naming the class itself, ``name = "my_module:MyProblem"`` (the module must be importable
   on every rank: installed, or on ``PYTHONPATH``).
 
-Both load the class, read its ``Params`` (a frozen dataclass: every field with a default, its help from
+Built-in classes written on the public API (the single-round algorithms, ``hyper_cleaning``) enter the same way, by
+:meth:`Registry.provide` (a name and its ``"module:Class"``, no import): they are loaded like an entry point
+when a config names them or :meth:`Registry.load_all` asks, so reading a config stays free of torch.
+
+All of them load the class, read its ``Params`` (a frozen dataclass: every field with a default, its help from
 :func:`fednest_mpi.config.spec`) and its trait attributes, and register a spec built from them
 (:func:`problem_spec_of`, :func:`algorithm_spec_of`). Every failure -- an import error, a name already
 taken, a broken parameter class -- is one :class:`~fednest_mpi.errors.ConfigError` naming the plugin and
@@ -41,6 +45,17 @@ class Registry(dict[str, S], Generic[S]):
     def __init__(self, kind: str, spec_of: Callable[[str, type], S], required: tuple[str, ...]):
         super().__init__()
         self.kind, self.group, self.spec_of, self.required = kind, GROUPS[kind], spec_of, required
+        self.provided: dict[str, str] = {}  # built-in name -> "module:Class", registered when first looked up
+
+    def provide(self, name: str, target: str) -> None:
+        """Make the built-in class ``target`` (``"module:Class"``) available as ``name`` without importing
+        it: it is loaded and registered (:meth:`register`) when ``name`` is first resolved."""
+        if name in self or name in self.provided:
+            first = self[name].implementation if name in self else self.provided[name]  # type: ignore[attr-defined]
+            raise ConfigError(
+                f"{self.kind}.name: {name!r} is registered twice (by {first} and by {target}); rename one of them"
+            )
+        self.provided[name] = target
 
     def register(self, spec: S) -> S:
         """Add ``spec`` (a ``ProblemSpec`` or ``AlgorithmSpec``) under its name; the name must be free and its
@@ -61,26 +76,35 @@ class Registry(dict[str, S], Generic[S]):
 
     def names(self) -> list[str]:
         """Every name a config may use: registered and installed-but-not-loaded ones."""
-        return list(dict.fromkeys([*self, *self.entry_points()]))
+        return list(dict.fromkeys([*self, *self.provided, *self.entry_points()]))
 
     def resolve(self, name: str) -> S | None:
         """The spec of ``name``, loading it from an entry point or a ``"module:Class"`` name if needed;
         None when there is no such name."""
         eps = self.entry_points()
+        known = self[name].implementation if name in self else self.provided.get(name)  # type: ignore[attr-defined]
+        if known is not None and name in eps and eps[name].value != known:
+            raise ConfigError(
+                f"{self.kind}.name: {name!r} is registered twice (by {known} and by the "
+                f"entry point {eps[name].value} of group {self.group}); rename the plugin's entry point"
+            )
         if name in self:
-            if name in eps and eps[name].value != self[name].implementation:  # type: ignore[attr-defined]
-                raise ConfigError(
-                    f"{self.kind}.name: {name!r} is registered twice (by {self[name].implementation} and by the "  # type: ignore[attr-defined]
-                    f"entry point {eps[name].value} of group {self.group}); rename the plugin's entry point"
-                )
             return self[name]
-        if name in eps:
+        if name in self.provided:
+            cls = _load(self.kind, name, self.provided[name], f"built-in {self.kind} {name!r}")
+        elif name in eps:
             cls = _load(self.kind, name, eps[name].value, f"entry point {name!r} of group {self.group}")
         elif ":" in name:
             cls = _load(self.kind, name, name, f"{self.kind}.name = {name!r}")
         else:
             return None
         return self.register(self.spec_of(name, cls))
+
+    def with_builtins(self) -> list[S]:
+        """Every registered spec, the provided built-ins loaded first (installed plugins stay unloaded)."""
+        for name in self.provided:
+            self.resolve(name)
+        return list(self.values())
 
     def load_all(self) -> Iterator[S]:
         """Every spec, the installed plugins loaded (``fednest-mpi config-doc``)."""

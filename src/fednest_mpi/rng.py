@@ -33,6 +33,8 @@ class Purpose(enum.IntEnum):
     HVP_SAMPLE = 7  # minibatches / noise of Hessian and Jacobian products
     PROBLEM_DATA = 8  # synthetic problem data, per client
     INIT = 9  # initial iterates
+    LOCAL_WORK = 10  # a client's number of local steps (heterogeneity.py), per client or (round, client)
+    ANSWERS = 11  # whether a member answers a communication round (heterogeneity.py), per (round, client)
 
 
 def _splitmix(z: np.ndarray) -> np.ndarray:

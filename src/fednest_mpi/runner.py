@@ -23,8 +23,9 @@ from fednest_mpi import numerics
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
-from fednest_mpi.errors import ConfigError, DataError, UsageError
+from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
+from fednest_mpi.heterogeneity import SystemModel
 from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
 from fednest_mpi.problems.base import shared_rows
@@ -44,6 +45,14 @@ BOOKKEEPING = {
     "wall_time": ("wall time since the start of the loop", "s"),
     "algorithm_time": ("wall time of the iteration's algorithm part on rank 0", "s"),
     "evaluation_time": ("wall time of the iteration's evaluation", "s"),
+}
+#: the columns of a run whose clients may fail to answer (heterogeneity.drop_probability / availability_trace)
+ANSWER_COLUMNS = {
+    "clients_answered": ("members of the iteration's counted aggregations that answered, summed over its rounds", "1"),
+    "clients_dropped": (
+        "members of the iteration's counted aggregations that did not answer, summed over its rounds",
+        "1",
+    ),
 }
 ORACLE_COLUMNS = {f"oracle_{name}": (f"cumulative {name} oracle calls, summed over clients", "1") for name in ORACLES}
 
@@ -182,6 +191,7 @@ class Bookkeeping:
         "oracle_counts": len(ORACLES),
         "health": 2,
         "stop_requests": 1,
+        "lost_files": 1,  # ranks whose output file or client file was deleted or replaced
         "training": 5,
         "training_slots": VARIABLE,  # per-client (f_i, g_i) with the ordered reduction, see training_sums
         "phases": None,
@@ -240,6 +250,8 @@ class Simulation:
             if error is not None:
                 raise error
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
+            # the clients' local work and availability (reads the availability trace, if any)
+            self.fed.system = SystemModel(cfg.heterogeneity, cfg.seed, cfg.problem.n_clients)
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
             self.problem = build_problem(
                 cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype)
@@ -276,6 +288,8 @@ class Simulation:
         """name -> (description, units) of every per-iteration value :meth:`run` records."""
         cols = dict(BOOKKEEPING)
         cols.update(type(self.algorithm).diagnostics)
+        if self.fed.system.drops:
+            cols.update(ANSWER_COLUMNS)
         cols.update(ORACLE_COLUMNS)
         cols.update(self.problem.metric_info())
         for name, info in self._training_columns().items():
@@ -313,8 +327,9 @@ class Simulation:
         progress : callable ``(k, row)`` called after every iteration (rank 0's display) or None.
         checkpoint_dir : folder for checkpoints (at iteration 0, every ``run.checkpoint_every``
             iterations, at the end and when stopped), or None for none.
-        stop : object whose ``requested`` says that this rank received a stop signal
-            (:class:`~fednest_mpi.checkpoint.StopSignals`) or None. The flag is OR-ed over the
+        stop : object whose ``requested`` says that this rank received a stop signal and whose
+            ``reached()`` is called once the ranks agreed to stop
+            (:class:`~fednest_mpi.stop.StopRequests`) or None. The flag is OR-ed over the
             ranks in the per-iteration bookkeeping reduction, so all ranks stop after the same
             iteration, with a checkpoint.
         resume : continue after this checkpoint (from :func:`fednest_mpi.checkpoint.load`, read
@@ -354,12 +369,14 @@ class Simulation:
             # ranks, sum of their ranks), stop requests and the training-set sums (or their client slots)
             health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
             phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
+            lost = series.lost() if series is not None else None
             totals = Bookkeeping.unpack(
                 fed.bookkeeping_sum(
                     Bookkeeping.pack(
                         oracle_counts=problem.counts_vector() + base_counts,
                         health=health,
                         stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
+                        lost_files=[1.0 if lost else 0.0],
                         training=train,
                         training_slots=slots,
                         phases=phases,
@@ -371,6 +388,10 @@ class Simulation:
                 totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
             counts = totals["oracle_counts"]
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
+            if n_stop > 0 and stop is not None:
+                stop.reached()
+            if totals["lost_files"][0] > 0:  # every rank learns it here and stops
+                raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
             if n_bad > 0:
                 where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
                 raise FloatingPointError(
@@ -386,6 +407,9 @@ class Simulation:
                 "evaluation_time": eval_seconds,
             }
             row.update(diagnostic_values(type(self.algorithm), diag))
+            answered, dropped = fed.take_answer_counts()
+            if fed.system.drops:
+                row.update(clients_answered=answered, clients_dropped=dropped)
             row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
             row.update(metrics)
             if train_columns:
@@ -453,7 +477,12 @@ class Simulation:
         like = self.problem.initial_point()[0]
         stats = self.fed.stats
         stats.rounds, stats.bytes, stats.seconds = resume.comm_rounds, resume.comm_bytes, resume.comm_seconds
-        clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
+        error, clients = None, {}
+        try:  # a client file missing or damaged since rank 0 checked them: every rank refuses together
+            clients = ckpt_io.load_client_states(checkpoint_dir, resume, self.fed.block)
+        except UsageError as exc:
+            error = exc
+        agree_on_usage_error(self.fed.comm, error)
         self.algorithm.restore(
             {name: t.to(like.device) for name, t in resume.algorithm_state.items()},
             {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()},

@@ -68,7 +68,8 @@ class RunSeries:
                 "h5py is built with parallel HDF5; the per-client series still use per-rank files (docs/hdf5.md)"
             )
         self.recorder = ClientRecorder(fed.block) if records_clients(cfg) else OFF
-        sim.algorithm.recorder = self.recorder
+        sim.algorithm.recorder = fed.recorder = self.recorder  # the federation records answered / dropped rounds
+        self.writer = writer
         self.main = MainSeries(writer.file) if writer is not None else None
         fed.round_times = []
         self.origin = fed.synchronized_clock()
@@ -87,6 +88,14 @@ class RunSeries:
         slots = np.zeros((self.fed.size, local.size))
         slots[self.fed.rank] = local
         return slots.ravel()
+
+    def lost(self) -> str | None:
+        """Why one of this rank's files is no longer the one it writes (deleted or replaced mid-run), or None."""
+        for f in (self.writer, self.file):
+            why = f.lost() if f is not None else None
+            if why:
+                return why
+        return None
 
     def after_bookkeeping(self, k: int, table: np.ndarray, x, y) -> None:
         """Rank 0: write iteration k's phase times (``table``: the summed slots) and a due snapshot,

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
 from fednest_mpi import __version__
-from fednest_mpi.errors import UsageError
+from fednest_mpi.errors import OutputLost, UsageError
 from fednest_mpi.io.schema import PRIMARY_METRIC
+
+LOST_HINT = "its results are gone with it; start the run again (keep the output's folder in place while it runs)"
 
 
 def report_usage_error(comm, exc: UsageError) -> int:
@@ -41,6 +45,19 @@ class Session:
 
     def __init__(self, cfg, comm, *, resume: bool = False, log: logging.Logger | None = None):
         self.cfg, self.comm, self.resume, self.log = cfg, comm, resume, log or logging.getLogger("fednest_mpi")
+        self._locks: list = []
+        self._ending = threading.Lock()
+
+    def _exit_now(self, code: int, message: str, printer: bool) -> None:
+        """End this process at once (the files are closed): release the locks, print the line, exit."""
+        with self._ending:  # the stop watch and the failure watcher may both get here
+            for held in reversed(self._locks):
+                held.release()
+            if printer:
+                print(f"fednest-mpi: {message}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
     def run_to_file(self) -> int:
         from fednest_mpi import checkpoint, failure, lock
@@ -74,6 +91,7 @@ class Session:
                 locks.append(lock.acquire(cfg.run.output, "run.output", take_stale=self.resume))
                 locks.append(lock.acquire(folder, "run.checkpoint_dir", take_stale=self.resume))
                 if resume is not None:
+                    checkpoint.check_client_files(folder, resume)
                     check_resumable_output(cfg.run.output, resume.output_rows)
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
             except UsageError as exc:
@@ -84,6 +102,7 @@ class Session:
             for held in locks:
                 held.release()
             return report_usage_error(comm, exc)
+        self._locks = locks
         try:
             return self._simulate(resume, folder)
         finally:
@@ -94,10 +113,11 @@ class Session:
         """The run itself (after validation and locking): a usage error while building agrees across
         ranks; any exception
         aborts the job."""
-        from fednest_mpi import checkpoint, failure
+        from fednest_mpi import failure
         from fednest_mpi.io.h5 import RunWriter
         from fednest_mpi.runner import Progress, Simulation
         from fednest_mpi.series import RunSeries, series_layout
+        from fednest_mpi.stop import StopRequests as stop_requests
 
         cfg, comm, log = self.cfg, self.comm, self.log
         rank, size = comm.Get_rank(), comm.Get_size()
@@ -111,8 +131,24 @@ class Session:
                 series.close(kept if kept is not None else series.completed)
             return kept
 
+        def end_now(code: int, message: str) -> None:
+            """stop.StopRequests: end the run at once (a second signal, run.stop_timeout, the watchdog)."""
+            folder_note = f"; the files are closed; continue from the last checkpoint ({folder}) with --resume"
+            if watch is not None:
+                rank0_closed = watch.end(code, message + folder_note)
+                self._exit_now(code, message + folder_note, rank == 0 or (not rank0_closed and rank == 1))
+            if failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
+                close_files()
+            self._exit_now(code, message + folder_note, rank == 0)
+
+        def on_end(code: int, message: str) -> None:
+            """failure.Watch: another rank ended the run at once; this rank's files are closed."""
+            self._exit_now(code, message, rank == 0)
+
         try:
-            with checkpoint.StopSignals() as stop:
+            with stop_requests(cfg.run.stop_timeout, cfg.run.round_timeout) as stop:
+                # until the files exist, ending at once is exiting (the locks released)
+                stop.arm(lambda code, message: self._exit_now(code, message, rank == 0))
                 log.info(
                     "fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s",
                     __version__,
@@ -150,16 +186,22 @@ class Session:
                     )
                 series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
                 if size > 1:  # an exception on any rank: every rank closes its files before the abort
-                    watch = failure.Watch(cfg.run.output, rank, size, close_files)
+                    watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
+                stop.arm(end_now)
 
                 def on_iteration(k, row):
                     last["k"] = k
+                    stop.beat(k)
                     if progress is not None:
                         progress(k, row)
 
                 result = sim.run(
                     writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
                 )
+                stop.disarm()
+        except UsageError as exc:  # agreed on by every rank (a client file of the checkpoint gone since the check)
+            close_files()
+            return report_usage_error(comm, exc)
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
             close_files()  # the bad iteration's client columns go
             if rank == 0:
@@ -169,6 +211,11 @@ class Session:
                     "iterations before",
                     file=sys.stderr,
                 )
+            return 1
+        except OutputLost as exc:  # every rank learnt it in the same bookkeeping reduction
+            close_files()
+            if rank == 0:
+                print(f"fednest-mpi: run failed: {exc}; {LOST_HINT}", file=sys.stderr)
             return 1
         except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
             where = f" after iteration {last['k']}" if last["k"] is not None else ""
@@ -187,10 +234,14 @@ class Session:
                 watch.stop()
             if progress is not None:
                 progress.close()
+            lost = series.lost() if series is not None else None  # deleted after the last iteration's check
             if series is not None:
                 series.close()
             if writer is not None:
                 writer.close()
+        if lost:
+            print(f"fednest-mpi: run failed: {lost}; {LOST_HINT}", file=sys.stderr)
+            return 1
         if rank == 0 and result.stopped_by:
             print(
                 f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, "

@@ -15,7 +15,7 @@ from fednest_mpi.runner import simulate
 
 register_test_plugins()
 #: every registered algorithm that runs on the quadratic problem, the test plugins included
-ALGORITHMS = sorted(name for name, entry in config.ALGORITHMS.items() if entry.accepts("quadratic"))
+ALGORITHMS = sorted(entry.name for entry in config.ALGORITHMS.load_all() if entry.accepts("quadratic"))
 
 
 def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = "ordered") -> config.RunConfig:
@@ -94,7 +94,7 @@ def test_every_registered_problem_is_bitwise_the_same_for_every_chunk_size_and_r
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg"])
+@pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg", "simfbo", "fedmsa", "fedmbo"])
 def test_synthetic_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
     reference = simulate(_config(name, 0, problem="synthetic"), MPI.COMM_SELF)
     for chunk in (1, 7, 0):
@@ -154,7 +154,7 @@ RAGGED_MNIST = {  # clients of different sizes (the padding must not depend on t
 @pytest.mark.mpi
 @requires("mnist")
 @pytest.mark.parametrize("problem", sorted(RAGGED_MNIST))
-@pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg"])
+@pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg", "simfbo", "fedmsa"])
 def test_ragged_mnist_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(problem, name):
     reference = simulate(_mnist_config(RAGGED_MNIST[problem], name, 0), MPI.COMM_SELF)
     for chunk in (1, 7, 0):

@@ -1,11 +1,8 @@
-"""The hyper-cleaning plugin (examples/hyper_cleaning) gives the same run on 1 rank (COMM_SELF) and
-on every rank of COMM_WORLD, and for any chunk size, with the ordered reduction: bitwise.
+"""Data hyper-cleaning (problems/hyper_cleaning.py) gives the same run on 1 rank (COMM_SELF) and on every
+rank of COMM_WORLD, and for any chunk size, with the ordered reduction: bitwise.
 
 Run: mpiexec -n 2 python -m pytest -q --only-mpi tests/mpi/test_hyper_cleaning_ranks.py
 """
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,16 +13,14 @@ from shared_data import DATA, requires
 from fednest_mpi import config
 from fednest_mpi.runner import simulate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper_cleaning"))  # the plugin's folder
-
 pytestmark = requires("mnist")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["fednest", "lfednest"])
-def test_plugin_run_is_bitwise_rank_and_chunk_invariant(name):
+def test_run_is_bitwise_rank_and_chunk_invariant(name):
     problem = {
-        "name": "fednest_hyper_cleaning:HyperCleaning",
+        "name": "hyper_cleaning",
         "data_dir": str(DATA),
         "n_samples": 1500,
         "n_clients": 7,

@@ -9,10 +9,12 @@ import torch
 from histories import assert_histories_match
 from mpi4py import MPI
 
+from fednest_mpi import config
 from fednest_mpi.federation import Federation, block_range
 from fednest_mpi.runner import simulate
 
-VARIANT_NAMES = ["fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt"]
+#: every registered algorithm of the global-lower-level quadratic (FedBiO's local one: tests/mpi/test_fedbio_ranks.py)
+NAMES = sorted(s.name for s in config.ALGORITHMS.load_all() if s.accepts("quadratic") and not s.stateful)
 
 
 def _compare(world, single, exact):
@@ -20,10 +22,12 @@ def _compare(world, single, exact):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name", VARIANT_NAMES)
+@pytest.mark.parametrize("name", NAMES)
 def test_ordered_reduction_is_bitwise_rank_count_invariant(small_config, name):
+    fields = config.ALGORITHMS[name].params.__dataclass_fields__
+    randomized = {"ihgp_mode": "randomized"} if "ihgp_mode" in fields else {}
     cfg = small_config(
-        algorithm={"name": name, "ihgp_mode": "randomized"},
+        algorithm={"name": name, **randomized},
         federation={"reduction": "ordered"},
         problem={"gradient_noise": 0.1},
     )
@@ -34,7 +38,7 @@ def test_ordered_reduction_is_bitwise_rank_count_invariant(small_config, name):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name", VARIANT_NAMES)
+@pytest.mark.parametrize("name", NAMES)
 def test_sum_reduction_is_rank_count_invariant_to_rounding(small_config, name):
     cfg = small_config(algorithm={"name": name}, problem={"gradient_noise": 0.1})
     _compare(simulate(cfg, MPI.COMM_WORLD).history, simulate(cfg, MPI.COMM_SELF).history, exact=False)

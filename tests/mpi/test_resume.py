@@ -25,6 +25,10 @@ CASES = {
         {"name": "fedbioacc", "sync_period": 2, "step_schedule": "storm", "neumann_steps": 3},
         {"lower_level": "local"},
     ),
+    # replicated state beyond x and y: the warm-started v of an estimator, SimFBO's v, FedMSA's momentum
+    "fednest_warm_start": ({"name": "fednest", "hypergradient_estimator": "warm_start"}, {}),
+    "simfbo": ({"name": "simfbo", "local_steps": 2}, {}),
+    "fedmsa": ({"name": "fedmsa", "local_steps": 2, "momentum": 0.5}, {}),
 }
 
 

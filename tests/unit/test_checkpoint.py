@@ -76,6 +76,9 @@ class StopAt:
     def progress(self, k, row):
         self.seen = k
 
+    def reached(self):
+        pass
+
     @property
     def requested(self):
         if self.seen + 1 >= self.k:
@@ -187,7 +190,7 @@ def test_resume_checks_name_the_config_difference(tmp_path, small_config):
         checkpoint.load(tmp_path / "none")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "state.pt").write_bytes(b"garbage")
-    with pytest.raises(UsageError, match="cannot be read"):
+    with pytest.raises(UsageError, match="is not a fednest-mpi checkpoint file"):
         checkpoint.load(tmp_path / "bad")
 
 

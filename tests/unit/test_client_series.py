@@ -246,7 +246,11 @@ def _layout(path, blocks, n_clients):
 
 def _row(ids, k):
     """Client rows of iteration k: everyone took part, inner_loss = 100 id + k, the rest NaN."""
-    rest = {n: np.full(len(ids), np.nan) for n in S.CLIENT_SERIES if n not in ("participation", "inner_loss")}
+    rest = {
+        n: np.full(len(ids), fill, dtype)
+        for n, (dtype, fill, *_) in S.CLIENT_SERIES.items()
+        if n not in ("participation", "inner_loss")
+    }
     return {"participation": np.ones(len(ids), np.uint8), "inner_loss": 100.0 * ids + k, **rest}
 
 

@@ -56,7 +56,7 @@ def test_defaults_are_valid_and_round_trip_through_json():
 
 def test_overrides_parse_toml_values_and_bare_words(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('[algorithm]\nname = "lfednest"\n')
+    path.write_text('[problem]\n[algorithm]\nname = "lfednest"\n')
     cfg = config.load(path, ["algorithm.outer_lr=0.5", "algorithm.name=fednest_sgd", "run.overwrite=true", "seed=4"])
     assert cfg.algorithm.outer_lr == 0.5 and cfg.algorithm.name == "fednest_sgd" and cfg.run.overwrite and cfg.seed == 4
 

@@ -6,13 +6,14 @@ Which names exist, their parameter classes and their traits are the entries of
 
 from fednest_mpi import config
 from fednest_mpi.algorithms.base import Algorithm, ClientStore, State
+from fednest_mpi.algorithms.estimators import ESTIMATORS, Estimator, neumann_series
 from fednest_mpi.algorithms.fedbio import FedBiO
 from fednest_mpi.algorithms.fednest import (
     FedNest,
+    GlobalHypergradient,
     InnerLevel,
     LocalHypergradient,
     Variant,
-    neumann_series,
     rounds_per_iteration,
 )
 from fednest_mpi.algorithms.minimax import FedAvgS
@@ -20,11 +21,14 @@ from fednest_mpi.algorithms.singlelevel import SingleLevel
 from fednest_mpi.registry import import_class
 
 __all__ = [
+    "ESTIMATORS",
     "Algorithm",
     "ClientStore",
+    "Estimator",
     "FedAvgS",
     "FedBiO",
     "FedNest",
+    "GlobalHypergradient",
     "InnerLevel",
     "LocalHypergradient",
     "SingleLevel",

@@ -19,7 +19,7 @@ import torch
 
 from fednest_mpi import rng
 from fednest_mpi.federation import Federation, Participants
-from fednest_mpi.problems.base import BilevelProblem, shared_rows
+from fednest_mpi.problems.base import BilevelProblem, is_shared, shared_rows
 from fednest_mpi.recorder import OFF
 
 ClientRows = dict[str, tuple[np.ndarray, torch.Tensor]]  # name -> (client ids, one row per id)
@@ -198,3 +198,29 @@ class Algorithm(ABC):
     @staticmethod
     def _rows(vector: torch.Tensor, n: int) -> torch.Tensor:
         return shared_rows(vector, n)
+
+
+def active_rows(steps: np.ndarray, nu: int) -> np.ndarray | None:
+    """The rows whose clients perform local step ``nu`` (0-based) of their own ``steps``
+    (:meth:`~fednest_mpi.federation.Federation.local_steps`); None when all of them do."""
+    active = np.flatnonzero(steps > nu)
+    return None if active.size == steps.size else active
+
+
+def take_rows(rows: torch.Tensor, index: np.ndarray | None) -> torch.Tensor:
+    """``rows[index]`` (all rows for None), keeping a shared block (:func:`shared_rows`) shared, so that the
+    oracles compute a row the same way whichever rows are taken with it."""
+    if index is None:
+        return rows
+    if is_shared(rows):
+        return shared_rows(rows[0], index.size)
+    return rows[torch.as_tensor(index, device=rows.device)]
+
+
+def put_rows(rows: torch.Tensor, index: np.ndarray | None, values: torch.Tensor) -> torch.Tensor:
+    """``rows`` with the rows ``index`` replaced by ``values`` (``values`` itself for None; a new tensor)."""
+    if index is None:
+        return values
+    out = rows.clone()
+    out[torch.as_tensor(index, device=rows.device)] = values
+    return out

@@ -38,6 +38,11 @@ the averaged x (and x_{t-1}, nu) and from their own stored y^(m), y_{t-1}^(m), o
 client that skipped rounds resumes with its stored state. The state lives on the rank that hosts
 the client (:class:`ClientStore`), so results do not depend on the number of ranks.
 
+System heterogeneity (:mod:`fednest_mpi.heterogeneity`): a member that does not answer a round runs no
+local iteration and keeps its stored state, as a client outside S does; a round nobody answered leaves x
+(and FedBiOAcc's x_{t-1} and nu) as they were. Every client runs the same I local iterations
+(``heterogeneity.local_work`` is refused).
+
 Evaluation: the runner's y is the mean of y^(m) over **all** M clients (not part of the algorithm:
 an uncounted bookkeeping reduction, summed in client order when ``reduction = "ordered"``).
 """
@@ -107,7 +112,7 @@ class FedBiO(LocalHypergradient, Algorithm):
         return x_new, self.population_mean("y"), {}
 
     def _fedbio_round(self, S, k: int, x) -> torch.Tensor:
-        (x_new,) = self.fed.mean_over(S, lambda piece: [self._fedbio_local(piece.local_ids, k, x)])
+        (x_new,) = self.fed.mean_over(S, lambda piece: [self._fedbio_local(piece.local_ids, k, x)], fallback=[x])
         return x_new
 
     def _fedbio_local(self, ids: np.ndarray, k: int, x) -> torch.Tensor:
@@ -124,7 +129,10 @@ class FedBiO(LocalHypergradient, Algorithm):
         return X
 
     def _fedbioacc_round(self, S, k: int, x) -> torch.Tensor:
+        anyone = bool(self.fed.answering(S).any())
         x_new, x_prev, nu = self.fed.mean_over(S, lambda piece: self._fedbioacc_local(piece.local_ids, k, x))
+        if not anyone:  # no member answered: the server keeps x, x_{t-1} and nu
+            return x
         self.state.x_prev, self.state.nu = x_prev, nu
         return x_new
 

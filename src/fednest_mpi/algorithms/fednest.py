@@ -15,17 +15,19 @@ lfednest_svrg       LFedOut (Alg. 5)     FedInn SVRG (Alg. 4)  2T + 1
 lfednest_nonalt     LFedOut on local y   LFedInn SGD (Alg. 6)  T (y and x fused)
 ==================  ===================  ===================  ====================
 
-(with ``ihgp_mode = "randomized"`` FedIHGP uses N' <= N - 1 rounds instead of N; with
-``hypergradient = "direct"``, the minimax specialisation of eq. (9), FedOut has no FedIHGP and
-the hypergradient is the direct gradient: 2 rounds instead of N + 3.)
+(with ``ihgp_mode = "randomized"`` FedIHGP uses N' <= N - 1 rounds instead of N; another
+``hypergradient_estimator`` (:mod:`~fednest_mpi.algorithms.estimators`) takes its R rounds instead of
+FedIHGP's N + 1; with ``hypergradient = "direct"``, the minimax specialisation of eq. (9), FedOut
+has no estimator and the hypergradient is the direct gradient: 2 rounds instead of N + 3.)
 
 Every random choice comes from a counter-based key ``(seed, purpose, k, ...)``: client sets,
 minibatches and the truncation N' are the same on any number of ranks.
 
 The two levels are also building blocks of other algorithms: :class:`InnerLevel` (FedInn / LFedInn,
-used by :class:`~fednest_mpi.algorithms.singlelevel.SingleLevel`) and :class:`LocalHypergradient`
+used by :class:`~fednest_mpi.algorithms.singlelevel.SingleLevel`), :class:`LocalHypergradient`
 (each client's own hypergradient estimate, used by LFedOut and by
-:class:`~fednest_mpi.algorithms.fedbio.FedBiO`).
+:class:`~fednest_mpi.algorithms.fedbio.FedBiO`) and :class:`GlobalHypergradient` (FedOut's aggregated
+one with the configured estimator, used by :class:`~fednest_mpi.algorithms.fedmbo.FedMBO`).
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ import numpy as np
 import torch
 
 from fednest_mpi import config, rng
-from fednest_mpi.algorithms.base import Algorithm
+from fednest_mpi.algorithms.base import Algorithm, ClientRows, active_rows, put_rows, take_rows
+from fednest_mpi.algorithms.estimators import ESTIMATORS, hypergradient_direction, local_neumann
 from fednest_mpi.federation import Federation, Participants, dense
 from fednest_mpi.problems.base import BilevelProblem, Sample
-from fednest_mpi.recorder import IHGP, INNER, OUTER, row_norms
+from fednest_mpi.recorder import INNER, OUTER, row_norms
 
 P = rng.Purpose
 
@@ -60,39 +63,6 @@ def rounds_per_iteration(name: str, inner_rounds: int, neumann_steps: int, hyper
         name=name, inner_rounds=inner_rounds, neumann_steps=neumann_steps, hypergradient=hypergradient
     )
     return FedNest.rounds_per_iteration(params, **config.ALGORITHMS[name].options)
-
-
-def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str, n_prime=None) -> torch.Tensor:
-    """Approximate H^{-1} v with products (I - eta H) r only (eta = ``scale`` ~ 1/l_{g,1}).
-
-    ``mode="truncated"``: eta * sum_{k=0..N} (I - eta H)^k v, error
-    ||H^-1 v - p|| <= (1 - eta mu)^{N+1} ||v|| / mu for eta <= 1/L.
-    ``mode="randomized"``: N eta (I - eta H)^{N'} v with N' ~ U{0..N-1} (paper eq. (6b)/(10b)),
-    whose expectation is the truncated series with N - 1 terms. ``n_prime`` is an int (one N'
-    for all rows, as in FedIHGP) or an integer tensor of shape (B, 1) (one per client, as in
-    LFedOut; rows stop multiplying once their own N' is reached).
-
-    ``step(n, r)`` returns (I - eta H_n) r for the n-th product (n = 1, 2, ...); FedIHGP passes a
-    step that aggregates over a client set (one round each), LFedOut a purely local one.
-    """
-    if mode == "truncated":
-        r, acc = v, v
-        for n in range(1, n_terms + 1):
-            r = step(n, r)
-            acc = acc + r
-        return scale * acc
-    if not torch.is_tensor(n_prime):
-        r = v
-        for n in range(1, int(n_prime) + 1):
-            r = step(n, r)
-        return (n_terms * scale) * r
-    # one N' per row: only rows that have not reached their own N' are multiplied (and counted)
-    r = v.clone()
-    n_prime = n_prime.reshape(-1)
-    for n in range(1, int(n_prime.max()) + 1 if n_prime.numel() else 1):
-        rows = torch.nonzero(n <= n_prime).reshape(-1)
-        r[rows] = step(n, r[rows], rows)
-    return (n_terms * scale) * r
 
 
 class InnerLevel(Algorithm):
@@ -134,16 +104,32 @@ class InnerLevel(Algorithm):
         LFedInn (Alg. 6, ``q`` None) of the clients ``ids``; returns their local y_i rows.
 
         Alg. 4: q_{i,nu} = G_i(y_{i,nu}; zeta_{i,nu}) - G_i(y; zeta_{i,nu}) + q,  q = mean_S G_i(y).
+        Each client performs its own number of steps (:meth:`Federation.local_steps`; ``inner_local_steps``
+        by default): the clients of each count are run together.
         """
+        steps = self.fed.local_steps(ids, k, self.cfg.inner_local_steps)
+        counts = np.unique(steps)
+        if counts.size <= 1:
+            return self._inner_local_steps(ids, k, t, x, y, q, int(counts[0]) if counts.size else 0)
+        rows = y.new_empty((ids.size, y.shape[0]))
+        for tau in counts:
+            group = np.flatnonzero(steps == tau)
+            rows[torch.as_tensor(group, device=y.device)] = dense(
+                self._inner_local_steps(ids[group], k, t, x, y, q, int(tau))
+            )
+        return rows
+
+    def _inner_local_steps(self, ids: np.ndarray, k: int, t: int, x, y, q, steps: int) -> torch.Tensor:
+        """:meth:`_inner_local` of clients that all perform ``steps`` local steps."""
         prob, lr = self.problem, self.cfg.inner_lr
-        fused = prob.local_sgd(ids, x, y, self.cfg.inner_local_steps, lr, self.key(P.INNER_SAMPLE, k, t), anchor=q)
+        fused = prob.local_sgd(ids, x, y, steps, lr, self.key(P.INNER_SAMPLE, k, t), anchor=q)
         if fused is not None:
             return fused
         n = ids.size
         X, Y0 = self._rows(x, n), self._rows(y, n)
         with prob.outer_fixed(ids, x):
             Y = Y0
-            for nu in range(self.cfg.inner_local_steps):
+            for nu in range(steps):
                 s = Sample(self.key(P.INNER_SAMPLE, k, t), nu)
                 d = prob.grad_y_inner(ids, X, Y, s)
                 if q is not None:
@@ -157,7 +143,7 @@ class InnerLevel(Algorithm):
         q = self._inner_anchor(S, x, y)
         size = self.problem.local_sgd_bytes(self.cfg.inner_local_steps, q is not None)
         (y_new,) = self.fed.mean_over(
-            S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)], client_bytes=size
+            S, lambda piece: [self._inner_local(piece.local_ids, k, t, x, y, q)], client_bytes=size, fallback=[y]
         )
         return y_new
 
@@ -182,104 +168,47 @@ class LocalHypergradient(Algorithm):
         s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
         if cfg.hypergradient == "direct":
             return prob.grad_x_outer(ids, X, Y, s)
-        v = prob.grad_y_outer(ids, X, Y, s)
-        n_prime = None
-        if cfg.ihgp_mode == "randomized":
-            draws = rng.uniform(self.key(P.IHGP_LENGTH, k, nu, ids.astype(np.int64)), 1)[:, 0]
-            n_prime = torch.as_tensor(np.floor(draws * cfg.neumann_steps).astype(np.int64), device=X.device)[:, None]
-
-        def step(j, r, rows=None):
-            sub = slice(None) if rows is None else rows.numpy(force=True)
-            return r - cfg.neumann_scale * prob.hvp_yy_inner(
-                ids[sub], X[sub], Y[sub], r, Sample(self.key(P.HVP_SAMPLE, k, nu), j)
-            )
-
-        p = neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
-        return prob.grad_x_outer(ids, X, Y, s) - prob.jvp_xy_inner(
-            ids, X, Y, p, Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1)
-        )
+        p = local_neumann(self, k, nu, ids, X, Y, prob.grad_y_outer(ids, X, Y, s))
+        jvp_sample = Sample(self.key(P.HVP_SAMPLE, k, nu), cfg.neumann_steps + 1)
+        return hypergradient_direction(prob, ids, X, Y, p, s, jvp_sample)
 
 
-class FedNest(InnerLevel, LocalHypergradient, Algorithm):
-    """One outer iteration of Algorithm 1 for any :class:`Variant` (the keyword arguments), with the
-    parameters of :class:`~fednest_mpi.config.FedNestConfig`. Carries no state across iterations."""
+class GlobalHypergradient(Algorithm):
+    """The aggregated hypergradient of FedOut (Alg. 2, lines 3-6) with a **global** estimate of
+    p = [nabla^2_yy g]^{-1} nabla_y f: the estimator named by ``hypergradient_estimator``
+    (:mod:`fednest_mpi.algorithms.estimators`; FedIHGP, Alg. 3, by default), for an :class:`Algorithm`
+    whose parameters have the estimators' fields and ``hypergradient``. The estimator's state (the
+    warm-started v) is checkpointed with the algorithm's."""
 
-    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, **variant: bool):
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int):
         super().__init__(cfg, problem, fed, seed)
-        self.variant = Variant(**variant)
-        self.inner_variance_reduction = self.variant.inner_variance_reduction
+        self.estimator = ESTIMATORS[cfg.hypergradient_estimator](self)
 
-    @classmethod
-    def rounds_per_iteration(cls, cfg, **variant: bool) -> int:
-        """Communication rounds of one outer iteration in truncated FedIHGP mode (paper Table 2);
-        ``hypergradient = "direct"`` (minimax, eq. (9)) has no FedIHGP: FedOut takes 2 rounds."""
-        v = Variant(**variant)
-        if not v.alternating:
-            return cfg.inner_rounds
-        inner = (2 if v.inner_variance_reduction else 1) * cfg.inner_rounds
-        if not v.global_outer:
-            return inner + 1
-        return inner + (cfg.neumann_steps + 3 if cfg.hypergradient == "implicit" else 2)
+    @staticmethod
+    def hypergradient_rounds(cfg) -> int:
+        """Rounds of :meth:`hypergradient` (its most: randomized FedIHGP and a CG tolerance take fewer)."""
+        return ESTIMATORS[cfg.hypergradient_estimator].rounds(cfg) + 1 if cfg.hypergradient == "implicit" else 1
 
-    # -- Algorithm 1 -----------------------------------------------------------------------------
-    def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Outer iteration k: T inner rounds then one outer update; returns (x+, y+, diagnostics)."""
-        v, T = self.variant, self.cfg.inner_rounds
-        if not v.alternating:
-            for t in range(T - 1):
-                y = self.fed_inn(k, t, x, y)
-            return self.nonalternating_round(k, T - 1, x, y)
-        for t in range(T):
-            y = self.fed_inn(k, t, x, y)
-        if v.global_outer:
-            x, diag = self.fed_out(k, x, y)
-        else:
-            x, diag = self.lfed_out(k, x, y)
-        return x, y, diag
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return {**super().checkpoint_state(), **self.estimator.state()}
 
-    # -- outer level, global (FedOut + FedIHGP) -------------------------------------------------
+    def restore(self, global_state: dict[str, torch.Tensor], client_states: ClientRows) -> None:
+        super().restore(global_state, client_states)
+        self.estimator.restore(global_state)
+
     def fed_ihgp(self, k: int, x, y, S_out: Participants) -> torch.Tensor:
-        """FedIHGP (Alg. 3): p ~ [nabla^2_yy g]^{-1} nabla_y f with the **global** Hessian.
-
-        p_0 = mean_{S_0} nabla_y f_i (one round); then each of the N (or N') products
+        """p ~ [nabla^2_yy g]^{-1} nabla_y f at (x, y) by the configured estimator; with the default,
+        FedIHGP (Alg. 3): p_0 = mean_{S_0} nabla_y f_i (one round), then each of the N (or N') products
         p_n = mean_{S_n} (I - eta nabla^2_yy g_i) p_{n-1} is one round over a fresh client set S_n
-        (``ihgp_resample_clients``; otherwise FedOut's set). Returns the truncated sum or the
-        randomized single power (see :func:`neumann_series`).
-        """
-        cfg, prob = self.cfg, self.problem
-
-        def clients(n):
-            S = self.sample_clients(P.IHGP_CLIENTS, k, n) if cfg.ihgp_resample_clients else S_out
-            self.recorder.took_part(S.local_ids, IHGP)
-            return S
-
-        def outer_gradients(piece):
-            ids, m = piece.local_ids, piece.local_ids.size
-            return [prob.grad_y_outer(ids, self._rows(x, m), self._rows(y, m), Sample(self.key(P.OUTER_SAMPLE, k), -1))]
-
-        (v,) = self.fed.mean_over(clients(0), outer_gradients)
-
-        def step(n, r):
-            def products(piece):
-                ids, m = piece.local_ids, piece.local_ids.size
-                R = self._rows(r, m)
-                Hr = prob.hvp_yy_inner(ids, self._rows(x, m), self._rows(y, m), R, Sample(self.key(P.HVP_SAMPLE, k), n))
-                return [Hr.mul(-cfg.neumann_scale).add_(r)]  # (I - eta H) r: bitwise R - eta Hr, one temporary
-
-            (r_next,) = self.fed.mean_over(clients(n), products)
-            return r_next
-
-        n_prime = (
-            rng.integer(self.key(P.IHGP_LENGTH, k), 0, cfg.neumann_steps) if cfg.ihgp_mode == "randomized" else None
-        )
-        return neumann_series(step, v, cfg.neumann_steps, cfg.neumann_scale, cfg.ihgp_mode, n_prime)
+        (``ihgp_resample_clients``; otherwise FedOut's set ``S_out``)."""
+        return self.estimator.estimate(k, x, y, S_out)
 
     def hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
         """Aggregated hypergradient estimate of FedOut (Alg. 2, lines 3-6; eqs. (8), (10a)):
 
-        h = mean_S [nabla_x f_i(x, y; xi_i) - nabla^2_xy g_i(x, y; zeta_i) p],  p = FedIHGP(x, y).
+        h = mean_S [nabla_x f_i(x, y; xi_i) - nabla^2_xy g_i(x, y; zeta_i) p],  p = the estimator's (FedIHGP).
 
-        Rounds: 1 + N (FedIHGP) + 1. With ``hypergradient = "direct"`` (minimax, g_i = -f_i) the
+        Rounds: R (the estimator's; FedIHGP: 1 + N) + 1. With ``hypergradient = "direct"`` (minimax, g_i = -f_i) the
         indirect part vanishes at y*(x) and h = mean_S nabla_x f_i(x, y) (eq. (9), (64)): one round.
         A pooled outer objective f = phi(mean_S u_i) (:meth:`BilevelProblem.outer_statistics`)
         adds one round first, for the mean of the u_i; f_i is then phi's linearisation there.
@@ -301,18 +230,20 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
             return self._hypergradient(k, x, y, S)
 
     def _hypergradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
-        """h of :meth:`hypergradient` for the problem's current f_i (FedIHGP, then the direct part
-        minus the Jacobian product, one round)."""
+        """h of :meth:`hypergradient` for the problem's current f_i (the estimator's p, then the direct
+        part minus the Jacobian product, one round)."""
         prob, cfg = self.problem, self.cfg
         p = self.fed_ihgp(k, x, y, S) if cfg.hypergradient == "implicit" else None
 
         def local_hypergradients(piece):
             ids, n = piece.local_ids, piece.local_ids.size
             X, Y = self._rows(x, n), self._rows(y, n)
-            h_i = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), 0))
-            if p is not None:
-                h_i = h_i - prob.jvp_xy_inner(
-                    ids, X, Y, self._rows(p, n), Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1)
+            s = Sample(self.key(P.OUTER_SAMPLE, k), 0)
+            if p is None:
+                h_i = prob.grad_x_outer(ids, X, Y, s)
+            else:
+                h_i = hypergradient_direction(
+                    prob, ids, X, Y, self._rows(p, n), s, Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1)
                 )
             self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
             return [h_i]
@@ -320,6 +251,52 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
         (h,) = self.fed.mean_over(S, local_hypergradients)
         return h
 
+
+class FedNest(InnerLevel, LocalHypergradient, GlobalHypergradient, Algorithm):
+    """One outer iteration of Algorithm 1 for any :class:`Variant` (the keyword arguments), with the
+    parameters of :class:`~fednest_mpi.config.FedNestConfig`. Carries no state across iterations but
+    its estimator's (``warm_start``: v).
+
+    System heterogeneity (:mod:`fednest_mpi.heterogeneity`): every local phase (FedInn / LFedInn's tau,
+    FedOut's eq. (7) steps, LFedOut's) runs each client's own number of steps, and every aggregation is
+    the plain weighted mean over the members that answered; a round nobody answered keeps the current
+    iterate (y, x) or gives a zero vector (q, p's terms, h)."""
+
+    def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, **variant: bool):
+        super().__init__(cfg, problem, fed, seed)
+        self.variant = Variant(**variant)
+        self.inner_variance_reduction = self.variant.inner_variance_reduction
+
+    @classmethod
+    def rounds_per_iteration(cls, cfg, **variant: bool) -> int:
+        """Communication rounds of one outer iteration in truncated FedIHGP mode (paper Table 2), or
+        with another ``hypergradient_estimator`` its rounds R instead of FedIHGP's 1 + N;
+        ``hypergradient = "direct"`` (minimax, eq. (9)) has no estimator: FedOut takes 2 rounds."""
+        v = Variant(**variant)
+        if not v.alternating:
+            return cfg.inner_rounds
+        inner = (2 if v.inner_variance_reduction else 1) * cfg.inner_rounds
+        if not v.global_outer:
+            return inner + 1
+        return inner + cls.hypergradient_rounds(cfg) + 1
+
+    # -- Algorithm 1 -----------------------------------------------------------------------------
+    def step(self, k: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Outer iteration k: T inner rounds then one outer update; returns (x+, y+, diagnostics)."""
+        v, T = self.variant, self.cfg.inner_rounds
+        if not v.alternating:
+            for t in range(T - 1):
+                y = self.fed_inn(k, t, x, y)
+            return self.nonalternating_round(k, T - 1, x, y)
+        for t in range(T):
+            y = self.fed_inn(k, t, x, y)
+        if v.global_outer:
+            x, diag = self.fed_out(k, x, y)
+        else:
+            x, diag = self.lfed_out(k, x, y)
+        return x, y, diag
+
+    # -- outer level, global (FedOut + the hypergradient of GlobalHypergradient) ----------------
     def fed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
         """FedOut (Alg. 2): x+ = mean_S x_{i,tau}, with the local steps of eq. (7)-(8)
 
@@ -336,12 +313,17 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
             ids, n = piece.local_ids, piece.local_ids.size
             X, Y = self._rows(x, n), self._rows(y, n)
             Xi = X - cfg.outer_lr * h
+            steps = self.fed.local_steps(ids, k, cfg.outer_local_steps)  # each client's own tau
             for nu in range(1, cfg.outer_local_steps):
-                s = Sample(self.key(P.OUTER_SAMPLE, k), nu)
-                Xi = Xi - cfg.outer_lr * (prob.grad_x_outer(ids, Xi, Y, s) - prob.grad_x_outer(ids, X, Y, s) + h)
+                s, a = Sample(self.key(P.OUTER_SAMPLE, k), nu), active_rows(steps, nu)
+                if a is not None and not a.size:
+                    break
+                ia, Xa, Xr, Ya = ids if a is None else ids[a], take_rows(Xi, a), take_rows(X, a), take_rows(Y, a)
+                Xa = Xa - cfg.outer_lr * (prob.grad_x_outer(ia, Xa, Ya, s) - prob.grad_x_outer(ia, Xr, Ya, s) + h)
+                Xi = put_rows(Xi, a, Xa)
             return [Xi]
 
-        (x_new,) = self.fed.mean_over(S, local_steps)
+        (x_new,) = self.fed.mean_over(S, local_steps, fallback=[x])
         return x_new, {"hypergradient_estimate_norm": float(torch.linalg.vector_norm(h))}
 
     # -- outer level, local (LFedOut) -----------------------------------------------------------
@@ -353,18 +335,24 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
         rec = self.recorder
         rec.took_part(ids, OUTER)
         rec.record("outer_loss", ids, lambda: self.problem.outer_value(ids, Xi, Y))
+        steps = self.fed.local_steps(ids, k, self.cfg.outer_local_steps)  # each client's own tau
         for nu in range(self.cfg.outer_local_steps):
-            h = self.local_hypergradient(k, nu, ids, Xi, Y)
+            a = active_rows(steps, nu)
+            if a is not None and not a.size:
+                break
+            h = self.local_hypergradient(k, nu, ids if a is None else ids[a], take_rows(Xi, a), take_rows(Y, a))
             if nu == 0:
                 rec.record("local_hypergradient_norm", ids, lambda h=h: row_norms(h))
-            Xi = Xi - self.cfg.outer_lr * h
+            Xi = put_rows(Xi, a, take_rows(Xi, a) - self.cfg.outer_lr * h)
         return Xi
 
     def lfed_out(self, k: int, x, y) -> tuple[torch.Tensor, dict]:
         """LFedOut (Alg. 5): x+ = mean_S x_{i,tau}; one round."""
         S = self.sample_clients(P.OUTER_CLIENTS, k)
         (x_new,) = self.fed.mean_over(
-            S, lambda piece: [self._outer_local(piece.local_ids, k, x, self._rows(y, piece.local_ids.size))]
+            S,
+            lambda piece: [self._outer_local(piece.local_ids, k, x, self._rows(y, piece.local_ids.size))],
+            fallback=[x],
         )
         return x_new, {}
 
@@ -378,5 +366,5 @@ class FedNest(InnerLevel, LocalHypergradient, Algorithm):
             Yi = dense(self._inner_local(piece.local_ids, k, t, x, y, q))
             return [self._outer_local(piece.local_ids, k, x, Yi), Yi]
 
-        x_new, y_new = self.fed.mean_over(S, local_steps)
+        x_new, y_new = self.fed.mean_over(S, local_steps, fallback=[x, y])
         return x_new, y_new, {}

@@ -14,7 +14,7 @@ minimax specialisation (eq. (9)) is not here: it is ``fednest`` with ``hypergrad
 
 from __future__ import annotations
 
-from fednest_mpi.algorithms.base import Algorithm
+from fednest_mpi.algorithms.base import Algorithm, active_rows, put_rows, take_rows
 from fednest_mpi.algorithms.fednest import P
 from fednest_mpi.problems.base import Sample
 from fednest_mpi.recorder import INNER, OUTER
@@ -22,7 +22,8 @@ from fednest_mpi.recorder import INNER, OUTER
 
 class FedAvgS(Algorithm):
     """FedAvg-S (see the module docstring) with the parameters of :class:`~fednest_mpi.config.FedAvgSConfig`;
-    carries no state across iterations."""
+    carries no state across iterations; each client performs its own number of local steps
+    (:meth:`~fednest_mpi.federation.Federation.local_steps`)."""
 
     @classmethod
     def rounds_per_iteration(cls, cfg, **options) -> int:
@@ -38,11 +39,16 @@ class FedAvgS(Algorithm):
             ids, n = piece.local_ids, piece.local_ids.size
             X, Y = self._rows(x, n), self._rows(y, n)
             self.recorder.took_part(ids, INNER | OUTER)  # one set updates both variables
+            steps = self.fed.local_steps(ids, k, cfg.inner_local_steps)  # each client's own tau
             for nu in range(cfg.inner_local_steps):
-                gy = prob.grad_y_inner(ids, X, Y, Sample(self.key(P.INNER_SAMPLE, k, 0), nu))
-                gx = prob.grad_x_outer(ids, X, Y, Sample(self.key(P.OUTER_SAMPLE, k), nu))
-                X, Y = X - cfg.outer_lr * gx, Y - cfg.inner_lr * gy
+                a = active_rows(steps, nu)
+                if a is not None and not a.size:
+                    break
+                ia, Xa, Ya = ids if a is None else ids[a], take_rows(X, a), take_rows(Y, a)
+                gy = prob.grad_y_inner(ia, Xa, Ya, Sample(self.key(P.INNER_SAMPLE, k, 0), nu))
+                gx = prob.grad_x_outer(ia, Xa, Ya, Sample(self.key(P.OUTER_SAMPLE, k), nu))
+                X, Y = put_rows(X, a, Xa - cfg.outer_lr * gx), put_rows(Y, a, Ya - cfg.inner_lr * gy)
             return [X, Y]
 
-        x_new, y_new = self.fed.mean_over(S, local_steps)
+        x_new, y_new = self.fed.mean_over(S, local_steps, fallback=[x, y])
         return x_new, y_new, {}

@@ -13,7 +13,8 @@ verdict and raises the same :class:`~fednest_mpi.errors.ConfigError` before any 
 
 The package is split by job: :mod:`~fednest_mpi.config.fields` (documented fields and their checks),
 :mod:`~fednest_mpi.config.problem_params` and :mod:`~fednest_mpi.config.algorithm_params` (the built-ins'
-parameter classes), :mod:`~fednest_mpi.config.run_params` (``[federation]``, ``[run]``, :class:`RunConfig`),
+parameter classes), :mod:`~fednest_mpi.config.run_params` (``[federation]``, ``[heterogeneity]``, ``[run]``,
+:class:`RunConfig`),
 :mod:`~fednest_mpi.config.registries`, :mod:`~fednest_mpi.config.loading` (files, layers, overrides),
 :mod:`~fednest_mpi.config.validation` (checks across sections) and :mod:`~fednest_mpi.config.reference`.
 """
@@ -51,7 +52,7 @@ from fednest_mpi.config.registries import (
     algorithm_spec_of,
     problem_spec_of,
 )
-from fednest_mpi.config.run_params import FederationConfig, RunConfig, RunSection
+from fednest_mpi.config.run_params import FederationConfig, HeterogeneityConfig, RunConfig, RunSection
 from fednest_mpi.config.validation import validate_relations, validate_world
 from fednest_mpi.errors import ConfigError
 
@@ -67,6 +68,7 @@ __all__ = [
     "FedBiOConfig",
     "FedNestConfig",
     "FederationConfig",
+    "HeterogeneityConfig",
     "HyperRepresentationConfig",
     "ImageClientsConfig",
     "LossTuningConfig",

@@ -1,7 +1,9 @@
 """The parameter classes of the built-in algorithms (the ``[algorithm]`` section, chosen by ``name``).
 
 One frozen class per algorithm class; the fields shared by several classes are made by one function each,
-so their meaning is written once. A ``check`` method holds the checks that involve several fields.
+so their meaning is written once (the ``Params`` of algorithms that live next to their classes, e.g.
+:class:`~fednest_mpi.algorithms.fedmbo.FedMBO`'s, take them from here too). A ``check`` method holds the
+checks that involve several fields.
 """
 
 from __future__ import annotations
@@ -80,10 +82,38 @@ def _hypergradient():
     )
 
 
+def _ihgp_resample_clients():
+    return spec(True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of reusing FedOut's set")
+
+
+def _hypergradient_estimator():
+    return spec(
+        "neumann",
+        "FedOut's estimate of [nabla^2_yy g]^-1 nabla_y f (algorithms/estimators.py): neumann (FedIHGP, Alg. 3: "
+        "1 + N rounds), local_neumann (each client's own series, Alg. 5, averaged: 1 round), cg (conjugate "
+        "gradient, one aggregated Hessian-vector product per iteration: 1 + at most N rounds), warm_start (v kept "
+        "across iterations, N local steps on 1/2 v^T H v - v^T grad_y f: 1 round)",
+        choices=("neumann", "local_neumann", "cg", "warm_start"),
+    )
+
+
+def _cg_tolerance():
+    return spec(
+        0.0, "hypergradient_estimator = cg: stop once ||r|| <= cg_tolerance ||r_0|| (0: always N iterations)", low=0.0
+    )
+
+
 def _check_randomized_neumann(params) -> None:
-    """The randomized FedIHGP (eq. (10b)) needs N >= 1."""
+    """The randomized FedIHGP (eq. (10b)) needs N >= 1; it is a Neumann series' truncation (CG and the
+    warm start have none)."""
     if params.ihgp_mode == "randomized" and params.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
+    estimator = getattr(params, "hypergradient_estimator", "neumann")
+    if params.ihgp_mode == "randomized" and estimator in ("cg", "warm_start"):
+        raise ConfigError(
+            f"algorithm.ihgp_mode: 'randomized' truncates a Neumann series, which hypergradient_estimator = "
+            f"{estimator!r} does not use; set ihgp_mode = 'truncated' or hypergradient_estimator = 'neumann'"
+        )
 
 
 @dataclass(frozen=True)
@@ -101,10 +131,10 @@ class FedNestConfig:
     neumann_steps: int = _neumann_steps()
     neumann_scale: float = _neumann_scale()
     ihgp_mode: str = _ihgp_mode()
-    ihgp_resample_clients: bool = spec(
-        True, "draw a fresh client set S_n for every FedIHGP round (paper) instead of reusing FedOut's set"
-    )
+    ihgp_resample_clients: bool = _ihgp_resample_clients()
     hypergradient: str = _hypergradient()
+    hypergradient_estimator: str = _hypergradient_estimator()
+    cg_tolerance: float = _cg_tolerance()
 
     check = _check_randomized_neumann
 

@@ -5,6 +5,7 @@ TOML/JSON with its ``base`` chain, merging layers, overrides, building the secti
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import tomllib
 import typing
@@ -102,6 +103,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"--set {keypath}: the value is nested too deeply") from None
+    _check_values(Path("--set"), {keypath: value})
     return keys, value
 
 
@@ -145,14 +149,39 @@ def merge_layers(base: dict, top: dict) -> dict:
     return out
 
 
-def read_file(path: str | Path, _seen: tuple = ()) -> dict:
-    """The plain data of a TOML (or JSON) config file, with its ``base`` chain resolved.
+MAX_DEPTH = 32  # tables and arrays nested deeper than this are no config of ours (and recursion stays bounded)
 
-    A top-level ``base = "other.toml"`` (relative to the file) names a config whose values this
-    file overrides, table by table, so a family of configs shares one base and each member states
-    only what differs (``configs/mnist/``).
-    """
-    p = Path(path)
+
+def _no_duplicates(pairs: list) -> dict:
+    """``json.loads`` object hook: a key given twice is refused (TOML refuses it itself)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{key!r} is given twice in the same object; keep one")
+        out[key] = value
+    return out
+
+
+def _check_values(p: Path, data: dict) -> None:
+    """Refuse what no field holds: TOML dates and times, and nesting deeper than :data:`MAX_DEPTH`."""
+    todo: list[tuple[str, Any, int]] = [(key, value, 1) for key, value in data.items()]
+    while todo:
+        where, value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"config file {str(p)!r}: {where} is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, datetime.date | datetime.time):  # datetime.datetime is a date
+            raise ConfigError(
+                f"{where}: {value.isoformat()} is a TOML date/time, which no config field holds; "
+                "write it as a string (in quotes) or a number"
+            )
+        if isinstance(value, dict):
+            todo += [(f"{where}.{key}", item, depth + 1) for key, item in value.items()]
+        elif isinstance(value, list):
+            todo += [(f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value)]
+
+
+def _read_one(p: Path) -> dict:
+    """The plain data of one config file (its ``base`` not followed)."""
     if p.is_dir():
         raise ConfigError(
             f"config file {str(p)!r} is a folder; pass the path of a TOML file, such as configs/quadratic.toml"
@@ -170,32 +199,67 @@ def read_file(path: str | Path, _seen: tuple = ()) -> dict:
         ) from None
     except OSError as exc:
         raise ConfigError(f"config file {str(p)!r} cannot be read ({exc.strerror or exc})") from None
+    kind = "JSON" if p.suffix == ".json" else "TOML"
     try:
-        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(text, object_pairs_hook=_no_duplicates) if kind == "JSON" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as exc:  # json.JSONDecodeError and duplicate keys are ValueErrors
+        raise ConfigError(f"config file {str(p)!r} is not valid {kind}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(p)!r}: its values are nested too deeply to read") from None
+    if not isinstance(data, dict):
         raise ConfigError(
-            f"config file {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}"
-        ) from None
-    if not _seen and data == {}:
+            f"config file {str(p)!r}: expected a table (a JSON object) at the top level, got a {type(data).__name__}"
+        )
+    _check_values(p, data)
+    return data
+
+
+def read_file(path: str | Path) -> dict:
+    """The plain data of a TOML (or JSON) config file, with its ``base`` chain resolved.
+
+    A top-level ``base = "other.toml"`` (relative to the file) names a config whose values this
+    file overrides, table by table, so a family of configs shares one base and each member states
+    only what differs (``configs/mnist/``). Chains of any length are read (a loop is refused).
+    """
+    p = Path(path)
+    layers = [_read_one(p)]
+    if layers[0] == {}:
         raise ConfigError(
             f"config file {str(p)!r} is empty; a config needs at least the sections [problem] and [algorithm] "
             "(every other field has a default), e.g. a copy of configs/quadratic.toml"
         )
-    base = data.pop("base", None)
-    if base is None:
-        return data
-    if not isinstance(base, str):
-        raise ConfigError(f"{p}: base: expected the path of a config file, got {base!r}")
-    base_path = (p.parent / base).resolve()
-    if base_path in _seen or base_path == p.resolve():
-        raise ConfigError(f"{p}: base: {base!r} leads back to itself; remove the cycle")
-    return merge_layers(read_file(base_path, _seen + (p.resolve(),)), data)
+    seen = {p.resolve()}
+    while "base" in layers[-1]:
+        base = layers[-1].pop("base")
+        if not isinstance(base, str):
+            raise ConfigError(f"{p}: base: expected the path of a config file, got {base!r}")
+        base_path = (p.parent / base).resolve()
+        if base_path in seen:
+            raise ConfigError(f"{p}: base: {base!r} leads back to itself; remove the cycle")
+        seen.add(base_path)
+        p = base_path
+        layers.append(_read_one(p))
+    data = layers.pop()
+    while layers:
+        data = merge_layers(data, layers.pop())
+    return data
+
+
+REQUIRED = ("problem", "algorithm")  # sections a config file must name (every field within has a default)
 
 
 def load(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a TOML (or JSON) config (and its ``base`` chain), apply overrides, validate."""
-    data = read_file(path) if path is not None else {}
-    return from_dict(apply_overrides(data, list(overrides)))
+    data = apply_overrides(read_file(path) if path is not None else {}, list(overrides))
+    cfg = from_dict(data)  # its errors first: they name a field
+    missing = [name for name in REQUIRED if path is not None and name not in data]
+    if missing:
+        raise ConfigError(
+            f"config file {str(path)!r} has no [{missing[0]}] section; a config names at least its [problem] and "
+            'its [algorithm] (e.g. [algorithm] with name = "fednest"; every other field has a default), '
+            "see configs/quadratic.toml"
+        )
+    return cfg
 
 
 def flatten_config(data: Mapping[str, Any], prefix: str = "", hashable: bool = True) -> dict[str, Any]:

@@ -72,6 +72,8 @@ for _spec in (
     ProblemSpec("fairness", FairnessConfig, "fednest_mpi.problems.fairness:FairnessProblem"),
 ):
     PROBLEMS.register(_spec)
+# written on the public problem API, its parameters its class's Params: found the way a plugin is
+PROBLEMS.provide("hyper_cleaning", "fednest_mpi.problems.hyper_cleaning:HyperCleaning")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class AlgorithmSpec:
     stateful: bool = False  #: per-client state lives across rounds on the rank hosting the client (placement = block)
     pools_outer_objective: bool = False  #: can pool an outer objective f = phi(mean_S u_i) (one extra round)
     problems: tuple[str, ...] | None = None  #: problem kinds it accepts (None: every kind)
+    #: runs each client's own number of local steps (heterogeneity.local_work; Federation.local_steps)
+    varies_local_work: bool = False
 
     def accepts(self, problem: str) -> bool:
         return self.problems is None or problem in self.problems
@@ -101,8 +105,8 @@ _FEDNEST = "fednest_mpi.algorithms.fednest:FedNest"
 
 def algorithm_spec_of(name: str, cls: type) -> AlgorithmSpec:
     """The registry entry of a plugin algorithm class: its ``Params`` and its trait attributes ``summary``
-    (default: the docstring's first line), ``kind``, ``options``, ``stateful``, ``pools_outer_objective``
-    and ``problems`` (docs/extending.md)."""
+    (default: the docstring's first line), ``kind``, ``options``, ``stateful``, ``pools_outer_objective``,
+    ``problems`` and ``varies_local_work`` (docs/extending.md)."""
     summary = getattr(cls, "summary", None) or (cls.__doc__ or name).strip().splitlines()[0]
     return AlgorithmSpec(
         name,
@@ -114,6 +118,7 @@ def algorithm_spec_of(name: str, cls: type) -> AlgorithmSpec:
         stateful=bool(getattr(cls, "stateful", False)),
         pools_outer_objective=bool(getattr(cls, "pools_outer_objective", False)),
         problems=getattr(cls, "problems", None),
+        varies_local_work=bool(getattr(cls, "varies_local_work", False)),
     )
 
 
@@ -130,6 +135,7 @@ for _entry in (
         "a FedNest variant",
         {"inner_variance_reduction": True, "global_outer": True},
         pools_outer_objective=True,
+        varies_local_work=True,
     ),
     AlgorithmSpec(
         "fednest_sgd",
@@ -139,6 +145,7 @@ for _entry in (
         "a FedNest variant",
         {"inner_variance_reduction": False, "global_outer": True},
         pools_outer_objective=True,
+        varies_local_work=True,
     ),
     AlgorithmSpec(
         "lfednest",
@@ -147,6 +154,7 @@ for _entry in (
         "LFedOut (Alg. 5) with LFedInn SGD (Alg. 6): T + 1 rounds",
         "a FedNest variant",
         {"inner_variance_reduction": False, "global_outer": False},
+        varies_local_work=True,
     ),
     AlgorithmSpec(
         "lfednest_svrg",
@@ -155,6 +163,7 @@ for _entry in (
         "LFedOut (Alg. 5) with FedInn SVRG (Alg. 4): 2T + 1 rounds",
         "a FedNest variant",
         {"inner_variance_reduction": True, "global_outer": False},
+        varies_local_work=True,
     ),
     AlgorithmSpec(
         "lfednest_nonalt",
@@ -163,6 +172,7 @@ for _entry in (
         "appendix H.1: LFedOut on each client's local y, y and x averaged in one round: T rounds",
         "a FedNest variant",
         {"inner_variance_reduction": False, "global_outer": False, "alternating": False},
+        varies_local_work=True,
     ),
     AlgorithmSpec(
         "fedavg_s",
@@ -171,6 +181,7 @@ for _entry in (
         "simultaneous local descent-ascent on x and y, one round (section 4.3)",
         "a saddle-point method",
         problems=("minimax",),
+        varies_local_work=True,
     ),
     AlgorithmSpec(
         "fedbio",
@@ -197,6 +208,7 @@ for _entry in (
         "FedAvg = LFedInn (Alg. 6) on g(x0, .), x fixed: T rounds",
         "a single-level method",
         {"inner_variance_reduction": False},
+        varies_local_work=True,
     ),
     AlgorithmSpec(
         "fedsvrg",
@@ -205,9 +217,19 @@ for _entry in (
         "FedSVRG = FedInn (Alg. 4) on g(x0, .), x fixed: 2T rounds",
         "a single-level method",
         {"inner_variance_reduction": True},
+        varies_local_work=True,
     ),
 ):
     ALGORITHMS.register(_entry)
+#: built-ins whose parameter classes live next to their classes (modules that import torch): loaded and
+#: registered by the same ALGORITHMS.register when a config names them or config-doc lists them all
+for _name, _target in (
+    ("simfbo", "fednest_mpi.algorithms.simfbo:SimFBO"),
+    ("shrofbo", "fednest_mpi.algorithms.simfbo:ShroFBO"),
+    ("fedmsa", "fednest_mpi.algorithms.fedmsa:FedMSA"),
+    ("fedmbo", "fednest_mpi.algorithms.fedmbo:FedMBO"),
+):
+    ALGORITHMS.provide(_name, _target)
 
 
 def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
@@ -222,4 +244,6 @@ def algorithm_fields(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
         return dict(table)
     own = fields_of(spec_.params)
     every = set().union(*(fields_of(s.params) for s in ALGORITHMS.values()))
+    if not set(table) <= every:  # perhaps fields of a provided built-in not loaded yet: load those
+        every = set().union(*(fields_of(s.params) for s in ALGORITHMS.with_builtins()))
     return {k: v for k, v in table.items() if k in own or k not in every}

@@ -1,4 +1,4 @@
-"""The ``[federation]`` and ``[run]`` sections and :class:`RunConfig`, the whole run."""
+"""The ``[federation]``, ``[heterogeneity]`` and ``[run]`` sections and :class:`RunConfig`, the whole run."""
 
 from __future__ import annotations
 
@@ -37,6 +37,38 @@ class FederationConfig:
         "every rank then holds every client's data -- synthetic generates it from the client id -- and no per-client "
         "records are written)",
         choices=("block", "balanced"),
+    )
+
+
+@dataclass(frozen=True)
+class HeterogeneityConfig:
+    """System heterogeneity, keyed by (seed, round, client id): local steps per client, members that do not answer."""
+
+    local_work: str = spec(
+        "full",
+        "local steps per client: full (every client runs the configured steps of each local phase) or uniform "
+        "(client i runs tau_i drawn uniformly from {ceil(local_work_min tau), ..., tau} of a phase of tau steps)",
+        choices=("full", "uniform"),
+    )
+    local_work_min: float = spec(
+        0.5, "local_work = uniform: the smallest fraction of the configured steps", low=0.0, high=1.0, low_open=True
+    )
+    local_work_draw: str = spec(
+        "client",
+        "local_work = uniform: draw tau_i once per client (client) or again every outer iteration (iteration)",
+        choices=("client", "iteration"),
+    )
+    drop_probability: float = spec(
+        0.0,
+        "probability that a member of a round's client set does not answer that communication round (it computes "
+        "and sends nothing; the round aggregates over the members that answered)",
+        low=0.0,
+        high=1.0,
+    )
+    availability_trace: str = spec(
+        "",
+        "path of a 0/1 table (.npy, or .csv text), one row per communication round (cyclic) and one column per "
+        "client: a member answers a round only where its entry is 1 (and the drop_probability lets it); empty: none",
     )
 
 
@@ -83,6 +115,19 @@ class RunSection:
     checkpoint_dir: str = spec(
         "", "checkpoint folder (shared by all ranks); empty: the output path with '.ckpt' appended"
     )
+    stop_timeout: float = spec(
+        15.0,
+        "seconds after a SIGTERM or SIGINT within which the ranks must reach the end of the iteration and "
+        "checkpoint; past it (a rank stopped or blocked on I/O, or a longer iteration) every rank closes its "
+        "files and exits at once, as after a second signal (0: wait for ever); docs/reliability.md",
+        low=0.0,
+    )
+    round_timeout: float = spec(
+        0.0,
+        "watchdog: seconds an outer iteration (with its evaluation and checkpoint) may take; past it every "
+        "rank closes its files and the run exits with code 1 (0: off); docs/reliability.md",
+        low=0.0,
+    )
     client_series: bool = spec(
         True,
         "record per-client series (participation, local losses, gradient norms; clients x iterations, "
@@ -108,6 +153,9 @@ class RunConfig:
     problem: Any = field(default_factory=QuadraticConfig, metadata={"help": "problem section; see the problem kinds"})
     algorithm: Any = field(default_factory=FedNestConfig, metadata={"help": "algorithm section; see the algorithms"})
     federation: FederationConfig = field(default_factory=FederationConfig, metadata={"help": "federation section"})
+    heterogeneity: HeterogeneityConfig = field(
+        default_factory=HeterogeneityConfig, metadata={"help": "heterogeneity section"}
+    )
     run: RunSection = field(default_factory=RunSection, metadata={"help": "run section"})
 
     def to_dict(self) -> dict:
@@ -117,4 +165,4 @@ class RunConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-SECTIONS = {"federation": FederationConfig, "run": RunSection}
+SECTIONS = {"federation": FederationConfig, "heterogeneity": HeterogeneityConfig, "run": RunSection}

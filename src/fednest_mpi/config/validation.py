@@ -30,18 +30,31 @@ def validate_relations(cfg: RunConfig) -> None:
             f"use 'implicit' for problem {p.name!r}"
         )
     if not alg.accepts(p.name):
-        fits = [s.name for s in ALGORITHMS.values() if s.accepts(p.name)]
+        fits = [s.name for s in ALGORITHMS.with_builtins() if s.accepts(p.name)]
         raise ConfigError(
             f"algorithm.name: {a.name!r} is {alg.kind} for problem {' or '.join(map(repr, alg.problems or ()))}; "
             f"choose one of {', '.join(fits)} for problem {p.name!r}"
+        )
+    estimator = getattr(a, "hypergradient_estimator", "neumann")
+    if estimator != "neumann" and alg.options.get("global_outer") is False:
+        raise ConfigError(
+            f"algorithm.hypergradient_estimator: {estimator!r} estimates FedOut's global [nabla^2_yy g]^-1 nabla_y f, "
+            f"but {a.name!r} uses each client's own Neumann series (LFedOut, Alg. 5); use algorithm.name = 'fednest' "
+            "or 'fednest_sgd', or hypergradient_estimator = 'neumann'"
         )
     if alg.stateful and cfg.federation.placement != "block":
         raise ConfigError(
             f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "
             "use placement = 'block'"
         )
+    if cfg.heterogeneity.local_work != "full" and not alg.varies_local_work:
+        varying = ", ".join(repr(s.name) for s in ALGORITHMS.values() if s.varies_local_work)
+        raise ConfigError(
+            f"heterogeneity.local_work: {a.name!r} runs the same local steps on every client; use local_work = "
+            f"'full' with it, or one of {varying}"
+        )
     if getattr(p, "pooled_outer_objective", False) and not alg.pools_outer_objective:
-        pooling = " or ".join(repr(s.name) for s in ALGORITHMS.values() if s.pools_outer_objective)
+        pooling = " or ".join(repr(s.name) for s in ALGORITHMS.with_builtins() if s.pools_outer_objective)
         raise ConfigError(
             f"problem.outer_objective: {p.outer_objective!r} is a loss of the pooled validation set, which only "
             f"FedOut's global hypergradient can pool (one extra round); use algorithm.name = {pooling}, "

@@ -22,10 +22,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fednest_mpi import failure
+from fednest_mpi import atomic, failure
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
-from fednest_mpi.io.h5 import RECOVER_HINT, open_run, read_run, unclosed_policy
+from fednest_mpi.io.h5 import RECOVER_HINT, file_identity, lost_file, open_run, read_run, unclosed_policy
 from fednest_mpi.io.safe import open_checked, reading
 
 _CLIENT_CHUNK = (256, 8)  # clients x iterations per chunk: only chunks holding participants are allocated
@@ -157,14 +157,22 @@ class ClientFile:
             self.file = h5py.File(path, "a", libver="latest")
         else:
             self.file = _create_client_file(path, rank, hosted)
+            os.replace(self.file.filename, path)  # created at a fresh name: never through a planted link
         self.file.swmr_mode = True
         self.datasets = {name: self.file[S.CLIENTS][name] for name in S.CLIENT_SERIES}
+        self.path = path
+        self._identity = file_identity(path)
+
+    def lost(self) -> str | None:
+        """Why the file under :attr:`path` is no longer the one being written (deleted, replaced), or None."""
+        return lost_file(self.path, self._identity)
 
     def append(self, k: int, records: dict[str, np.ndarray]) -> None:
         """Column k (iteration k) of every series, flushed. Only the participants' entries are written
         (the others keep the fill value, and chunks without participants are never allocated): one
         slice from the first to the last participant when they are dense, else entry by entry."""
-        rows = np.flatnonzero(records["participation"])
+        member = [records[name] > 0 for name in ("participation", "answered_rounds", "dropped_rounds")]
+        rows = np.flatnonzero(np.logical_or.reduce(member))  # took part, answered or did not answer a round
         dense = rows.size and 2 * rows.size >= rows[-1] - rows[0] + 1
         with failure.guard():
             for name, d in self.datasets.items():
@@ -188,9 +196,10 @@ class ClientFile:
 
 
 def _create_client_file(path: Path, rank: int, hosted: range) -> h5py.File:
-    """A new, empty per-rank client file (open, not yet in SWMR mode)."""
+    """A new, empty per-rank client file (open, not yet in SWMR mode) that will become ``path``: created
+    exclusively at a fresh name next to it (:func:`fednest_mpi.atomic.temp_name`; rename it when ready)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = h5py.File(path, "w", libver="latest")
+    f = h5py.File(atomic.temp_name(path), "x", libver="latest")
     f.attrs.update(
         format=S.FORMAT + "/clients",
         schema_version=S.SCHEMA_VERSION,
@@ -351,8 +360,9 @@ def read_snapshots(path: str | Path) -> dict[str, np.ndarray]:
 
 def _remove_rank_files(run_path, pattern: str = "rank*.h5*") -> None:
     folder = S.client_dir(run_path)
-    for path in folder.glob(pattern) if folder.is_dir() else ():
-        path.unlink()
+    globs = (pattern, ".rank*.partial") if pattern == "rank*.h5*" else (pattern,)  # all: with unfinished new ones
+    for path in [p for glob in globs for p in folder.glob(glob)] if folder.is_dir() else ():
+        path.unlink(missing_ok=True)
 
 
 def _rank_files(run_path, unclosed: str = "read") -> list[tuple[range, h5py.File]]:
@@ -396,10 +406,12 @@ def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple
         if blocks is None:
             blocks = tuple(rows for rows, _ in existing)
         folder = S.client_dir(run_path)
+        fresh = {}
         for rank, rows in enumerate(blocks):
             if not len(rows):
                 continue
-            target = _create_client_file(folder / (S.rank_file(rank) + ".partial"), rank, rows)
+            target = _create_client_file(folder / S.rank_file(rank), rank, rows)
+            fresh[rank] = target.filename
             with target:
                 for old_rows, f in existing:
                     lo, hi = max(rows.start, old_rows.start), min(rows.stop, old_rows.stop)
@@ -418,9 +430,8 @@ def truncate_client_files(run_path: str | Path, n_iterations: int, blocks: tuple
         for _, f in existing:
             f.close()
     _remove_rank_files(run_path, "rank*.h5")
-    for rank, rows in enumerate(blocks):
-        if len(rows):
-            os.replace(folder / (S.rank_file(rank) + ".partial"), folder / S.rank_file(rank))
+    for rank, name in fresh.items():
+        os.replace(name, folder / S.rank_file(rank))
 
 
 def _read_head(run_path, rows: int, size: int) -> dict[str, np.ndarray]:

@@ -28,7 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fednest_mpi import __version__, failure, lock
+from fednest_mpi import __version__, atomic, failure, lock
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.safe import open_checked, reading
 from fednest_mpi.io.schema import (  # names live in one module
@@ -200,7 +200,7 @@ class RunWriter:
     ):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
+        tmp = atomic.temp_name(path)  # unique, created exclusively below: never through a planted link
         self.path = path
         # one writer per file: the command line took the lock already; a writer made directly takes its own
         self._lock = None
@@ -212,7 +212,7 @@ class RunWriter:
             self.release()
             raise
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        self.file = h5py.File(tmp, "w", libver="latest")
+        self.file = h5py.File(tmp, "x", libver="latest")
         f = self.file
         f.attrs.update(
             {
@@ -255,6 +255,11 @@ class RunWriter:
         f.swmr_mode = True
         # the file appears under its name only once its structure is complete and readers may open it
         os.replace(tmp, path)
+        self._identity = file_identity(path)
+
+    def lost(self) -> str | None:
+        """Why the file under :attr:`path` is no longer the one being written (deleted, replaced), or None."""
+        return lost_file(self.path, self._identity)
 
     def append(self, row: dict[str, float]) -> None:
         """Add one iteration's values (missing columns are NaN) and flush."""
@@ -307,6 +312,22 @@ class RunWriter:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def file_identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def lost_file(path: Path, identity: tuple[int, int]) -> str | None:
+    """Why ``path`` is no longer the file of ``identity`` (device, inode): deleted or replaced; None if it is."""
+    try:
+        now = file_identity(path)
+    except FileNotFoundError:
+        return f"{str(path)!r} was deleted while the run wrote it"
+    except OSError as exc:
+        return f"{str(path)!r} can no longer be reached ({exc.strerror or exc})"
+    return None if now == identity else f"{str(path)!r} was replaced by another file while the run wrote it"
 
 
 RECOVER_HINT = (

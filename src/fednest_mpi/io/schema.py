@@ -28,7 +28,21 @@ CLIENT_SERIES = {
         "uint8",
         0,
         "roles of the client in the iteration, a bitmask: 1 = FedInn/LFedInn set (Alg. 4/6), "
-        "2 = FedIHGP set (Alg. 3), 4 = FedOut/LFedOut set (Alg. 2/5); 0 = did not take part",
+        "2 = FedIHGP set (Alg. 3), 4 = FedOut/LFedOut set (Alg. 2/5); 0 = did not take part (a member that "
+        "did not answer a round may lack the role of the computation it skipped: dropped_rounds)",
+        "1",
+    ),
+    "answered_rounds": (
+        "uint16",
+        0,
+        "counted aggregations (communication rounds) of the iteration that the client answered as a member",
+        "1",
+    ),
+    "dropped_rounds": (
+        "uint16",
+        0,
+        "counted aggregations of the iteration whose client set held the client but that it did not answer "
+        "(heterogeneity.drop_probability, heterogeneity.availability_trace); 0 without unavailability",
         "1",
     ),
     "inner_loss": (

@@ -164,13 +164,15 @@ def _long_frame(arrays: dict[str, np.ndarray], row_name: str, keep=None) -> pand
 def load_clients(path, participants_only: bool = True) -> pandas.DataFrame:
     """The per-client series of one run file, long format: columns ``client``, ``iteration``,
     ``participation`` (role bitmask: 1 FedInn, 2 FedIHGP, 4 FedOut), ``inner_loss``, ``outer_loss``,
-    ``inner_gradient_norm``, ``local_hypergradient_norm``; one row per client and iteration in
-    which it took part (``participants_only``), or per client and iteration. The arrays
-    (clients x iterations) are :func:`fednest_mpi.io.clients.read_clients`."""
+    ``inner_gradient_norm``, ``local_hypergradient_norm``, ``answered_rounds``, ``dropped_rounds``; one
+    row per client and iteration in which it was a member of a round (``participants_only``: it took part,
+    answered or dropped), or per client and iteration. The arrays (clients x iterations) are
+    :func:`fednest_mpi.io.clients.read_clients`."""
     from fednest_mpi.io.clients import read_clients
 
     data = read_clients(path)
-    return _long_frame(data, "client", data["participation"] > 0 if participants_only else None)
+    member = (data["participation"] > 0) | (data["answered_rounds"] > 0) | (data["dropped_rounds"] > 0)
+    return _long_frame(data, "client", member if participants_only else None)
 
 
 def load_ranks(path) -> pandas.DataFrame:

@@ -1,30 +1,27 @@
-"""The data hyper-cleaning plugin of examples/hyper_cleaning: its closed-form oracles against autograd
-on losses written with torch.nn.functional, its keyed label corruption, its AUC, and a FedNest run
-through runner.simulate, the plugin named in the config as 'fednest_hyper_cleaning:HyperCleaning'
-(its folder on sys.path; installed, its entry point names it 'hyper_cleaning')."""
-
-import sys
-from pathlib import Path
+"""Data hyper-cleaning (src/fednest_mpi/problems/hyper_cleaning.py), a built-in written on the public problem
+API: its closed-form oracles and per-client values against autograd of f_i and g_i written with
+torch.nn.functional (tests/unit/oracle_check.py, and on minibatches), its keyed label corruption, the detection
+AUC and its direction, and FedNest runs through runner.simulate.
+1 vs 2 ranks: tests/mpi/test_hyper_cleaning_ranks.py."""
 
 import numpy as np
 import pytest
 import torch
+from oracle_check import assert_oracles_match_autograd
 from shared_data import DATA, requires
 
 from fednest_mpi import config, rng
 from fednest_mpi.comm import SerialComm
 from fednest_mpi.problems.base import Sample
+from fednest_mpi.problems.hyper_cleaning import HyperCleaning, detection_auc
 from fednest_mpi.runner import simulate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hyper_cleaning"))
-from fednest_hyper_cleaning import HyperCleaning, detection_auc  # noqa: E402
-
 pytestmark = requires("mnist")
-PLUGIN = "fednest_hyper_cleaning:HyperCleaning"
+NAME = "hyper_cleaning"
 
 
 def _cfg(**algorithm):
-    problem = {"name": PLUGIN, "data_dir": str(DATA), "n_samples": 3000, "n_clients": 10}
+    problem = {"name": NAME, "data_dir": str(DATA), "n_samples": 3000, "n_clients": 10}
     fields = {"seed": 0, "problem": {**problem, "partition": "iid", "batch_size": 16}, "run": {"dtype": "float64"}}
     return config.from_dict({**fields, "algorithm": {"clients_per_round": 5, **algorithm}})
 
@@ -71,6 +68,25 @@ def test_oracles_match_autograd(problem):
         assert not prob.grad_x_outer(ids, X, Y, sample).any()
 
 
+def test_oracles_and_values_match_autograd_on_the_whole_local_data(problem):
+    """tests/unit/oracle_check.py: every oracle and g_i, f_i (outer_value, inner_value) at random (x, y)."""
+    prob, cfg = problem
+    lam = cfg.inner_regularization
+
+    def f_g(i, x, y):
+        def split_loss(split, inner):
+            row = i - prob._first
+            pos = torch.as_tensor(split.index[row, : split.count[row]])
+            logits = prob.inputs[pos] @ y.reshape(10, 785).T
+            ce = torch.nn.functional.cross_entropy(logits, prob.targets[pos], reduction="none")
+            weight = torch.sigmoid(x[prob.offsets[i] : prob.offsets[i + 1]]) if inner else torch.ones(len(pos))
+            return (weight * ce).mean()
+
+        return split_loss(prob.outer, False), split_loss(prob.inner, True) + 0.5 * lam * (y * y).sum()
+
+    assert_oracles_match_autograd(prob, [3, 6, 7], f_g)
+
+
 def test_empty_blocks_give_empty_rows(problem):
     prob, _ = problem
     none, x, y = np.zeros(0, np.int64), torch.zeros(0, prob.dim_x), torch.zeros(0, prob.dim_y)
@@ -105,6 +121,12 @@ def test_corruption_keyed_by_sample_and_at_its_rate():
 def test_data_file_is_refused():
     with pytest.raises(config.ConfigError, match="problem.data_file: hyper_cleaning draws its clients from MNIST"):
         HyperCleaning(_cfg().problem.__class__(data_file="own.h5"), 0, range(2))
+
+
+def test_metrics_declare_their_direction():
+    info = HyperCleaning.metric_info(None)
+    assert info["detection_auc"][2] is True and info["test_accuracy"][2] is True and info["test_loss"][2] is False
+    assert HyperCleaning.primary_metric == "test_accuracy"
 
 
 def test_auc_against_all_pairs():

@@ -1,5 +1,8 @@
-"""Federated data hyper-cleaning on MNIST (Franceschi et al., ICML 2017), a fednest-mpi problem plugin:
-FedNest's problem (1) with each client's g_i and f_i on its own training and validation splits.
+"""Federated data hyper-cleaning on MNIST (Franceschi et al., ICML 2017; the federated setting of issue 25):
+FedNest's problem (1) with each client's g_i and f_i on its own training and clean validation splits.
+
+Written on the public problem API alone (docs/extending.md: a :class:`BilevelProblem` with its parameters as
+``Params``) and registered the way a plugin is (:meth:`fednest_mpi.registry.Registry.provide`).
 
 A keyed random subset of ``n_samples`` MNIST training images is split into clients (``partition``)
 and each client's samples into a training (inner) and a clean validation (outer) split. A fraction
@@ -14,6 +17,11 @@ With z = W a + b, p = softmax(z), r = p - e_label, u = V a~ (a~ = [a, 1]), the f
 closed form: grad_y g_i = sum_j w_j s_j r_j a~_j^T + lambda y (s = sigmoid(x)); grad^2_yy g_i . V =
 sum_j w_j s_j (p_j * u_j - p_j <p_j, u_j>) a~_j^T + lambda V; (grad^2_xy g_i . V)_j = w_j s_j (1 - s_j)
 <r_j, u_j> on client i's own samples (0 elsewhere); grad_y f_i likewise with s = 1; grad_x f_i = 0.
+
+Metrics: the test accuracy and loss of y on the 10k MNIST test set, and ``detection_auc``, the ROC AUC of
+the weights sigmoid(x_j) for telling clean (positive) from corrupted training labels (0.5 at x0 = 0, where
+all weights tie, and when nothing is corrupted). Sigmoid and softmax are :mod:`~fednest_mpi.problems.kernels`'
+position-independent ones, so a client's rows do not depend on its block (docs/design.md).
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ from fednest_mpi.data import load_mnist, resolve_data_dir
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.problems.base import BilevelProblem
 from fednest_mpi.problems.clientdata import HostedSamples, partition_clients
+from fednest_mpi.problems.kernels import sigmoid, softmax_
 
-SUBSET, CORRUPT = 9001, 9002  # rng purposes of this plugin (beyond fednest_mpi.rng.Purpose)
+SUBSET, CORRUPT = 9001, 9002  # rng purposes of this problem (beyond fednest_mpi.rng.Purpose, as a plugin's are)
 N_CLASSES = 10
 
 
@@ -58,6 +67,8 @@ class HyperCleaning(BilevelProblem):
     """See the module docstring; ``clients`` is the range of client ids this instance hosts."""
 
     Params = HyperCleaningParams
+    summary = "data hyper-cleaning on MNIST: one weight per training sample (x), a linear classifier (y)"
+    primary_metric = "test_accuracy"
 
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
         super().__init__()
@@ -83,19 +94,27 @@ class HyperCleaning(BilevelProblem):
         self.targets = host.targets
         self.test_inputs, self.test_targets = data.test_x.to(self.device, dtype), data.test_y.to(self.device)
 
-    def _batch(self, split, clients, x, y, sample, size):
-        """Features a~ (B, b, 785), residuals r and probabilities p (B, b, 10), weights w (B, b),
-        and for the inner split the columns of x (B, b) and their sigmoids s."""
+    def _samples(self, split, clients, x, sample, size):
+        """Features a~ (B, b, 785), labels t and weights w (B, b), the columns of x (B, b) of the samples
+        and, for the inner split, their sigmoids s (ones for the outer split)."""
         clients = np.asarray(clients, dtype=np.int64)
         rows = clients - self._first
         cols, w = split.batch(rows, clients, sample, size)
         pos = torch.as_tensor(split.positions(rows, cols), device=self.device)
-        a = self.inputs[pos]
-        p = torch.softmax(a @ y.reshape(len(clients), N_CLASSES, 785).transpose(1, 2), -1)
-        r = p - torch.nn.functional.one_hot(self.targets[pos], N_CLASSES).to(p.dtype)
         w = torch.as_tensor(w, dtype=self.dtype, device=self.device)
         at = torch.as_tensor(self.offsets[clients][:, None] + cols, device=self.device)
-        s = torch.sigmoid(torch.gather(x, 1, at)) if split is self.inner else torch.ones_like(w)
+        s = sigmoid(torch.gather(x, 1, at)) if split is self.inner else torch.ones_like(w)
+        return self.inputs[pos], self.targets[pos], w, at, s
+
+    def _logits(self, a, y):
+        return a @ y.reshape(len(a), N_CLASSES, 785).transpose(1, 2)
+
+    def _batch(self, split, clients, x, y, sample, size):
+        """:meth:`_samples` with the residuals r = p - e_label and probabilities p = softmax(z) (B, b, 10)
+        in place of the labels."""
+        a, t, w, at, s = self._samples(split, clients, x, sample, size)
+        p = softmax_(self._logits(a, y))
+        r = p - torch.nn.functional.one_hot(t, N_CLASSES).to(p.dtype)
         return a, r, p, w, at, s
 
     def _rows(self, coef, a):
@@ -114,15 +133,31 @@ class HyperCleaning(BilevelProblem):
 
     def _hvp_yy_inner(self, clients, x, y, v, sample):
         a, _, p, w, _, s = self._batch(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size)
-        u = a @ v.reshape(len(a), N_CLASSES, 785).transpose(1, 2)
+        u = self._logits(a, v)
         hu = p * u - p * (p * u).sum(-1, keepdim=True)
         return self._rows((w * s)[..., None] * hu, a) + self.cfg.inner_regularization * v
 
     def _jvp_xy_inner(self, clients, x, y, v, sample):
         a, r, _, w, at, s = self._batch(self.inner, clients, x, y, sample, self.cfg.hypergradient_batch_size)
-        u = a @ v.reshape(len(a), N_CLASSES, 785).transpose(1, 2)
+        u = self._logits(a, v)
         out = torch.zeros(len(a), self.dim_x, dtype=self.dtype, device=self.device)
         return out.scatter_add_(1, at, w * s * (1 - s) * (r * u).sum(-1))
+
+    def _cross_entropy(self, split, clients, x, y):
+        """sum_j w_j s_j CE_j over each client's whole split (s = 1 on the outer split), shape (B,)."""
+        a, t, w, _, s = self._samples(split, clients, x, None, 0)
+        z = self._logits(a, y)
+        ce = torch.logsumexp(z, -1) - torch.gather(z, -1, t[..., None])[..., 0]
+        return (w * s * ce).sum(1)
+
+    def inner_value(self, clients, x, y):
+        """g_i(x, y) on each client's whole training split (regulariser included)."""
+        reg = 0.5 * self.cfg.inner_regularization * (y * y).sum(1)
+        return self._cross_entropy(self.inner, clients, x, y) + reg
+
+    def outer_value(self, clients, x, y):
+        """f_i(x, y) on each client's whole clean validation split."""
+        return self._cross_entropy(self.outer, clients, x, y)
 
     def initial_point(self):
         return tuple(torch.zeros(n, dtype=self.dtype, device=self.device) for n in (self.dim_x, self.dim_y))
@@ -139,11 +174,12 @@ class HyperCleaning(BilevelProblem):
 
     def metric_info(self):
         return {
-            "test_accuracy": ("accuracy of the linear classifier y on the 10k MNIST test set", "%"),
-            "test_loss": ("mean cross-entropy of y on the 10k MNIST test set", "nats"),
+            "test_accuracy": ("accuracy of the linear classifier y on the 10k MNIST test set", "%", True),
+            "test_loss": ("mean cross-entropy of y on the 10k MNIST test set", "nats", False),
             "detection_auc": (
                 "ROC AUC of the sample weights sigmoid(x_j) for telling clean from corrupted training "
                 "labels (1: every clean sample weighs more than every corrupted one; 0.5: chance)",
                 "1",
+                True,
             ),
         }

@@ -1,0 +1,208 @@
+"""How a run ends early: stop signals, their escalation, and the watchdog (docs/reliability.md).
+
+* The **first** SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 asks the run to stop at the next safe point:
+  :attr:`StopRequests.requested` becomes true, the runner ORs it over the ranks in its per-iteration
+  bookkeeping reduction, and every rank stops after the same iteration with a checkpoint. The same
+  signal delivered again within :data:`SAME_NOTICE_SECONDS` (Ctrl-C reaches every process of the
+  terminal's group, and ``mpiexec`` forwards it too) is the same request.
+* A **second** one later, or a SIGTERM/SIGINT whose stop is not reached within ``run.stop_timeout``
+  seconds (a rank that no longer answers: stopped, blocked on I/O), ends the run **at once**: every
+  rank closes its files at the iterations they hold (:mod:`fednest_mpi.failure` tells the others),
+  rank 0 prints one line, and every rank exits with 128 + the signal's number (130 for SIGINT, 143
+  for SIGTERM) by itself, so the launcher prints no "BAD TERMINATION". The last checkpoint stays.
+* The **watchdog** (``run.round_timeout`` seconds, 0: off): an outer iteration that does not
+  complete within it ends the run the same way, with exit code 1.
+
+The handlers are installed by the command line before it imports anything heavy or starts MPI
+(:func:`install`), and a signal that arrived before the run looked is remembered. Python runs a
+signal handler only in the main thread between bytecodes, so a main thread blocked in an MPI
+collective (waiting for a stuck rank) would never see a second signal: :func:`signal.set_wakeup_fd`
+makes the C-level handler also write the signal's number to a pipe, which a thread here reads.
+No MPI and no HDF5 here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+SAME_NOTICE_SECONDS = 1.0  # a repeat within this time is the same request (group delivery and forwarding)
+WATCH_SECONDS = 0.2  # how often the deadlines are looked at
+
+#: end_now(exit_code, message): close the files and exit (the session's, while it has files open)
+EndNow = Callable[[int, str], None]
+
+
+class _Process:
+    """The signals this process received (process-wide, as signal dispositions are)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.first: str | None = None  # name of the first stop signal
+        self.first_signum = 0
+        self.first_at = 0.0  # time.monotonic() when it arrived
+        self.escalation: int = 0  # signal number of a second signal, 0: none yet
+        self.wake = threading.Event()  # set on every signal
+        self.installed_by: object = None  # who installed the handlers: "cli" (for good) or a StopRequests
+        self.previous: dict = {}
+        self.pipe: tuple[int, int] | None = None
+
+    def note(self, signum: int) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if self.first is None:
+                self.first, self.first_signum, self.first_at = signal.Signals(signum).name, signum, now
+            elif now - self.first_at >= SAME_NOTICE_SECONDS and not self.escalation:
+                self.escalation = signum
+        self.wake.set()
+
+
+_P = _Process()
+
+
+def _python_handler(signum, frame) -> None:
+    """The Python-level handler: the C-level one already wrote ``signum`` to the wakeup pipe."""
+
+
+def _reader(fd: int) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        for signum in data:
+            if signum in {int(s) for s in SIGNALS}:
+                _P.note(signum)
+
+
+def install(owner: object = "cli") -> bool:
+    """Install the stop-signal handlers (main thread only); False when they already are."""
+    if _P.installed_by is not None or threading.current_thread() is not threading.main_thread():
+        return False
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    _P.previous = {s: signal.signal(s, _python_handler) for s in SIGNALS}
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    _P.pipe = (read, write)
+    _P.installed_by = owner
+    threading.Thread(target=_reader, args=(read,), name="fednest-signals", daemon=True).start()
+    return True
+
+
+def _uninstall() -> None:
+    signal.set_wakeup_fd(-1)
+    for s, handler in _P.previous.items():
+        signal.signal(s, handler)
+    if _P.pipe is not None:
+        os.close(_P.pipe[1])  # the reader sees the end of the pipe and returns
+    _P.installed_by, _P.pipe, _P.previous = None, None, {}
+
+
+def _reset() -> None:
+    """Forget the signals received (a new in-process run)."""
+    with _P.lock:
+        _P.first, _P.first_signum, _P.first_at, _P.escalation = None, 0, 0.0, 0
+
+
+class StopRequests:
+    """The stop requests of one run: :attr:`requested` and :attr:`received` for the runner, the
+    escalation and the watchdog for the session. A context manager: it installs the handlers unless
+    the command line did (and then restores the previous ones on exit).
+
+    ``stop_timeout``: seconds after a SIGTERM/SIGINT within which the ranks must reach the stop (0:
+    no limit); ``round_timeout``: seconds an outer iteration may take (0: no watchdog).
+    :meth:`arm` gives the function that ends the run at once; :meth:`beat` marks a completed iteration.
+    """
+
+    def __init__(self, stop_timeout: float = 0.0, round_timeout: float = 0.0):
+        self.stop_timeout, self.round_timeout = float(stop_timeout), float(round_timeout)
+        self._end_now: EndNow | None = None
+        self._last_beat = time.monotonic()
+        self._iteration: int | None = None
+        self._reached = False
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def received(self) -> str | None:
+        return _P.first
+
+    @property
+    def requested(self) -> bool:
+        return _P.first is not None
+
+    def __enter__(self) -> StopRequests:
+        if install(self) and _P.installed_by is self:  # (else the command line's, or none off the main thread)
+            _reset()
+        self._thread = threading.Thread(target=self._watch, name="fednest-stop-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
+        self._done.set()
+        _P.wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        if _P.installed_by is self:
+            _uninstall()
+
+    def arm(self, end_now: EndNow) -> None:
+        """From now on a second signal, the stop timeout or the watchdog calls ``end_now(code, message)``."""
+        self._last_beat = time.monotonic()
+        self._end_now = end_now
+
+    def disarm(self) -> None:
+        """The run's files are closed (or it reached its stop): nothing ends it at once any more."""
+        self._end_now = None
+
+    def reached(self) -> None:
+        """The ranks agreed to stop (the stop timeout no longer applies; a second signal still does)."""
+        self._reached = True
+
+    def beat(self, k: int) -> None:
+        """Iteration ``k`` was recorded (the watchdog's clock starts again)."""
+        self._iteration, self._last_beat = k, time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            _P.wake.wait(WATCH_SECONDS)
+            _P.wake.clear()
+            reason = self._reason()
+            end_now = self._end_now
+            if reason is not None and end_now is not None:
+                self._end_now = None
+                end_now(*reason)
+                return
+
+    def _reason(self) -> tuple[int, str] | None:
+        """(exit code, message) when the run must end at once, else None."""
+        now, after = time.monotonic(), self._where()
+        if _P.escalation:
+            name = signal.Signals(_P.escalation).name
+            return 128 + _P.escalation, f"stopped at once by a second {name} {after}"
+        first = _P.first_signum
+        if first in (signal.SIGTERM, signal.SIGINT) and self.stop_timeout > 0 and not self._reached:
+            if now - _P.first_at > self.stop_timeout:
+                return 128 + first, (
+                    f"stopped at once: the ranks did not reach a safe point within run.stop_timeout = "
+                    f"{self.stop_timeout:g} s of the {_P.first} (a rank stopped, blocked on I/O, or an iteration "
+                    f"longer than that) {after}"
+                )
+        if self.round_timeout > 0 and now - self._last_beat > self.round_timeout:
+            return 1, (
+                f"run failed: no outer iteration completed within run.round_timeout = {self.round_timeout:g} s "
+                f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"
+            )
+        return None
+
+    def _where(self) -> str:
+        if self._iteration is None:
+            return "before iteration 0 completed"
+        return f"after iteration {self._iteration}"
