@@ -46,7 +46,7 @@ from torch import nn
 from torch.func import functional_call, grad, jvp, vmap
 
 from fednest_mpi import rng
-from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared
+from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows
 from fednest_mpi.problems.clientdata import ClientSplit, HostedSamples
 
 Batch = dict[str, torch.Tensor]
@@ -186,6 +186,35 @@ class LossProblem(BilevelProblem):
             return grad(lambda x: jvp(lambda y: self.inner_loss(x, y, batch), (y,), (v,))[1])(x)
 
         return self._derived("jvp_xy_inner", cross, clients, (x, y, v), sample, self.dim_x)
+
+    # -- fused local steps (FedInn's SVRG, LFedInn / FedAvg's SGD) ------------------------------------------
+    def _local_sgd(self, clients, x, y, steps, lr, key, anchor):
+        """:meth:`~.base.BilevelProblem.local_sgd` from the shared x and y, one ``vmap(grad_y g)`` per step;
+        with FedInn's SVRG anchor q (Alg. 4) the step's two gradients, at y_i and at the shared y on the
+        same minibatch, are one call on the 2B stacked rows:
+
+            y_i <- y_i - lr (grad_y g_i(x, y_i; B_nu) - grad_y g_i(x, y; B_nu) + q)
+
+        (the first step, where y_i = y, is y - lr q). The same steps as the oracle loop, to rounding."""
+        clients = np.asarray(clients, dtype=np.int64)
+        B = clients.size
+        Y = y.expand(B, -1)
+        if B == 0 or steps == 0:
+            return Y.clone()
+        X = shared_rows(x, B)
+        rows = vmap(grad(self.inner_loss, 1), in_dims=(None, 0, 0), randomness="error")
+        for nu in range(steps):
+            if anchor is not None and nu == 0:
+                Y = Y - lr * anchor
+                continue
+            batch = self._remembered_batch("grad_y_inner", clients, X, Sample(key, nu))
+            if anchor is None:
+                d = rows(x, Y, batch)
+            else:
+                both = rows(x, torch.cat([Y, y.expand(B, -1)]), {k: torch.cat([v, v]) for k, v in batch.items()})
+                d = both[:B] - both[B:] + anchor
+            Y = Y - lr * d
+        return Y.contiguous()
 
     # -- values (not counted) ------------------------------------------------------------------------
     def _values(self, loss, split, clients, x, y) -> torch.Tensor:
