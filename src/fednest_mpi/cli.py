@@ -1,7 +1,7 @@
 """Command line: ``fednest-mpi run | report | plot | recover | jobs | download | data | config-doc``
 (also ``python -m fednest_mpi``).
 
-Exit codes: 0 success, also a run stopped by SIGTERM/SIGUSR1 after writing its checkpoint
+Exit codes: 0 success, also a run stopped by SIGTERM/SIGINT/SIGUSR1 after writing its checkpoint
 (continue it with ``--resume``); 1 failure of the run; 2 usage error (bad arguments, config,
 output path, checkpoint, missing or damaged data file). Usage errors are detected identically on
 every rank (or agreed on in one collective while building the problem) and printed once (by rank
@@ -292,6 +292,20 @@ def _run(args) -> int:
     return Session(cfg, comm, resume=args.resume, log=log).run_to_file()
 
 
+def _exit(code: int) -> None:
+    """End ``fednest-mpi run`` with ``code``: MPI finalized first, then no interpreter teardown, which
+    would put back the default signal handlers while MPI and the launcher still wait (a late SIGTERM
+    then killed the rank with code 15). The run's files and locks are closed by then."""
+    import os
+
+    from fednest_mpi.comm import finalize
+
+    finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _grouping_arguments(parser) -> None:
     parser.add_argument(
         "--group-by",
@@ -397,11 +411,14 @@ def _jobs(args) -> int:
 
 
 def main(argv=None) -> int:
-    if argv is None and sys.argv[1:2] == ["run"]:  # the program itself, not a test calling main(): as early as can be
+    program_run = argv is None and sys.argv[1:2] == ["run"]  # the program itself, not a test calling main()
+    if program_run:  # as early as can be
         from fednest_mpi import stop
 
         stop.install()
     args = _parser().parse_args(argv)
+    if program_run and args.command == "run":
+        _exit(_run(args))
     if args.command == "config-doc":
         from fednest_mpi.config import reference_markdown
 

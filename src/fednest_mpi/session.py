@@ -60,6 +60,16 @@ class Session:
             os._exit(code)
 
     def run_to_file(self) -> int:
+        from fednest_mpi.stop import StopRequests
+
+        run = self.cfg.run
+        with StopRequests(run.stop_timeout, run.round_timeout) as stop:  # from the start: checks may block too
+            # until the files exist, ending at once is exiting (the locks released)
+            stop.arm(lambda code, message: self._exit_now(code, message, self.comm.Get_rank() == 0))
+            return self._checked_run(stop)
+
+    def _checked_run(self, stop) -> int:
+        """Validation, locks, then :meth:`_simulate`."""
         from fednest_mpi import checkpoint, failure, lock
         from fednest_mpi import config as configuration
         from fednest_mpi.io.h5 import check_directory, check_output_path, check_resumable_output
@@ -105,12 +115,12 @@ class Session:
             return report_usage_error(comm, exc)
         self._locks = locks
         try:
-            return self._simulate(resume, folder)
+            return self._simulate(resume, folder, stop)
         finally:
             for held in reversed(locks):
                 held.release()
 
-    def _simulate(self, resume, folder) -> int:
+    def _simulate(self, resume, folder, stop) -> int:
         """The run itself (after validation and locking): a usage error while building agrees across
         ranks; any exception
         aborts the job."""
@@ -118,7 +128,6 @@ class Session:
         from fednest_mpi.io.h5 import RunWriter
         from fednest_mpi.runner import Progress, Simulation
         from fednest_mpi.series import RunSeries, series_layout
-        from fednest_mpi.stop import StopRequests as stop_requests
 
         cfg, comm, log = self.cfg, self.comm, self.log
         rank, size = comm.Get_rank(), comm.Get_size()
@@ -147,63 +156,62 @@ class Session:
             self._exit_now(code, message, rank == 0)
 
         try:
-            with stop_requests(cfg.run.stop_timeout, cfg.run.round_timeout) as stop:
-                # until the files exist, ending at once is exiting (the locks released)
-                stop.arm(lambda code, message: self._exit_now(code, message, rank == 0))
-                log.info(
-                    "fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s",
-                    __version__,
-                    cfg.algorithm.name,
-                    cfg.problem.name,
-                    cfg.problem.n_clients,
-                    size,
-                    cfg.seed,
-                    f", resuming after iteration {resume.iteration}" if resume else "",
+            log.info(
+                "fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s",
+                __version__,
+                cfg.algorithm.name,
+                cfg.problem.name,
+                cfg.problem.n_clients,
+                size,
+                cfg.seed,
+                f", resuming after iteration {resume.iteration}" if resume else "",
+            )
+            try:
+                sim = Simulation(cfg, comm)
+            except UsageError as exc:  # the same on every rank (Simulation agrees on it)
+                return report_usage_error(comm, exc)
+            if rank == 0:
+                attrs = {
+                    "mpi_size": size,
+                    "seed": cfg.seed,
+                    "problem": cfg.problem.name,
+                    "algorithm": cfg.algorithm.name,
+                    "config_json": cfg.to_json(),
+                    "numerics": json.dumps(sim.numerics),
+                    PRIMARY_METRIC: sim.primary_metric,
+                }
+                keep = resume.output_rows if resume else None
+                writer = RunWriter(
+                    cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create
                 )
-                try:
-                    sim = Simulation(cfg, comm)
-                except UsageError as exc:  # the same on every rank (Simulation agrees on it)
-                    return report_usage_error(comm, exc)
-                if rank == 0:
-                    attrs = {
-                        "mpi_size": size,
-                        "seed": cfg.seed,
-                        "problem": cfg.problem.name,
-                        "algorithm": cfg.algorithm.name,
-                        "config_json": cfg.to_json(),
-                        "numerics": json.dumps(sim.numerics),
-                        PRIMARY_METRIC: sim.primary_metric,
-                    }
-                    keep = resume.output_rows if resume else None
-                    writer = RunWriter(
-                        cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create
-                    )
-                    progress = Progress(
-                        cfg.algorithm.outer_iterations,
-                        cfg.run.progress,
-                        cfg.run.log_every,
-                        keys=(sim.primary_metric, "outer_objective", "comm_rounds"),
-                        start=resume.iteration if resume else 0,
-                    )
-                series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
-                if size > 1:  # an exception on any rank: every rank closes its files before the abort
-                    watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
-                stop.arm(end_now)
-
-                def on_iteration(k, row):
-                    last["k"] = k
-                    stop.beat(k)
-                    if progress is not None:
-                        progress(k, row)
-
-                result = sim.run(
-                    writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
+                progress = Progress(
+                    cfg.algorithm.outer_iterations,
+                    cfg.run.progress,
+                    cfg.run.log_every,
+                    keys=(sim.primary_metric, "outer_objective", "comm_rounds"),
+                    start=resume.iteration if resume else 0,
                 )
-                stop.disarm()
+            series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
+            if size > 1:  # an exception on any rank: every rank closes its files before the abort
+                watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
+            stop.arm(end_now)
+
+            def on_iteration(k, row):
+                last["k"] = k
+                stop.beat(k)
+                if progress is not None:
+                    progress(k, row)
+
+            result = sim.run(
+                writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
+            )
+            stop.disarm()
         except UsageError as exc:  # agreed on by every rank (a client file of the checkpoint gone since the check)
+            stop.disarm()
             close_files()
             return report_usage_error(comm, exc)
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
+            stop.disarm()
             close_files()  # the bad iteration's client columns go
             if rank == 0:
                 print(
@@ -214,11 +222,13 @@ class Session:
                 )
             return 1
         except OutputLost as exc:  # every rank learnt it in the same bookkeeping reduction
+            stop.disarm()
             close_files()
             if rank == 0:
                 print(f"fednest-mpi: run failed: {exc}; {LOST_HINT}", file=sys.stderr)
             return 1
         except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
+            stop.disarm()
             where = f" after iteration {last['k']}" if last["k"] is not None else ""
             message = f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
             print(message, file=sys.stderr)
@@ -231,6 +241,7 @@ class Session:
                 comm.Abort(1)
             return 1
         finally:
+            stop.disarm()
             if watch is not None:
                 watch.stop()
             if progress is not None:
@@ -240,6 +251,7 @@ class Session:
                 series.close()
             if writer is not None:
                 writer.close()
+            stop.arm(lambda code, message: self._exit_now(code, message, rank == 0))  # the files are closed
         if lost:
             print(f"fednest-mpi: run failed: {lost}; {LOST_HINT}", file=sys.stderr)
             return 1

@@ -11,6 +11,7 @@ offsets must either read exactly like the undamaged file or give one usage error
 """
 
 import inspect
+import io
 import json
 import os
 import random
@@ -24,8 +25,10 @@ from pathlib import Path
 
 import h5py
 import pytest
-from test_checkpoint import _cli_config, run_cli
+import torch
+from test_checkpoint import MPIEXEC, _cli_config, run_cli
 
+from fednest_mpi import checkpoint
 from fednest_mpi.io import schema as S
 from fednest_mpi.io.h5 import read_run
 
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reliability.md"
 LIMIT = 30.0  # seconds any case may take (the issue's bound)
 ONE_LINE = "exit 2, one line"
+STOPPED = "exit 0, 1 line(s), checkpoint of the iteration it names, no traceback or banner"
 
 
 def _one_line_error(res) -> str:
@@ -208,6 +212,297 @@ def resume_without_clients(tmp):
     )
 
 
+# ---- signals, stuck ranks, deleted outputs (issue 26)
+
+LAUNCHER = "[mpiexec@"  # hydra's own lines ("Sending Ctrl-C to processes as requested")
+BANNER = "BAD TERMINATION"
+
+
+def _our_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.startswith(LAUNCHER)]
+
+
+def _start(tmp, ranks=2, sets=(), iterations=100000, algorithm=None):
+    """A long run started in its own process group; returns (process, config, output)."""
+    cfg = _cli_config(tmp, iterations=iterations, every=0)
+    extra = [a for s in sets for a in ("--set", s)]
+    if algorithm:
+        extra += ["--set", f"algorithm.name={algorithm}"]
+    cmd = [sys.executable, "-m", "fednest_mpi", "run", str(cfg), "-q", *extra]
+    if ranks > 1:
+        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
+    env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    return proc, cfg, tmp / "out.h5"
+
+
+def _iterating(proc, out, timeout=60.0) -> None:
+    """Wait until the run has written its checkpoint of iteration 0 (it is then in its iterations)."""
+    deadline = time.monotonic() + timeout
+    while not (out.parent / (out.name + ".ckpt") / "state.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.1)
+    time.sleep(0.5)
+
+
+def _ranks(proc) -> list[int]:
+    """pids of the Python processes (the ranks) under ``proc`` (mpiexec and its proxy), in start order."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    below, todo = [], [proc.pid]
+    while todo:
+        pid = todo.pop()
+        children = [c for c, p in parents.items() if p == pid]
+        below += children
+        todo += children
+    ranks = []
+    for pid in below:
+        try:
+            if "fednest_mpi" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                ranks.append(pid)
+        except OSError:
+            continue
+    return sorted(ranks)
+
+
+def _ended(proc, timeout=LIMIT):
+    t0 = time.monotonic()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, "", "", timeout
+    return proc.returncode, stdout, stderr, time.monotonic() - t0
+
+
+def _stopped_result(proc, out, by=None) -> str:
+    """The result of a run asked to stop: exit, lines, and whether the checkpoint is the iteration named."""
+    rc, stdout, stderr, _ = _ended(proc)
+    if rc is None:
+        return "hangs"
+    lines = _our_lines(stderr)
+    named = re.search(rf"stopped by {by or '.*'} after iteration (\d+), checkpoint written", stderr)
+    same = named is not None and checkpoint.load(out.parent / (out.name + ".ckpt")).iteration == int(named.group(1))
+    clean = "Traceback" not in stderr and BANNER not in stdout + stderr
+    return (
+        f"exit {rc}, {len(lines)} line(s)"
+        + (", checkpoint of the iteration it names" if same else "")
+        + (", no traceback or banner" if clean else f": {stderr[-300:]!r}")
+    )
+
+
+def _forced_result(proc, out) -> str:
+    """The result of a run ended at once: exit, lines, the run file closed, the lock gone."""
+    rc, stdout, stderr, _ = _ended(proc, timeout=LIMIT + 15)
+    if rc is None:
+        return "hangs"
+    lines = _our_lines(stderr)
+    try:
+        with h5py.File(out, "r"):  # plain read mode: closed
+            closed = True
+    except OSError:
+        closed = False
+    unlocked = not (out.parent / (out.name + ".lock")).exists()
+    return (
+        f"exit {rc}, {len(lines)} line(s)"
+        + (", run file closed" if closed else ", run file NOT closed")
+        + (", lock released" if unlocked else "")
+        + ("" if BANNER not in stdout + stderr else ", banner")
+    )
+
+
+def signalled(target, signum=signal.SIGINT, ranks=2, repeat_after=None):
+    """A signal to mpiexec, to one rank or to the whole process group, once the run iterates."""
+
+    def case(tmp):
+        proc, _, out = _start(tmp, ranks=ranks)
+        try:
+            _iterating(proc, out)
+            for i in range(2 if repeat_after is not None else 1):
+                if i:
+                    time.sleep(repeat_after)
+                if target == "group":
+                    os.killpg(proc.pid, signum)
+                elif target == "rank":
+                    os.kill(_ranks(proc)[-1], signum)
+                else:
+                    proc.send_signal(signum)
+            return _stopped_result(proc, out)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    return case
+
+
+def early_usr1(tmp):
+    """SIGUSR1 to mpiexec 1 s after the start: during start-up, before the run looks for signals."""
+    proc, _, out = _start(tmp)
+    try:
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGUSR1)
+        return _stopped_result(proc, out, by="SIGUSR1")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stuck_rank(then, sets=()):
+    """Rank 1 of 2 stopped (SIGSTOP) while the run iterates, then ``then``: "term" (one SIGTERM to
+    mpiexec), "term twice" (a second 2 s later), "nothing" (the watchdog's business)."""
+
+    def case(tmp):
+        proc, _, out = _start(tmp, sets=sets)
+        try:
+            _iterating(proc, out)
+            os.kill(_ranks(proc)[-1], signal.SIGSTOP)
+            time.sleep(0.5)
+            if then.startswith("term"):
+                proc.send_signal(signal.SIGTERM)
+            if then == "term twice":
+                time.sleep(2.0)
+                proc.send_signal(signal.SIGTERM)
+            return _forced_result(proc, out)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    return case
+
+
+def deleted_mid_run(what):
+    def case(tmp):
+        proc, _, out = _start(tmp, ranks=2)
+        try:
+            _iterating(proc, out)
+            if what == "output":
+                out.unlink()
+            else:
+                shutil.rmtree(S.client_dir(out))
+            rc, stdout, stderr, _ = _ended(proc)
+            lines = _our_lines(stderr)
+            printed = "output:" in stdout
+            return f"exit {rc}, {len(lines)} line(s), " + ("`output:` printed" if printed else "no `output:`")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    return case
+
+
+def _fedbioacc_run(tmp, ranks=2, seed=None):
+    """A finished 2-rank FedBiOAcc run (per-client state: client checkpoint files r0 and r1)."""
+    cfg = _cli_config(tmp, iterations=6, every=2)
+    sets = ["--set", "algorithm.name=fedbioacc"] + (["--set", f"seed={seed}"] if seed is not None else [])
+    res = run_cli("run", cfg, "-q", *sets, ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    return cfg, tmp / "out.h5.ckpt"
+
+
+def damaged_checkpoint(damage):
+    """`run --resume` of a FedBiOAcc run after ``damage(checkpoint folder, tmp)``."""
+
+    def case(tmp):
+        cfg, folder = _fedbioacc_run(tmp)
+        damage(folder, tmp)
+        sets = ["--set", "algorithm.name=fedbioacc", "--set", "algorithm.outer_iterations=9"]
+        return _one_line_error(run_cli("run", cfg, "-q", "--resume", *sets, ranks=2, timeout=LIMIT))
+
+    return case
+
+
+def _client(folder, rank):
+    return next(folder.glob(f"clients-*-r{rank:05d}.pt"))
+
+
+def _flip(path):
+    _damage(path, "flip", path.stat().st_size // 2)
+
+
+def _swap(folder, tmp):
+    a, b = _client(folder, 0), _client(folder, 1)
+    tmp_name = folder / "swap"
+    a.rename(tmp_name)
+    b.rename(a)
+    tmp_name.rename(b)
+
+
+def _foreign(folder, tmp):
+    other = tmp / "other"
+    other.mkdir()
+    _, theirs = _fedbioacc_run(other, seed=6)
+    shutil.copy(_client(theirs, 0), _client(folder, 0))
+
+
+def _reconfigured(folder, tmp):
+    """state.pt rewritten with a config of another shape, its digests made to match."""
+    path = folder / "state.pt"
+    head, _, payload = path.read_bytes().partition(b"\n")
+    record = torch.load(io.BytesIO(payload), weights_only=True)
+    record["config_json"] = '{"algorithm": 5, "problem": [1]}'
+    record["config_sha256"] = checkpoint.config_digest(record["config_json"])
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    payload = buffer.getvalue()
+    fmt, version, _ = head.decode().split(" ")
+    path.write_bytes(f"{fmt} {version} {checkpoint.digest(payload)}\n".encode() + payload)
+
+
+def fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _fifo_state(folder, tmp):
+    (folder / "state.pt").unlink()
+    os.mkfifo(folder / "state.pt")
+
+
+def resume_spelled(tmp):
+    """A run with output `out.h5` (relative), resumed as `./out.h5` and as the absolute path."""
+    cfg = _cli_config(tmp, iterations=4, every=2)
+    env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    codes = []
+    for k, output in ((4, "out.h5"), (6, "./out.h5"), (8, str(tmp / "out.h5"))):
+        flags = ["--resume"] if k > 4 else []
+        cmd = [sys.executable, "-m", "fednest_mpi", "run", str(cfg), "-q", "-o", output, *flags]
+        cmd += ["--set", f"algorithm.outer_iterations={k}"]
+        res = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=LIMIT)
+        codes.append(f"exit {res.returncode}")
+    return ", ".join(codes) + f", {len(read_run(tmp / 'out.h5')[1]['iteration'])} iterations"
+
+
+def planted_link(tmp):
+    """A symbolic link at `RUN.h5.partial` (the old temporary name) pointing at another file of the user's."""
+    cfg = _cli_config(tmp, iterations=3, every=1)
+    victim = tmp / "thesis.tex"
+    victim.write_text("precious")
+    (tmp / "out.h5.partial").symlink_to(victim)
+    (tmp / "out.h5.ckpt").mkdir()
+    (tmp / "out.h5.ckpt" / ".state.pt.tmp").symlink_to(victim)
+    res = run_cli("run", cfg, "-q", timeout=LIMIT)
+    return f"exit {res.returncode}, the link's target " + (
+        "unchanged" if victim.read_text() == "precious" else "CHANGED"
+    )
+
+
+def base_chain(tmp):
+    """A `base` chain of 1,500 config files, each setting the seed of its own."""
+    for i in range(1500):
+        text = f'base = "b{i + 1}.toml"\nseed = {i}\n' if i < 1499 else _cli_config(tmp, iterations=2).read_text()
+        (tmp / f"b{i}.toml").write_text(text)
+    res = run_cli("run", tmp / "b0.toml", "-q", timeout=LIMIT)
+    return f"exit {res.returncode}, seed {read_run(tmp / 'out.h5')[0]['seed']}"
+
+
 #: (what was tried, the result) -- the table of docs/reliability.md
 CASES = [
     ("`run --resume`, output truncated to half its size", resume_after(half), ONE_LINE),
@@ -279,6 +574,104 @@ CASES = [
     ("a folder given as the config", bad_input(text="folder"), ONE_LINE),
     ("output under /proc", bad_input("--output", "/proc/x.h5"), ONE_LINE),
     ("output under /sys", bad_input("--output", "/sys/x.h5"), ONE_LINE),
+    ("SIGINT (Ctrl-C) to `mpiexec`, 2 ranks, while they iterate", signalled("mpiexec"), STOPPED),
+    ("SIGINT to rank 1 of 2", signalled("rank"), STOPPED),
+    ("SIGINT to the whole process group (a terminal's Ctrl-C), 2 ranks", signalled("group"), STOPPED),
+    ("SIGINT to a 1-rank run (no `mpiexec`)", signalled("mpiexec", ranks=1), STOPPED),
+    (
+        "two SIGTERMs to `mpiexec` 0.3 s apart (one request)",
+        signalled("mpiexec", signal.SIGTERM, repeat_after=0.3),
+        STOPPED,
+    ),
+    ("SIGUSR1 to `mpiexec` 1 s after the start (during start-up)", early_usr1, STOPPED),
+    (
+        "rank 1 of 2 stopped (SIGSTOP), then SIGTERM to `mpiexec` (`run.stop_timeout = 4`)",
+        stuck_rank("term", sets=["run.stop_timeout=4"]),
+        "exit 143, 1 line(s), run file closed, lock released",
+    ),
+    (
+        "rank 1 of 2 stopped, then two SIGTERMs to `mpiexec` 2 s apart",
+        stuck_rank("term twice"),
+        "exit 143, 1 line(s), run file closed, lock released",
+    ),
+    (
+        "rank 1 of 2 stopped, no signal, watchdog `run.round_timeout = 3`",
+        stuck_rank("nothing", sets=["run.round_timeout=3"]),
+        "exit 1, 1 line(s), run file closed, lock released",
+    ),
+    ("the output file deleted while the run iterates", deleted_mid_run("output"), "exit 1, 1 line(s), no `output:`"),
+    (
+        "the `RUN.clients/` folder deleted while the run iterates",
+        deleted_mid_run("clients"),
+        "exit 1, 1 line(s), no `output:`",
+    ),
+    (
+        "`run --resume`, one byte flipped in `state.pt`",
+        damaged_checkpoint(lambda f, t: _flip(f / "state.pt")),
+        ONE_LINE,
+    ),
+    (
+        "`run --resume`, one byte flipped in a client checkpoint file",
+        damaged_checkpoint(lambda f, t: _flip(_client(f, 1))),
+        ONE_LINE,
+    ),
+    ("`run --resume`, the client checkpoint files of ranks 0 and 1 swapped", damaged_checkpoint(_swap), ONE_LINE),
+    (
+        "`run --resume`, a client checkpoint file copied from another run (seed 6)",
+        damaged_checkpoint(_foreign),
+        ONE_LINE,
+    ),
+    (
+        "`run --resume`, a client checkpoint file deleted",
+        damaged_checkpoint(lambda f, t: _client(f, 0).unlink()),
+        ONE_LINE,
+    ),
+    (
+        "`run --resume`, a client checkpoint file truncated to half",
+        damaged_checkpoint(lambda f, t: half(_client(f, 1))),
+        ONE_LINE,
+    ),
+    (
+        "`run --resume`, `state.pt` holding a config of another shape (digests made to match)",
+        damaged_checkpoint(_reconfigured),
+        ONE_LINE,
+    ),
+    ("`run --resume`, a FIFO in place of `state.pt`", damaged_checkpoint(_fifo_state), ONE_LINE),
+    ("`run --resume`, a FIFO in place of the output file", resume_after(fifo), ONE_LINE),
+    ("`run --resume`, a FIFO in place of `RUN.clients/rank00000.h5`", resume_after(client_file(fifo)), ONE_LINE),
+    (
+        "`--resume` with the output spelled `./out.h5`, then absolute",
+        resume_spelled,
+        "exit 0, exit 0, exit 0, 9 iterations",
+    ),
+    (
+        "symbolic links planted at `RUN.h5.partial` and a checkpoint temporary name",
+        planted_link,
+        "exit 0, the link's target unchanged",
+    ),
+    ("a `base` chain of 1,500 config files", base_chain, "exit 0, seed 0"),
+    ("a JSON config whose top level is a list", bad_input(text=b"[1, 2]", name="bad.json"), ONE_LINE),
+    (
+        "a JSON config with a key given twice",
+        bad_input(text=b'{"problem": {}, "problem": {}, "algorithm": {}}', name="bad.json"),
+        ONE_LINE,
+    ),
+    (
+        "a config with arrays nested 3,000 deep",
+        bad_input(text=b"[problem]\nx = " + b"[" * 3000 + b"]" * 3000),
+        ONE_LINE,
+    ),
+    (
+        "a TOML date as a value (`seed = 1979-05-27`)",
+        bad_input(text=b"seed = 1979-05-27\n[problem]\n[algorithm]\n"),
+        ONE_LINE,
+    ),
+    (
+        "a TOML time as a value (`problem.n_clients = 07:32:00`)",
+        bad_input(text=b"[problem]\nn_clients = 07:32:00\n[algorithm]\n"),
+        ONE_LINE,
+    ),
+    ("a config with only `[problem]`", bad_input(text=b'[problem]\nname = "quadratic"\n'), ONE_LINE),
 ]
 
 

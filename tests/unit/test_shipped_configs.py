@@ -44,7 +44,7 @@ def test_family_members_write_distinct_outputs_and_differ_only_where_they_say():
 
 
 def test_base_chain_merges_tables_and_overrides_win(tmp_path):
-    (tmp_path / "a.toml").write_text("seed = 4\n[algorithm]\nouter_lr = 0.5\ninner_lr = 0.2\n")
+    (tmp_path / "a.toml").write_text("seed = 4\n[problem]\n[algorithm]\nouter_lr = 0.5\ninner_lr = 0.2\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.toml").write_text('base = "../a.toml"\n[algorithm]\ninner_lr = 0.3\n')
     cfg = config.load(tmp_path / "sub" / "b.toml", ["algorithm.outer_lr=0.7"])

@@ -109,7 +109,7 @@ class RunSection:
     checkpoint_every: int = spec(
         100,
         "write a checkpoint every k outer iterations; one is also written at iteration 0, at the end "
-        "and on SIGTERM/SIGUSR1 (0: only then); see docs/reliability.md",
+        "and on SIGTERM/SIGINT/SIGUSR1 (0: only then); see docs/reliability.md",
         low=0,
     )
     checkpoint_dir: str = spec(

@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fednest_mpi import __version__
+from fednest_mpi import __version__, atomic
 from fednest_mpi.io.h5 import git_commit
 
 FORMAT = "fednest-mpi/bench"
@@ -29,8 +29,8 @@ def write_bench(path: str | Path, rows: list[dict], columns: dict[str, tuple[str
     """Write ``rows`` (dicts keyed by the names of ``columns``: name -> (description, units))."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    with h5py.File(tmp, "w") as f:
+    tmp = atomic.temp_name(path)  # unique, created exclusively: never through a planted link
+    with h5py.File(tmp, "x") as f:
         f.attrs.update(
             {
                 "format": FORMAT,

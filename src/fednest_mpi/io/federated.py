@@ -10,7 +10,7 @@ Format ``fednest-mpi/federated-data`` version :data:`VERSION`::
     /sample_ids          (N,) integer, optional: each row's index in the source arrays
     /test/features       (T, *feature_shape), optional, with /test/labels (T,): a shared test set
 
-:func:`write_federated` writes a file (to ``PATH.partial``, renamed when complete).
+:func:`write_federated` writes a file (to a fresh hidden ``.PATH.RANDOM.partial``, renamed when complete).
 :class:`FederatedFile` opens one through :func:`fednest_mpi.io.safe.open_checked` (signature,
 truncation, damaged metadata) and checks its structure, offsets and labels (read in slices, the
 same verdict on every rank); :meth:`FederatedFile.read_clients` reads only the rows of a block of
@@ -28,6 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from fednest_mpi import atomic
 from fednest_mpi.errors import DataError, UsageError
 from fednest_mpi.io.safe import open_checked, reading
 
@@ -67,9 +68,9 @@ def write_federated(
         if array is not None and array.dtype.kind == "f" and not np.isfinite(array).all():
             row = int(np.argwhere(~np.isfinite(array.reshape(len(array), -1)))[0, 0])
             raise DataError(f"{what} row {row} holds NaN or infinite values; remove or impute those samples")
-    tmp = path.with_name(path.name + ".partial")
+    tmp = atomic.temp_name(path)  # unique, created exclusively: never through a planted link
     try:
-        with h5py.File(tmp, "w", libver="latest") as f:
+        with h5py.File(tmp, "x", libver="latest") as f:
             f.attrs.update(format=FORMAT, format_version=VERSION, n_classes=int(n_classes))
             f.attrs["feature_shape"] = np.asarray(np.shape(features)[1:], dtype=np.int64)
             f["features"], f["labels"] = np.asarray(features), np.asarray(labels, dtype=np.int64)

@@ -154,6 +154,11 @@ def check_resumable_output(path: str | Path, rows: int) -> None:
     from fednest_mpi.io.clients import check_client_files  # clients imports this module
 
     p = Path(path)
+    if (p.exists() or p.is_symlink()) and not p.is_file():
+        raise UsageError(
+            f"--resume: the output {str(p)!r} of the checkpointed run is not a regular file (a FIFO, device, "
+            "folder or dangling link); restore the run file or run without --resume to start again"
+        )
     if not p.is_file():
         raise UsageError(
             f"--resume: the output file {str(p)!r} of the checkpointed run does not exist; "

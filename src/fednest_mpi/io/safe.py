@@ -27,6 +27,7 @@ import ctypes
 import os
 import select
 import signal
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -55,7 +56,10 @@ def read_header(path: str | Path, what: str = "file") -> Header:
     """Check the HDF5 header of ``path`` without HDF5; UsageError naming the problem."""
     p = Path(path)
     try:
-        size = p.stat().st_size
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open for ever
+            raise UsageError(f"{what} {str(p)!r} is not a regular file (a FIFO, device or folder); restore the file")
+        size = st.st_size
         with open(p, "rb") as f:
             head = f.read(48)
     except OSError as exc:

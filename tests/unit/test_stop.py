@@ -1,0 +1,105 @@
+"""Stop requests in-process (src/fednest_mpi/stop.py): the first signal asks, a repeat within a
+second is the same request, a later one, the stop timeout and the watchdog end the run at once;
+and the unique exclusive temporary names of src/fednest_mpi/atomic.py. The same under mpiexec, with
+real launchers, stuck ranks and files: the signal rows of tests/unit/test_reliability.py."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from fednest_mpi import atomic, stop
+
+
+class Ended:
+    """Records end_now(code, message) calls."""
+
+    def __init__(self):
+        self.calls, self.event = [], threading.Event()
+
+    def __call__(self, code, message):
+        self.calls.append((code, message))
+        self.event.set()
+
+
+def test_first_signal_asks_a_repeat_is_the_same_request_a_later_one_ends_at_once():
+    ended = Ended()
+    with stop.StopRequests() as requests:
+        requests.arm(ended)
+        assert not requests.requested
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)  # the same notice delivered twice
+        time.sleep(0.5)
+        assert requests.requested and requests.received == "SIGUSR1" and not ended.calls
+        time.sleep(stop.SAME_NOTICE_SECONDS)
+        requests.beat(7)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert ended.event.wait(5)
+    assert ended.calls == [(128 + signal.SIGTERM, "stopped at once by a second SIGTERM after iteration 7")]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the previous handlers are back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigint_is_a_stop_request_not_a_keyboard_interrupt():
+    with stop.StopRequests() as requests:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        assert requests.received == "SIGINT"
+
+
+def test_a_stop_not_reached_within_the_stop_timeout_ends_the_run():
+    ended = Ended()
+    with stop.StopRequests(stop_timeout=0.5) as requests:
+        requests.arm(ended)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert ended.event.wait(5)
+    ((code, message),) = ended.calls
+    assert code == 143 and "run.stop_timeout = 0.5 s" in message
+
+
+def test_a_reached_stop_is_not_escalated_by_the_timeout():
+    ended = Ended()
+    with stop.StopRequests(stop_timeout=0.3) as requests:
+        requests.arm(ended)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        requests.reached()  # the ranks agreed: the checkpoint may take its time
+        assert not ended.event.wait(1.0)
+
+
+def test_the_watchdog_ends_a_run_whose_iteration_does_not_complete():
+    ended = Ended()
+    with stop.StopRequests(round_timeout=0.6) as requests:
+        requests.arm(ended)
+        for k in range(4):  # iterations that complete in time
+            time.sleep(0.2)
+            requests.beat(k)
+        assert not ended.calls
+        assert ended.event.wait(5)
+    ((code, message),) = ended.calls
+    assert code == 1 and "run.round_timeout = 0.6 s" in message and "after iteration 3" in message
+
+
+def test_nothing_ends_a_disarmed_run():
+    ended = Ended()
+    with stop.StopRequests(round_timeout=0.2) as requests:
+        requests.arm(ended)
+        requests.disarm()
+        assert not ended.event.wait(0.8)
+
+
+def test_temporary_names_are_unique_and_never_written_through_a_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "out.h5"
+    names = {atomic.temp_name(target) for _ in range(100)}
+    assert len(names) == 100 and all(n.parent == tmp_path and n.name.startswith(".out.h5.") for n in names)
+    atomic.write_bytes(target, b"new")
+    assert target.read_bytes() == b"new" and victim.read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    with pytest.raises(OSError):  # O_EXCL | O_NOFOLLOW: an existing link is never opened
+        os.open(link, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)
