@@ -16,7 +16,9 @@ Algorithms: ``fedavg`` (tau local SGD steps, one round), ``fednest`` and ``fedne
 or without the SVRG correction, FedIHGP's N Hessian rounds, over fresh client sets when
 ``ihgp_resample_clients``, FedOut with tau outer steps; Algorithm 1 of the paper). Problems:
 ``loss_tuning`` (x = VS-loss logit adjustments, y = the whole MLP), ``hyper_representation`` and
-``synthetic`` (x = the representation layer, y = the linear head).
+``synthetic`` (x = the representation layer, y = the linear head; hyper_representation with
+``problem.model``: x = the parameters of that network, called per client by
+``torch.func.functional_call``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fednest_mpi.data import load_mnist, long_tail_indices, resolve_data_dir
 from fednest_mpi.data.synthetic import SyntheticSpec, generate
 from fednest_mpi.errors import UsageError
 from fednest_mpi.problems.clientdata import partition_clients
+from fednest_mpi.registry import import_class
 
 ALGORITHMS = ("fedavg", "fednest", "fednest_sgd")
 PROBLEMS = ("loss_tuning", "hyper_representation", "synthetic")
@@ -134,15 +137,27 @@ class PlainLoop:
             widths = (784, *(h for h in (p.hidden1, p.hidden2) if h > 0), N_CLASSES_MNIST)
             self.x = [torch.zeros(N_CLASSES_MNIST, dtype=dtype), torch.zeros(N_CLASSES_MNIST, dtype=dtype)]
             self.y = linear_init(widths, self.gen, dtype)
+        elif getattr(p, "model", ""):  # x = the parameters of the user's body network, y = a linear head on it
+            torch.manual_seed(cfg.seed)  # the module's own default initialisation
+            self.body = import_class(p.model)().to(dtype)
+            self.names = [n for n, _ in self.body.named_parameters()]
+            self.x = [w.detach().clone() for w in self.body.parameters()]
+            with torch.no_grad():
+                hidden = self.body(torch.zeros(1, 784, dtype=dtype)).shape[-1]
+            self.y = linear_init((hidden, N_CLASSES_MNIST), self.gen, dtype)
         else:  # x = representation layer d -> H, y = head H -> C
             d, C = (784, N_CLASSES_MNIST) if p.name == "hyper_representation" else (p.n_inputs, p.n_classes)
             layers = linear_init((d, p.hidden, C), self.gen, dtype)
             self.x, self.y = layers[:2], layers[2:]
 
     # -- the task's losses (one client's batch; x, y lists of tensors) -------------------------------
+    body = None  # a user's network (problem.model): called with torch.func.functional_call on the parameters x
+
     def logits(self, x, y, A):
         if self.p.name == "loss_tuning":
             return mlp(y, A)
+        if self.body is not None:
+            return F.linear(torch.func.functional_call(self.body, dict(zip(self.names, x)), (A,)), y[0], y[1])
         return mlp(x + y, A)
 
     def inner_loss(self, x, y, A, t):

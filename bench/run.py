@@ -22,7 +22,9 @@ bandwidth (:mod:`bench.allreduce`; attribute ``allreduce_json``) for the cost mo
 (``python -m bench.model FILE.h5``). Top-level keys of the spec can be overridden as ``key=value``
 (TOML values), e.g. ``iterations=2``; ``only=["synth"]`` runs just the named cases,
 ``families=["many"]`` just the cases of those ``family`` values. A case may set ``chunk_clients`` and
-``block_memory`` (the ``run`` section's chunked-executor knobs) directly.
+``block_memory`` (the ``run`` section's chunked-executor knobs) directly, ``versus`` (another case's
+name: the ratio of their single-rank times, e.g. derived against closed-form oracles) and ``pythonpath``
+(folders of its plugins, relative to the checkout).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ COLUMNS = {
     "x_traffic_floor": ("alg_s / (traffic_floor / (copy_bandwidth x ranks)): how far above the traffic floor", "1"),
     "speedup_vs_plain": ("alg_s of the plain loop / alg_s (same case and clients, same harness run)", "1"),
     "speedup_vs_plain_cpu": ("the same ratio of alg_cpu_s", "1"),
+    "time_vs_case": ("alg_s / alg_s of the case this case names as its versus (same clients, same harness run)", "1"),
+    "time_vs_case_cpu": ("the same ratio of alg_cpu_s", "1"),
     "peak_rss_mb": ("largest peak resident memory of any rank", "MiB"),
     "rss_growth_mb": ("largest RSS growth of any rank from the first to the last measured iteration", "MiB"),
     "speedup_vs_sequential": (
@@ -134,6 +138,9 @@ def run_one(spec: dict, case: dict, mode: str, ranks: int, clients: int) -> dict
         "warmup": int(spec.get("warmup", 1)),
     }
     env = dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_RC_THREAD_LEVEL="single")
+    if case.get("pythonpath"):  # folders of a case's plugins (e.g. a model's module), relative to the checkout
+        folders = [str(ROOT / f) for f in case["pythonpath"]] + [p for p in [env.get("PYTHONPATH", "")] if p]
+        env["PYTHONPATH"] = os.pathsep.join(folders)
     cmd = [sys.executable, str(ROOT / "bench" / "worker.py"), json.dumps(job)]
     if ranks > 1:
         cmd = shlex.split(spec.get("mpiexec", str(ROOT / ".venv" / "bin" / "mpiexec"))) + ["-n", str(ranks)] + cmd
@@ -164,11 +171,16 @@ _SIZES: dict[str, tuple[float, float]] = {}
 
 
 def add_floors(row: dict, data: dict, rates: dict) -> None:
-    """The FLOP and traffic floors of a row whose problem the plain loop knows (else nothing)."""
-    if data["problem"]["name"] not in PROBLEMS or data["algorithm"].get("name", "fednest") not in (
-        "fedavg",
-        "fednest",
-        "fednest_sgd",
+    """The FLOP and traffic floors of a row whose problem the plain loop knows with its MLP (else nothing)."""
+    if (
+        data["problem"].get("model")
+        or data["problem"]["name"] not in PROBLEMS
+        or data["algorithm"].get("name", "fednest")
+        not in (
+            "fedavg",
+            "fednest",
+            "fednest_sgd",
+        )
     ):
         return
     cfg = config.from_dict(data)
@@ -202,8 +214,10 @@ def plan(spec: dict, case: dict) -> list[tuple[str, int, int]]:
     return jobs
 
 
-def derive(rows: list[dict]) -> None:
-    """Ratios between rows of the same harness run: vs the baselines, strong and weak scaling."""
+def derive(rows: list[dict], cases: list[dict] | None = None) -> None:
+    """Ratios between rows of the same harness run: vs the baselines, vs the case a case names as its
+    ``versus`` (e.g. derived against closed-form oracles), strong and weak scaling."""
+    case_of = {c["name"]: c for c in cases or []}
 
     def find(case, mode, ranks, clients):
         return next(
@@ -221,6 +235,12 @@ def derive(rows: list[dict]) -> None:
             if ref is not None and r["mode"] not in ("sequential", "plain"):
                 r[f"speedup_vs_{base}"] = ref["alg_s"] / r["alg_s"]
                 r[f"speedup_vs_{base}_cpu"] = ref["alg_cpu_s"] / r["alg_cpu_s"]
+        versus = case_of.get(r["case"], {}).get("versus")
+        if versus and r["mode"] == "single":
+            ref = find(versus, "single", 1, r["clients_per_round"])
+            if ref is not None:
+                r["time_vs_case"] = r["alg_s"] / ref["alg_s"]
+                r["time_vs_case_cpu"] = r["alg_cpu_s"] / ref["alg_cpu_s"]
         if r["mode"] == "strong":
             one = find(r["case"], "single", 1, r["clients_per_round"])
             if one is not None:
@@ -278,6 +298,8 @@ MANY = [
     ("x traffic", "x_traffic_floor", ".1f"),
     ("x plain", "speedup_vs_plain", ".2f"),
     ("x plain cpu", "speedup_vs_plain_cpu", ".2f"),
+    ("t/versus", "time_vs_case", ".2f"),
+    ("t/vs cpu", "time_vs_case_cpu", ".2f"),
 ]
 
 
@@ -409,9 +431,9 @@ def main(argv: list[str]) -> int:
                 f"({row['seconds']:.0f} s)",
                 flush=True,
             )
-            derive(rows)
+            derive(rows, selected(spec))
             write_bench(out, rows, COLUMNS, attrs)  # after every measurement: a crash keeps the others
-    derive(rows)
+    derive(rows, selected(spec))
     write_bench(out, rows, COLUMNS, attrs)
     family = {c["name"] for c in selected(spec) if c.get("family") == "many"}
     many = [r for r in rows if r["case"] in family]

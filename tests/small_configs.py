@@ -68,6 +68,7 @@ SMALL_PROBLEMS = {
     "fairness": {"n_clients": 6},
     "hyper_cleaning": {"n_clients": 6, "n_samples": 300, "batch_size": 4, "partition": "iid"},
     "fednest_ridge_tuning:RidgeTuning": {"n_clients": 6, "dim": 5, "train_samples": 3, "val_samples": 2},
+    "derived_plugins:LossQuadratic": {"n_clients": 6, "dim_x": 3, "dim_y": 4},
 }
 #: the data set (a folder of DATA) a problem reads
 PROBLEM_DATA = {
@@ -78,7 +79,12 @@ PROBLEM_DATA = {
 }
 #: plugins registered by the tests (tests/plugins, examples/), checked by every registry-wide test like a built-in
 TEST_PLUGINS = {
-    "problem": ["tiny_plugins:TinyQuadratic", "fednest_ridge_tuning:RidgeTuning"],
+    "problem": [
+        "tiny_plugins:TinyQuadratic",
+        "fednest_ridge_tuning:RidgeTuning",
+        "derived_plugins:LossQuadratic",
+        "feature_weights:FeatureWeights",
+    ],
     "algorithm": ["fednest_server_momentum:FedNestMomentum"],
 }
 

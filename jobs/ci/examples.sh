@@ -35,7 +35,7 @@ run() {  # run NAME CONFIG [--set ...]: mpiexec -n 2 from outside the tree, the 
     "$V/fednest-mpi" report "out/$name.h5" > /dev/null
 }
 run server_momentum "$ROOT/examples/server_momentum/quadratic_momentum.toml" --set algorithm.outer_iterations=10
-for cfg in "$ROOT"/examples/*/*.toml; do
+for cfg in "$ROOT"/examples/*/*.toml; do   # hyper_cleaning (a problem plugin), cnn_hyperrep (a model: problem.model)
     case $cfg in */pyproject.toml|*/server_momentum/*) continue ;; esac
     run "$(basename "$(dirname "$cfg")")" "$cfg" --set algorithm.outer_iterations=3
 done

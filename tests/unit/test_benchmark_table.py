@@ -96,7 +96,7 @@ def test_the_markdown_cells_and_config_links(bench_file, tmp_path, capsys):
     link = cells[6].split("(")[1].rstrip(")")
     cfg = config.from_dict(json.loads((configs.parent / link).read_text()))  # the linked config reruns the row
     assert cfg.algorithm.name == "fednest" and cfg.seed == 0
-    assert "lfednest | outer_lr=0.05" in text
+    assert "lfednest | **outer_lr=0.05** (chosen)" in text and "lfednest | outer_lr=0.2 |" in text
 
 
 def test_a_target_never_reached_says_so(bench_file, tmp_path):
@@ -135,3 +135,19 @@ def test_missing_runs_name_the_sweep_to_run(tmp_path):
     path.write_text('[[task]]\nname = "q"\nruns = "nowhere"\nmetric = "x_error"\ntarget = 1\nbudget_rounds = 5\n')
     with pytest.raises(UsageError, match="does not exist; run the task's sweep first"):
         post.benchmark_table(path)
+
+
+def test_the_chosen_setting_is_the_best_mean_at_the_budget(bench_file, tmp_path):
+    short = tmp_path / "short.toml"  # a budget both LFedNest settings run (24 rounds)
+    short.write_text(
+        bench_file.read_text()
+        .replace(f"budget_rounds = {BUDGET}", "budget_rounds = 20")
+        .replace('runs = "quadratic"', f'runs = "{bench_file.parent / "quadratic"}"')
+    )
+    (task,) = post.read_benchmark_file(short)
+    rows = post.benchmark.task_rows(task)
+    means = {i: np.mean(r.value_at_budget) for i, r in enumerate(rows) if r.algorithm == "lfednest"}
+    assert post.benchmark.chosen_rows(rows, task) == {0, min(means, key=means.get)}
+    text = post.benchmark_table(short)
+    best = rows[min(means, key=means.get)].setting["algorithm.outer_lr"]
+    assert f"**outer_lr={best}** (chosen)" in text and text.count("(chosen)") == 2  # one row + the caption

@@ -107,6 +107,29 @@ class ImageClientsConfig:
     )
 
 
+def _model(role: str):
+    return spec(
+        "",
+        f"your own network (docs/extending.md): 'module:Class', a torch.nn.Module built with no arguments on every "
+        f"rank, {role}; the oracles are then derived from the losses with torch.func; empty: the paper's MLP",
+    )
+
+
+def _derived_oracles():
+    return spec(
+        False,
+        "derive the oracles of the paper's MLP from its losses with torch.func (problems/derived.py) instead of "
+        "the closed forms (the same numbers to rounding); a model implies it",
+    )
+
+
+def check_model(cfg) -> None:
+    """``model`` names 'module:Class' (imported when the problem is built, on every rank)."""
+    module, _, attr = cfg.model.partition(":")
+    if cfg.model and (not module or not attr):
+        raise ConfigError(f"problem.model: {cfg.model!r} is not of the form 'module:Class'; write e.g. 'my_nets:LeNet'")
+
+
 @dataclass(frozen=True)
 class HyperRepresentationConfig(ImageClientsConfig):
     """Hyper-representation learning on MNIST (paper section 4.1): x = hidden layer, y = linear head."""
@@ -116,9 +139,17 @@ class HyperRepresentationConfig(ImageClientsConfig):
     dropout: float = spec(
         0.0, "dropout probability before the ReLU in training oracles (authors' code: 0.5)", low=0.0, high=0.9
     )
+    model: str = _model("the body from (n, 784) image rows to (n, H) features: x = its parameters, y = a linear head")
+    derived_oracles: bool = _derived_oracles()
 
     def check(self) -> None:
-        """McMahan's shards split the 60,000 training images evenly."""
+        """McMahan's shards split the 60,000 training images evenly; derived oracles take no dropout."""
+        check_model(self)
+        if (self.model or self.derived_oracles) and self.dropout > 0:
+            raise ConfigError(
+                "problem.dropout: the derived oracles (problem.model, problem.derived_oracles) take no dropout "
+                "(a network's own dropout would draw from torch's global generator); set problem.dropout = 0"
+            )
         if not self.data_file and self.partition == "shards" and 60000 % (self.n_clients * self.shards_per_client):
             raise ConfigError(
                 f"problem.shards_per_client: {self.n_clients} clients x {self.shards_per_client} shards "
@@ -146,6 +177,12 @@ class LossTuningConfig(ImageClientsConfig):
     tune_loss: bool = spec(
         True, "tune the VS-loss x; false: plain cross-entropy with x fixed at 0 (the untuned baseline)"
     )
+    model: str = _model("the network y from (n, 784) image rows to (n, 10) logits (hidden1, hidden2 unused)")
+    derived_oracles: bool = _derived_oracles()
+
+    def check(self) -> None:
+        """``model`` is 'module:Class'."""
+        check_model(self)
 
 
 @dataclass(frozen=True)

@@ -37,4 +37,5 @@ def build_problem(
     spec = config.PROBLEMS.resolve(cfg.name)
     if spec is None:
         raise config.ConfigError(f"problem.name: unknown problem {cfg.name!r}")
-    return import_class(spec.implementation)(cfg, seed, clients, device=device, dtype=dtype)
+    cls = import_class(spec.implementation)
+    return cls.implementation_for(cfg)(cfg, seed, clients, device=device, dtype=dtype)

@@ -87,6 +87,13 @@ class BilevelProblem(ABC):
     def __init__(self):
         self.oracle_counts: Counter = Counter()
 
+    @classmethod
+    def implementation_for(cls, cfg) -> type[BilevelProblem]:
+        """The class that runs the [problem] section ``cfg`` of this problem (``problems.build_problem``): this
+        one unless a problem offers another form (hyper_representation and loss_tuning: the derived oracles
+        over a network, :mod:`~fednest_mpi.problems.models`, when ``cfg.model`` or ``cfg.derived_oracles``)."""
+        return cls
+
     # -- initial point and metrics ------------------------------------------------------------
     @abstractmethod
     def initial_point(self) -> tuple[torch.Tensor, torch.Tensor]:

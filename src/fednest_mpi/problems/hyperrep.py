@@ -30,6 +30,16 @@ class HyperRepresentationProblem(RepresentationProblem):
     primary_metric = "test_accuracy"
     """See the module docstring. ``clients`` lists the client ids this instance hosts."""
 
+    @classmethod
+    def implementation_for(cls, cfg):
+        """The derived oracles over a network (:class:`~fednest_mpi.problems.models.ModelHyperRepresentation`) when
+        ``cfg.model`` or ``cfg.derived_oracles`` asks for them; else these closed forms."""
+        if cfg.model or cfg.derived_oracles:
+            from fednest_mpi.problems.models import ModelHyperRepresentation
+
+            return ModelHyperRepresentation
+        return cls
+
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
         super().__init__()
         self.cfg, self.seed = cfg, seed

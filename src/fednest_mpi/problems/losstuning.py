@@ -74,6 +74,16 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
     inner: ClientSplit
     outer: ClientSplit
 
+    @classmethod
+    def implementation_for(cls, cfg):
+        """The derived oracles over a network (:class:`~fednest_mpi.problems.models.ModelLossTuning`) when
+        ``cfg.model`` or ``cfg.derived_oracles`` asks for them; else these closed forms."""
+        if cfg.model or cfg.derived_oracles:
+            from fednest_mpi.problems.models import ModelLossTuning
+
+            return ModelLossTuning
+        return cls
+
     def __init__(self, cfg, seed: int, clients, device="cpu", dtype=torch.float32):
         super().__init__()
         self.cfg, self.seed = cfg, seed
@@ -83,18 +93,10 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         self.shapes = [(o, i) for i, o in zip(self.widths[:-1], self.widths[1:])]
         self.dim_x = 2 * N_CLASSES
         self.dim_y = sum(o * i + o for o, i in self.shapes)
-        data = image_clients(
-            cfg,
-            seed,
-            clients,
-            self.device,
-            dtype,
-            select=lambda labels: long_tail_indices(labels, N_CLASSES, cfg.max_per_class, cfg.imbalance_ratio),
-        )
+        data = image_clients(cfg, seed, clients, self.device, dtype, select=long_tail_select(cfg))
         data.attach(self)
         self.class_sizes = np.bincount(data.train_labels, minlength=N_CLASSES)
-        prior = self.class_sizes / self.class_sizes.sum()
-        self.class_weights = torch.as_tensor(1.0 / (N_CLASSES * prior), dtype=dtype, device=self.device)
+        self.class_weights = class_weights(self.class_sizes, dtype, self.device)
 
     # -- parameters ----------------------------------------------------------------------------
     def _layers(self, y):
@@ -108,13 +110,9 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         return layers
 
     def initial_point(self):
-        """x = 0 (plain cross-entropy); y: PyTorch's default Linear init U(+-1/sqrt(fan_in)), keyed by the seed."""
-        parts = []
-        for layer, (out, inp) in enumerate(self.shapes):
-            for tag, n in ((2 * layer, out * inp), (2 * layer + 1, out)):
-                u = rng.uniform(rng.key(self.seed, rng.Purpose.INIT, tag), n)
-                parts.append(torch.as_tensor((2 * u - 1) / math.sqrt(inp), dtype=self.dtype, device=self.device))
-        return torch.zeros(self.dim_x, dtype=self.dtype, device=self.device), torch.cat(parts)
+        """x = 0 (plain cross-entropy); y: :func:`mlp_initial_point`."""
+        y = mlp_initial_point(self.shapes, self.seed, self.dtype, self.device)
+        return torch.zeros(self.dim_x, dtype=self.dtype, device=self.device), y
 
     # -- batched losses --------------------------------------------------------------------------
     def _logits(self, A, y):
@@ -297,28 +295,54 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
 
     # -- evaluation ----------------------------------------------------------------------------
     def metric_info(self):
-        return {
-            "test_accuracy": ("accuracy on the 10k test set", "%", True),
-            "balanced_accuracy": (
-                "class-balanced accuracy on the 10k test set: mean of the per-class recalls",
-                "%",
-                True,
-            ),
-            "test_loss": ("mean cross-entropy of the network's logits on the 10k test set", "nats"),
-            "tail_accuracy": ("mean recall of the five rarest classes (5-9) on the test set", "%", True),
-        }
+        return METRICS
 
     def evaluate(self, x, y):
         with torch.no_grad():
             logits = torch.cat([self._logits(chunk[None], y[None])[0] for chunk in self.test_inputs.split(_EVAL_CHUNK)])
-        t = self.test_targets
-        correct = (logits.argmax(1) == t).to(torch.float64)
-        recall = torch.zeros(N_CLASSES, dtype=torch.float64).index_add_(0, t.cpu(), correct.cpu()) / torch.bincount(
-            t.cpu(), minlength=N_CLASSES
-        )
-        return {
-            "test_accuracy": 100.0 * float(correct.mean()),
-            "balanced_accuracy": 100.0 * float(recall.mean()),
-            "test_loss": float(torch.nn.functional.cross_entropy(logits, t)),
-            "tail_accuracy": 100.0 * float(recall[N_CLASSES // 2 :].mean()),
-        }
+        return metrics_of(logits, self.test_targets)
+
+
+# -- what the closed-form problem shares with the derived one over any network (problems/models.py) --
+METRICS = {
+    "test_accuracy": ("accuracy on the 10k test set", "%", True),
+    "balanced_accuracy": ("class-balanced accuracy on the 10k test set: mean of the per-class recalls", "%", True),
+    "test_loss": ("mean cross-entropy of the network's logits on the 10k test set", "nats"),
+    "tail_accuracy": ("mean recall of the five rarest classes (5-9) on the test set", "%", True),
+}
+
+
+def metrics_of(logits: torch.Tensor, t: torch.Tensor) -> dict[str, float]:
+    """The :data:`METRICS` of test-set logits (n, C) and labels (n,)."""
+    correct = (logits.argmax(1) == t).to(torch.float64)
+    recall = torch.zeros(N_CLASSES, dtype=torch.float64).index_add_(0, t.cpu(), correct.cpu()) / torch.bincount(
+        t.cpu(), minlength=N_CLASSES
+    )
+    return {
+        "test_accuracy": 100.0 * float(correct.mean()),
+        "balanced_accuracy": 100.0 * float(recall.mean()),
+        "test_loss": float(torch.nn.functional.cross_entropy(logits, t)),
+        "tail_accuracy": 100.0 * float(recall[N_CLASSES // 2 :].mean()),
+    }
+
+
+def long_tail_select(cfg):
+    """labels -> the indices of the long-tail training set (the module docstring)."""
+    return lambda labels: long_tail_indices(labels, N_CLASSES, cfg.max_per_class, cfg.imbalance_ratio)
+
+
+def class_weights(class_sizes: np.ndarray, dtype, device) -> torch.Tensor:
+    """omega_c = 1 / (C pi_c), pi_c the class frequency of the (long-tail) training set."""
+    prior = class_sizes / class_sizes.sum()
+    return torch.as_tensor(1.0 / (N_CLASSES * prior), dtype=dtype, device=device)
+
+
+def mlp_initial_point(shapes, seed: int, dtype, device) -> torch.Tensor:
+    """The MLP's flat parameters [W_1, b_1, ...] for layer shapes [(out, in)]: PyTorch's default Linear
+    init U(+-1/sqrt(fan_in)), keyed by the seed (layer l's weight by tag 2 l, its bias by 2 l + 1)."""
+    parts = []
+    for layer, (out, inp) in enumerate(shapes):
+        for tag, n in ((2 * layer, out * inp), (2 * layer + 1, out)):
+            u = rng.uniform(rng.key(seed, rng.Purpose.INIT, tag), n)
+            parts.append(torch.as_tensor((2 * u - 1) / math.sqrt(inp), dtype=dtype, device=device))
+    return torch.cat(parts)

@@ -66,6 +66,12 @@ def _weight_and_bias_rows(G: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor
     return out
 
 
+def linear_uniform(seed: int, tag: int, n: int, fan_in: int, dtype, device) -> torch.Tensor:
+    """n numbers U(-1/sqrt(fan_in), 1/sqrt(fan_in)) keyed by (seed, INIT, tag): PyTorch's default Linear init."""
+    u = rng.uniform(rng.key(seed, rng.Purpose.INIT, tag), n)
+    return torch.as_tensor((2 * u - 1) / math.sqrt(fan_in), dtype=dtype, device=device)
+
+
 class FeatureStore:
     """Hidden features relu(A W1^T + b1) of whole client splits for **one** shared x, in blocks.
 
@@ -187,12 +193,10 @@ class RepresentationProblem(BilevelProblem):
 
     def initial_point(self):
         """PyTorch's default Linear initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), keyed by the seed."""
-
-        def uniform(tag, n, fan_in):
-            u = rng.uniform(rng.key(self.seed, rng.Purpose.INIT, tag), n)
-            return torch.as_tensor((2 * u - 1) / math.sqrt(fan_in), dtype=self.dtype, device=self.device)
-
-        return uniform(1, self.dim_x, self.n_inputs), uniform(2, self.dim_y, self.hidden)
+        return (
+            linear_uniform(self.seed, 1, self.dim_x, self.n_inputs, self.dtype, self.device),
+            linear_uniform(self.seed, 2, self.dim_y, self.hidden, self.dtype, self.device),
+        )
 
     # -- forward and the pieces every oracle needs -----------------------------------------------
     def _hidden(self, A, x):
