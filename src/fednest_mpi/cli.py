@@ -292,20 +292,6 @@ def _run(args) -> int:
     return Session(cfg, comm, resume=args.resume, log=log).run_to_file()
 
 
-def _exit(code: int) -> None:
-    """End ``fednest-mpi run`` with ``code``: MPI finalized first, then no interpreter teardown, which
-    would put back the default signal handlers while MPI and the launcher still wait (a late SIGTERM
-    then killed the rank with code 15). The run's files and locks are closed by then."""
-    import os
-
-    from fednest_mpi.comm import finalize
-
-    finalize()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def _grouping_arguments(parser) -> None:
     parser.add_argument(
         "--group-by",
@@ -418,7 +404,9 @@ def main(argv=None) -> int:
         stop.install()
     args = _parser().parse_args(argv)
     if program_run and args.command == "run":
-        _exit(_run(args))
+        code = _run(args)
+        stop.ignore_from_now()  # the run is over: the interpreter's teardown would put back SIG_DFL (exit 15)
+        return code
     if args.command == "config-doc":
         from fednest_mpi.config import reference_markdown
 

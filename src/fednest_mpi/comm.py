@@ -34,14 +34,6 @@ def world():
     return mpi().COMM_WORLD
 
 
-def finalize() -> None:
-    """``MPI_Finalize`` if MPI was started here and is not finalized yet (a program about to exit)."""
-    if "mpi4py.MPI" in sys.modules:
-        MPI = sys.modules["mpi4py.MPI"]
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            MPI.Finalize()
-
-
 class SerialComm:
     """A communicator of one rank (rank 0 of size 1), without MPI."""
 

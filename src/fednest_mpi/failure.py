@@ -144,14 +144,17 @@ class Watch:
         self._wait_closed(ACK_SECONDS)
         self.stop()
 
-    def end(self, code: int, message: str) -> bool:
+    def end(self, code: int, message: str) -> None:
         """End the run at once (no abort): tell the others, close this rank's files and wait until
-        every rank has closed (at most :data:`END_ACK_SECONDS`); whether rank 0 closed its files."""
+        every rank has closed (at most :data:`END_ACK_SECONDS`)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         _write(self.folder / f"end-rank{self.rank:05d}", f"{code}\n{message}")
         self._close_files()
         self._wait_closed(END_ACK_SECONDS)
-        return (self.folder / "closed-rank00000").exists()
+
+    def closed(self, rank: int) -> bool:
+        """Whether ``rank`` has closed its files after a failure or an end."""
+        return (self.folder / f"closed-rank{rank:05d}").exists()
 
     def _wait_closed(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -145,15 +145,18 @@ class Session:
             """stop.StopRequests: end the run at once (a second signal, run.stop_timeout, the watchdog)."""
             folder_note = f"; the files are closed; continue from the last checkpoint ({folder}) with --resume"
             if watch is not None:
-                rank0_closed = watch.end(code, message + folder_note)
-                self._exit_now(code, message + folder_note, rank == 0 or (not rank0_closed and rank == 1))
-            if failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
+                watch.end(code, message + folder_note)
+            elif failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
                 close_files()
-            self._exit_now(code, message + folder_note, rank == 0)
+            self._exit_now(code, message + folder_note, printer())
 
         def on_end(code: int, message: str) -> None:
             """failure.Watch: another rank ended the run at once; this rank's files are closed."""
-            self._exit_now(code, message, rank == 0)
+            self._exit_now(code, message, printer())
+
+        def printer() -> bool:
+            """Who prints the line of a run ended at once: rank 0, or rank 1 when rank 0 could not close (stopped)."""
+            return rank == 0 or (rank == 1 and watch is not None and not watch.closed(0))
 
         try:
             log.info(
@@ -194,7 +197,7 @@ class Session:
             series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
             if size > 1:  # an exception on any rank: every rank closes its files before the abort
                 watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
-            stop.arm(end_now)
+            stop.arm(end_now, rounds=True)  # the watchdog from iteration 0 on
 
             def on_iteration(k, row):
                 last["k"] = k
@@ -251,7 +254,6 @@ class Session:
                 series.close()
             if writer is not None:
                 writer.close()
-            stop.arm(lambda code, message: self._exit_now(code, message, rank == 0))  # the files are closed
         if lost:
             print(f"fednest-mpi: run failed: {lost}; {LOST_HINT}", file=sys.stderr)
             return 1

@@ -95,6 +95,16 @@ def install(owner: object = "cli") -> bool:
     return True
 
 
+def ignore_from_now() -> None:
+    """The run is over and its files are closed: stop signals are ignored while the process exits.
+    (The interpreter's teardown puts the default action back for every signal with a Python handler,
+    so a signal during MPI's finalisation would kill the rank, and the launcher report exit 15.)"""
+    if threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        signal.set_wakeup_fd(-1)
+
+
 def _uninstall() -> None:
     signal.set_wakeup_fd(-1)
     for s, handler in _P.previous.items():
@@ -126,6 +136,7 @@ class StopRequests:
         self._last_beat = time.monotonic()
         self._iteration: int | None = None
         self._reached = False
+        self._rounds = False  # whether the watchdog runs (from the first iteration on, not during start-up)
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -153,9 +164,11 @@ class StopRequests:
         if _P.installed_by is self:
             _uninstall()
 
-    def arm(self, end_now: EndNow) -> None:
-        """From now on a second signal, the stop timeout or the watchdog calls ``end_now(code, message)``."""
+    def arm(self, end_now: EndNow, rounds: bool = False) -> None:
+        """From now on a second signal, the stop timeout or (``rounds``: the iterations start now) the
+        watchdog calls ``end_now(code, message)``."""
         self._last_beat = time.monotonic()
+        self._rounds = rounds
         self._end_now = end_now
 
     def disarm(self) -> None:
@@ -195,7 +208,7 @@ class StopRequests:
                     f"{self.stop_timeout:g} s of the {_P.first} (a rank stopped, blocked on I/O, or an iteration "
                     f"longer than that) {after}"
                 )
-        if self.round_timeout > 0 and now - self._last_beat > self.round_timeout:
+        if self._rounds and self.round_timeout > 0 and now - self._last_beat > self.round_timeout:
             return 1, (
                 f"run failed: no outer iteration completed within run.round_timeout = {self.round_timeout:g} s "
                 f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"

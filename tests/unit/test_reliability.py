@@ -313,7 +313,7 @@ def _forced_result(proc, out) -> str:
     unlocked = not (out.parent / (out.name + ".lock")).exists()
     return (
         f"exit {rc}, {len(lines)} line(s)"
-        + (", run file closed" if closed else ", run file NOT closed")
+        + (", run file closed" if closed else ", run file left for `recover`")
         + (", lock released" if unlocked else "")
         + ("" if BANNER not in stdout + stderr else ", banner")
     )
@@ -355,7 +355,7 @@ def early_usr1(tmp):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def stuck_rank(then, sets=()):
+def stuck_rank(then, sets=(), which=-1):
     """Rank 1 of 2 stopped (SIGSTOP) while the run iterates, then ``then``: "term" (one SIGTERM to
     mpiexec), "term twice" (a second 2 s later), "nothing" (the watchdog's business)."""
 
@@ -363,7 +363,7 @@ def stuck_rank(then, sets=()):
         proc, _, out = _start(tmp, sets=sets)
         try:
             _iterating(proc, out)
-            os.kill(_ranks(proc)[-1], signal.SIGSTOP)
+            os.kill(_ranks(proc)[which], signal.SIGSTOP)  # -1: rank 1 (started last), 0: rank 0
             time.sleep(0.5)
             if then.startswith("term"):
                 proc.send_signal(signal.SIGTERM)
@@ -593,6 +593,11 @@ CASES = [
         "rank 1 of 2 stopped, then two SIGTERMs to `mpiexec` 2 s apart",
         stuck_rank("term twice"),
         "exit 143, 1 line(s), run file closed, lock released",
+    ),
+    (
+        "rank 0 of 2 stopped, then two SIGTERMs to `mpiexec` 2 s apart (rank 1 reports)",
+        stuck_rank("term twice", which=0),
+        "exit 143, 1 line(s), run file left for `recover`",
     ),
     (
         "rank 1 of 2 stopped, no signal, watchdog `run.round_timeout = 3`",

@@ -72,7 +72,10 @@ def test_a_reached_stop_is_not_escalated_by_the_timeout():
 def test_the_watchdog_ends_a_run_whose_iteration_does_not_complete():
     ended = Ended()
     with stop.StopRequests(round_timeout=0.6) as requests:
-        requests.arm(ended)
+        requests.arm(ended)  # start-up: no watchdog
+        time.sleep(1.0)
+        assert not ended.calls
+        requests.arm(ended, rounds=True)
         for k in range(4):  # iterations that complete in time
             time.sleep(0.2)
             requests.beat(k)
@@ -85,7 +88,7 @@ def test_the_watchdog_ends_a_run_whose_iteration_does_not_complete():
 def test_nothing_ends_a_disarmed_run():
     ended = Ended()
     with stop.StopRequests(round_timeout=0.2) as requests:
-        requests.arm(ended)
+        requests.arm(ended, rounds=True)
         requests.disarm()
         assert not ended.event.wait(0.8)
 
