@@ -116,3 +116,25 @@ def small_problem_section(name: str) -> dict:
         need(DATA / PROBLEM_DATA[name])
         section["data_dir"] = str(DATA)
     return section
+
+
+def write_run(path, cfg: config.RunConfig) -> None:
+    """A real run file of ``cfg`` written as `fednest-mpi run` does (1 rank, in process)."""
+    from mpi4py import MPI
+
+    from fednest_mpi.io.h5 import RunWriter
+    from fednest_mpi.runner import Simulation
+
+    sim = Simulation(cfg, MPI.COMM_SELF)
+    attrs = {
+        "mpi_size": 1,
+        "seed": cfg.seed,
+        "problem": cfg.problem.name,
+        "algorithm": cfg.algorithm.name,
+        "config_json": cfg.to_json(),
+    }
+    writer = RunWriter(path, attrs, sim.columns())
+    try:
+        sim.run(writer=writer)
+    finally:
+        writer.close()

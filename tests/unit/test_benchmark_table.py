@@ -8,32 +8,17 @@ import re
 
 import numpy as np
 import pytest
-from mpi4py import MPI
-from small_configs import make_config
+from small_configs import make_config, write_run
 
 from fednest_mpi import cli, config, post
 from fednest_mpi.errors import UsageError
-from fednest_mpi.io.h5 import RunWriter, read_run
-from fednest_mpi.runner import Simulation
+from fednest_mpi.io.h5 import read_run
 
 TARGET, BUDGET = 0.3, 60
 
 
 def _write_run(path, seed: int, **algorithm) -> None:
-    cfg = make_config(seed=seed, algorithm={"outer_iterations": 12, **algorithm}, run={"output": str(path)})
-    sim = Simulation(cfg, MPI.COMM_SELF)
-    attrs = {
-        "mpi_size": 1,
-        "seed": seed,
-        "problem": "quadratic",
-        "algorithm": cfg.algorithm.name,
-        "config_json": cfg.to_json(),
-    }
-    writer = RunWriter(path, attrs, sim.columns())
-    try:
-        sim.run(writer=writer)
-    finally:
-        writer.close()
+    write_run(path, make_config(seed=seed, algorithm={"outer_iterations": 12, **algorithm}, run={"output": str(path)}))
 
 
 @pytest.fixture(scope="module")
