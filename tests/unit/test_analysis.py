@@ -7,14 +7,12 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from mpi4py import MPI
-from small_configs import make_config
+from small_configs import make_config, write_run
 
 from fednest_mpi import post
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io.h5 import RunWriter, read_run
 from fednest_mpi.post.plotting import _auto_log
-from fednest_mpi.runner import Simulation
 
 ITERATIONS = 15
 ALGORITHMS = ("fednest", "lfednest")
@@ -29,19 +27,7 @@ def _write_run(path, algorithm: str, seed: int, **algorithm_fields) -> None:
         algorithm={"name": algorithm, "outer_iterations": ITERATIONS, **algorithm_fields},
         run={"output": str(path), "progress": "never"},
     )
-    sim = Simulation(cfg, MPI.COMM_SELF)
-    attrs = {
-        "mpi_size": 1,
-        "seed": cfg.seed,
-        "problem": cfg.problem.name,
-        "algorithm": cfg.algorithm.name,
-        "config_json": cfg.to_json(),
-    }
-    writer = RunWriter(path, attrs, sim.columns())
-    try:
-        sim.run(writer=writer)
-    finally:
-        writer.close()
+    write_run(path, cfg)
 
 
 @pytest.fixture(scope="module")
