@@ -92,11 +92,12 @@ class InnerLevel(Algorithm):
             rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
             return [anchor]
 
+        y_side = self.problem.y_side_bytes()  # every call here is at the shared x
         if not self.inner_variance_reduction:
-            for piece in S.chunks(self.fed.chunk_clients):
+            for piece in S.chunks(self.fed.chunk_for(y_side)):
                 anchors(piece)
             return None
-        (q,) = self.fed.mean_over(S, anchors)
+        (q,) = self.fed.mean_over(S, anchors, client_bytes=y_side)
         return q
 
     def _inner_local(self, ids: np.ndarray, k: int, t: int, x, y, q) -> torch.Tensor:

@@ -193,7 +193,16 @@ class BilevelProblem(ABC):
 
     def local_sgd_bytes(self, steps: int, anchored: bool) -> int | None:
         """Working set per client of :meth:`local_sgd`, when it differs from :meth:`client_bytes`
-        (e.g. a factored form that never holds a client's y); None: that estimate."""
+        (e.g. a factored form that never holds a client's y); None: that estimate. Default:
+        :meth:`y_side_bytes` (local steps move y at the shared x)."""
+        return self.y_side_bytes()
+
+    def y_side_bytes(self) -> int | None:
+        """Working set per client of the calls that hold no row of x per client: the oracles of the
+        y side (``grad_y_inner``, ``grad_y_outer``, ``hvp_yy_inner``) and the local steps, at the
+        shared x, when it is smaller than :meth:`client_bytes` (whose estimate must cover the x side,
+        (B, d1) rows); None: that estimate. It sizes those calls' chunks (``Federation.chunk_for``):
+        a large d1 then no longer limits the chunks of a round's many y-side calls."""
         return None
 
     # -- values (optional, not counted) ------------------------------------------------------------

@@ -258,12 +258,11 @@ class ModuleParameters:
 
     @staticmethod
     def _unflatten(vector: torch.Tensor, shapes) -> dict[str, torch.Tensor]:
-        out, at = {}, 0
-        for name, shape in shapes:
-            n = math.prod(shape)
-            out[name] = vector[at : at + n].view(shape)
-            at += n
-        return out
+        """Views of ``vector`` by one ``split``, whose backward concatenates the parameters' gradients
+        in one pass (slicing each one out would fill and add a zero vector of the whole length per
+        parameter: for a per-client gradient in x, (B, d1) numbers several times over)."""
+        pieces = vector.split([math.prod(shape) for _, shape in shapes]) if shapes else ()
+        return {name: piece.view(shape) for (name, shape), piece in zip(shapes, pieces)}
 
     def parameters(self, x: torch.Tensor | None, y: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """name -> parameter tensor (views into ``x`` (d1,) and ``y`` (d2,))."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fednest_mpi.problems.clientdata import image_clients
-from fednest_mpi.problems.representation import RepresentationProblem
+from fednest_mpi.problems.representation import RepresentationProblem, head_side_bytes
 
 N_PIXELS, N_CLASSES = 784, 10
 
@@ -47,6 +47,11 @@ class HyperRepresentationProblem(RepresentationProblem):
         self.device, self.dtype = torch.device(device), dtype
         self._set_shape(N_PIXELS, cfg.hidden, N_CLASSES)
         image_clients(cfg, seed, clients, self.device, self.dtype).attach(self)
+
+    def y_side_bytes(self) -> int:
+        """:func:`~.representation.head_side_bytes` at the wider of the two splits."""
+        width = max(self.inner.index.shape[1], self.outer.index.shape[1])
+        return head_side_bytes(self.dtype.itemsize, self.dim_y, width, N_PIXELS, self.hidden, N_CLASSES)
 
     def _locate(self, split, clients):
         return split, np.asarray(clients, dtype=np.int64) - self._first, self.inputs, self.targets
