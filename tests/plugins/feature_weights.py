@@ -5,12 +5,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fednest_mpi import rng
 from fednest_mpi.config import spec
 from fednest_mpi.problems.clientdata import ClientSplit
 from fednest_mpi.problems.derived import ClientSamples, LossProblem
+from fednest_mpi.problems.kernels import softplus
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class FeatureWeights(LossProblem):
     @staticmethod
     def _bce(y, batch):
         z = batch["a"] @ y
-        return (batch["weight"] * (F.softplus(z) - batch["t"] * z)).sum()
+        return (batch["weight"] * (softplus(z) - batch["t"] * z)).sum()
 
     def inner_loss(self, x, y, batch):
         return self._bce(y, batch) + 0.5 * (torch.exp(x) * y * y).sum()
@@ -70,7 +70,7 @@ class FeatureWeights(LossProblem):
         z = a @ y
         return {
             "test_accuracy": 100.0 * float(((z > 0).to(t.dtype) == t).double().mean()),
-            "test_loss": float((F.softplus(z) - t * z).mean()),
+            "test_loss": float((softplus(z) - t * z).mean()),
         }
 
     def metric_info(self):

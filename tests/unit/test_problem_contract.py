@@ -54,3 +54,35 @@ def test_the_primary_metric_is_one_that_evaluate_records(name):
     problem = problem_of(name)
     primary = problem.primary_metric or next(iter(problem.metric_info()))
     assert primary in problem.metric_info() and primary in problem.evaluate(*problem.initial_point())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_oracle_row_is_the_same_bits_in_every_block(name, dtype):
+    """Bitwise, not to a tolerance: what the chunk- and rank-count invariance of the ordered reduction
+    rests on. Each client's rows of the five oracles (a minibatch and the whole split, at a point away
+    from the initial one) in blocks of 1, 2 and 5 clients equal its rows in the block of six."""
+    problem = problem_of(name, dtype)
+    x, y = problem.initial_point()
+    gen = torch.Generator().manual_seed(7)
+    y = y + 0.1 * torch.randn(y.shape, generator=gen, dtype=dtype)
+    n = min(problem.n_clients, 6)
+    V = torch.randn(n, problem.dim_y, generator=gen, dtype=dtype)
+
+    def at(c):
+        return shared_rows(x, c.size), shared_rows(y, c.size)
+
+    for sample in (Sample(12345, 1), None):
+        calls = {
+            "grad_x_outer": lambda c: problem.grad_x_outer(c, *at(c), sample),
+            "grad_y_outer": lambda c: problem.grad_y_outer(c, *at(c), sample),
+            "grad_y_inner": lambda c: problem.grad_y_inner(c, *at(c), sample),
+            "hvp_yy_inner": lambda c: problem.hvp_yy_inner(c, *at(c), V[c], sample),
+            "jvp_xy_inner": lambda c: problem.jvp_xy_inner(c, *at(c), V[c], sample),
+        }
+        for oracle, call in calls.items():
+            whole = call(np.arange(n))
+            for size in (1, 2, 5):
+                for lo in range(0, n - size + 1, size):
+                    block = np.arange(lo, lo + size)
+                    assert torch.equal(call(block), whole[lo : lo + size]), (oracle, sample, size, lo)

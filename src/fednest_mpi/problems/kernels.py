@@ -68,6 +68,13 @@ def sigmoid(z: torch.Tensor) -> torch.Tensor:
     return torch.reciprocal(1.0 + torch.exp(-z))
 
 
+def softplus(z: torch.Tensor) -> torch.Tensor:
+    """log(1 + exp(z)) = max(z, 0) + log1p(exp(-|z|)), position independent (``F.softplus`` and its
+    gradient, a sigmoid, use vectorised kernels whose tail rounds differently, see :func:`sigmoid`);
+    plain differentiable operations, so ``torch.func`` transforms and double backward go through it."""
+    return z.clamp(min=0) + torch.log1p(torch.exp(-z.abs()))
+
+
 class _BinaryCrossEntropyWithLogits(torch.autograd.Function):
     """-t log sigmoid(z) - (1 - t) log(1 - sigmoid(z)) = max(z, 0) - z t + log1p(exp(-|z|)), with the
     gradient (sigmoid(z) - t) g written in differentiable operations (double backward works)."""
