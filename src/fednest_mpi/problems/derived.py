@@ -163,7 +163,9 @@ class LossProblem(BilevelProblem):
         if clients.size == 0:
             return torch.zeros(0, self.dim_y, dtype=self.dtype, device=self.device)
         batch = self._remembered_batch(oracle, clients, x, sample)
-        return reverse_in_y(loss, *((x[0], None) if is_shared(x) else (x, 0)), y, batch, v)
+        if is_shared(x):
+            return reverse_in_y(loss, x[0], None, y, batch, v)
+        return reverse_in_y(loss, x, 0, y, batch, v)
 
     def _remembered_batch(self, oracle, clients, x, sample) -> Batch:
         """:meth:`oracle_batch`, remembered for one call: FedInn's SVRG step evaluates the same
