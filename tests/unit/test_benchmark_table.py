@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,3 +137,63 @@ def test_the_chosen_setting_is_the_best_mean_at_the_budget(bench_file, tmp_path)
     text = post.benchmark_table(short)
     best = rows[min(means, key=means.get)].setting["algorithm.outer_lr"]
     assert f"**outer_lr={best}** (chosen)" in text and text.count("(chosen)") == 2  # one row + the caption
+
+
+def test_a_higher_is_better_metric_picks_the_highest_mean_and_reaches_upwards(tmp_path):
+    """test_accuracy (the MNIST tasks' metric) declares higher is better: the target is reached at the first
+    value at or above it, and the chosen setting is the one with the highest mean at the budget; a setting
+    with a run that stopped short of the budget (diverged) is not chosen, and its cell counts the runs."""
+    from fednest_mpi.io.h5 import RunWriter
+
+    runs = tmp_path / "acc"
+    runs.mkdir()
+    columns = {
+        "iteration": ("k", "1"),
+        "comm_rounds": ("rounds", "1"),
+        "comm_bytes": ("bytes", "B"),
+        "test_accuracy": ("accuracy", "%", True),
+    }
+    curves = {0.1: [10.0, 40.0, 55.0, 60.0], 1.0: [10.0, 62.0, 70.0, 75.0], 10.0: [10.0, 80.0, 90.0, 95.0]}
+    for lr, curve in curves.items():
+        for seed in (0, 1):
+            cfg = {"seed": seed, "algorithm": {"name": "simfbo", "server_lr_x": lr}}
+            w = RunWriter(runs / f"s_{lr}_{seed}.h5", {"config_json": json.dumps(cfg)}, columns)
+            for k, acc in enumerate(curve[:2] if (lr, seed) == (10.0, 1) else curve):  # 10.0, seed 1: diverged
+                w.append({"iteration": k, "comm_rounds": 10 * k, "comm_bytes": 80 * k, "test_accuracy": acc + seed})
+            w.close()
+    path = tmp_path / "b.toml"
+    path.write_text(
+        f'[[task]]\nname = "a"\nruns = "{runs}"\nmetric = "test_accuracy"\ntarget = 60.0\nbudget_rounds = 20\n'
+    )
+    (task,) = post.read_benchmark_file(path)
+    rows = post.benchmark.task_rows(task)
+    assert [r.setting["algorithm.server_lr_x"] for r in rows] == list(curves)
+    for row, lr in zip(rows, curves):
+        first = [next(10 * k for k, a in enumerate(curves[lr]) if a + s >= 60.0) for s in (0, 1)]
+        assert row.rounds_to_target == first  # 0.1: 30 rounds (both seeds); 1.0 and 10.0: 10
+    assert rows[0].value_at_budget == [55.0, 56.0] and rows[1].value_at_budget == [70.0, 71.0]
+    assert rows[2].value_at_budget[0] == 90.0 and np.isnan(rows[2].value_at_budget[1])
+    assert post.benchmark.chosen_rows(rows, task) == {1}  # 10.0 is higher where it ran, but one run diverged
+    text = post.benchmark_table(path)
+    assert "| simfbo | **server_lr_x=1.0** (chosen) |" in text
+    assert "| simfbo | server_lr_x=10.0 | 2 | 10 ± 0 (2/2) | 80 B ± 0 B (2/2) | 90 (1/2) | - |" in text
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("task", post.read_benchmark_file(REPO / "jobs/benchmarks/table.toml"), ids=lambda t: t.name)
+def test_every_shipped_sweep_gives_its_algorithm_the_task_budget(task):
+    """jobs/benchmarks/table.toml: each task's sweeps run configs whose outer_iterations are the budget over the
+    algorithm's rounds per iteration, rounded up (docs/benchmarks.md), with the rank-invariant reduction."""
+    from fednest_mpi.algorithms import implementation
+
+    sweeps = sorted((REPO / "jobs/benchmarks" / task.name).glob("*.toml"))
+    assert sweeps, f"no sweeps for task {task.name}"
+    for sweep in sweeps:
+        cfg = config.load(REPO / "configs/benchmarks" / task.name / sweep.name)
+        assert cfg.algorithm.name == sweep.stem and cfg.federation.reduction == "ordered"
+        rounds = implementation(cfg.algorithm.name).rounds_per_iteration(
+            cfg.algorithm, **config.ALGORITHMS[cfg.algorithm.name].options
+        )
+        assert cfg.algorithm.outer_iterations == -(-task.budget_rounds // rounds), sweep

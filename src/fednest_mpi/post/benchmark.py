@@ -16,7 +16,8 @@ For every task the runs are grouped by ``algorithm.name`` and by every other con
 aside) that differs between the runs of one algorithm (a tuning grid shows one row per setting).
 Each row gives mean ± sd over its runs (seeds) of: the rounds and bytes at which the metric first
 reaches the target (over the runs that reach it, with their count), and the metric at the budget
-(the last iteration within it; '-' for a run that stopped short of the budget);
+(the last iteration within it; a run that stopped short of the budget, e.g. diverged, has none: the cell
+counts the runs that have one, '-' if none);
 and the configs of the row written as JSON files beside the table, so each cell links the config
 that produced it (``fednest-mpi run CONFIG.json --set seed=S``).
 """
@@ -182,6 +183,13 @@ def _reach(values: Sequence[float], fmt=format_number) -> str:
     return f"{format_mean_sd(values, fmt)} ({n_hit}/{len(values)})"
 
 
+def _at_budget(values: Sequence[float]) -> str:
+    """mean ± sd at the budget, with the count of the runs that ran it when some stopped short (diverged)."""
+    n_ran = sum(math.isfinite(x) for x in values)
+    cell = format_mean_sd(values)
+    return cell if n_ran in (0, len(values)) else f"{cell} ({n_ran}/{len(values)})"
+
+
 def _config_file(row: TaskRow, task: BenchmarkTask, folder: Path) -> Path:
     """The config of the row's first run (seed 0's, say), as JSON: ``--set seed=S`` gives the others."""
     stem = "_".join([task.name, row.algorithm, *(f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in row.setting.items())])
@@ -249,7 +257,7 @@ def benchmark_table(
                 link = f"[json]({rel.as_posix()})"
             lines.append(
                 f"| {row.algorithm} | {setting} | {len(row.runs)} | {_reach(row.rounds_to_target)} "
-                f"| {_reach(row.bytes_to_target, format_bytes)} | {format_mean_sd(row.value_at_budget)} | {link} |"
+                f"| {_reach(row.bytes_to_target, format_bytes)} | {_at_budget(row.value_at_budget)} | {link} |"
             )
         lines.append("")
     return "\n".join(lines)
