@@ -170,7 +170,7 @@ class Estimator(ABC):
             ids, m = piece.local_ids, piece.local_ids.size
             return [alg.problem.grad_y_outer(ids, alg._rows(x, m), alg._rows(y, m), self.outer_sample(k))]
 
-        (v,) = self.mean_y_side(S, rows)
+        (v,) = alg.mean_y_side(S, rows)
         return v
 
     def outer_sample(self, k: int) -> Sample:
@@ -186,13 +186,8 @@ class Estimator(ABC):
             Hr = alg.problem.hvp_yy_inner(ids, alg._rows(x, m), alg._rows(y, m), R, Sample(alg.key(P.HVP_SAMPLE, k), n))
             return [Hr if scale is None else Hr.mul(-scale).add_(r)]  # (I - eta H) r: bitwise R - eta Hr
 
-        (out,) = self.mean_y_side(S, rows)
+        (out,) = alg.mean_y_side(S, rows)
         return out
-
-    def mean_y_side(self, S: Participants, rows) -> list[torch.Tensor]:
-        """``fed.mean_over(S, rows)`` for rows of y-side oracles at the shared x, in chunks sized by the
-        problem's :meth:`~fednest_mpi.problems.base.BilevelProblem.y_side_bytes`. **Collective**."""
-        return self.alg.fed.mean_over(S, rows, client_bytes=self.alg.problem.y_side_bytes())
 
 
 class FedIHGP(Estimator):
@@ -303,7 +298,7 @@ class WarmStart(Estimator):
                 V = V - eta * quadratic_gradient(alg.problem, ids, X, Y, V, Sample(alg.key(P.HVP_SAMPLE, k), j), b)
             return [V]
 
-        (self.v,) = self.mean_y_side(self.clients(k, 0, S), rows)
+        (self.v,) = alg.mean_y_side(self.clients(k, 0, S), rows)
         return self.v
 
     def state(self):

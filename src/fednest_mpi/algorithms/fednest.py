@@ -92,12 +92,11 @@ class InnerLevel(Algorithm):
             rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
             return [anchor]
 
-        y_side = self.problem.y_side_bytes()  # every call here is at the shared x
-        if not self.inner_variance_reduction:
-            for piece in S.chunks(self.fed.chunk_for(y_side)):
+        if not self.inner_variance_reduction:  # every call here is at the shared x: y-side chunks
+            for piece in S.chunks(self.fed.chunk_for(self.problem.y_side_bytes())):
                 anchors(piece)
             return None
-        (q,) = self.fed.mean_over(S, anchors, client_bytes=y_side)
+        (q,) = self.mean_y_side(S, anchors)
         return q
 
     def _inner_local(self, ids: np.ndarray, k: int, t: int, x, y, q) -> torch.Tensor:

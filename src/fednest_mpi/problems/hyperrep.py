@@ -17,12 +17,10 @@ epoch); the last batch of an epoch may be short.
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import torch
 
-from fednest_mpi.problems.clientdata import ClientSplit, image_clients
+from fednest_mpi.problems.clientdata import image_clients
 from fednest_mpi.problems.representation import RepresentationProblem, head_side_bytes
 
 N_PIXELS, N_CLASSES = 784, 10
@@ -52,8 +50,7 @@ class HyperRepresentationProblem(RepresentationProblem):
 
     def y_side_bytes(self) -> int:
         """:func:`~.representation.head_side_bytes` at the wider of the two splits."""
-        width = max(cast(ClientSplit, part).index.shape[1] for part in (self.inner, self.outer))
-        return head_side_bytes(self.dtype.itemsize, self.dim_y, width, N_PIXELS, self.hidden, N_CLASSES)
+        return head_side_bytes(self, (self.inner, self.outer), N_PIXELS, self.hidden, N_CLASSES)
 
     def _locate(self, split, clients):
         return split, np.asarray(clients, dtype=np.int64) - self._first, self.inputs, self.targets

@@ -171,8 +171,7 @@ class ModelHyperRepresentation(_ImageLosses):
     def y_side_bytes(self) -> int:
         """:func:`~.representation.head_side_bytes`: the y-side oracles differentiate the head only,
         on features computed once per x (:meth:`oracle_batch`, the body in tiles of :data:`_TILE` rows)."""
-        width = max(part.index.shape[1] for part in self.samples.splits.values())
-        return head_side_bytes(self.dtype.itemsize, self.dim_y, width, N_PIXELS, self.hidden, N_CLASSES)
+        return head_side_bytes(self, self.samples.splits.values(), N_PIXELS, self.hidden, N_CLASSES)
 
     def _head(self, y, features):
         H, C = self.hidden, N_CLASSES

@@ -72,13 +72,15 @@ def linear_uniform(seed: int, tag: int, n: int, fan_in: int, dtype, device) -> t
     return torch.as_tensor((2 * u - 1) / math.sqrt(fan_in), dtype=dtype, device=device)
 
 
-def head_side_bytes(itemsize: int, dim_y: int, width: int, n_inputs: int, hidden: int, n_classes: int) -> int:
+def head_side_bytes(problem: BilevelProblem, splits, n_inputs: int, hidden: int, n_classes: int) -> int:
     """The y-side working set per client (:meth:`BilevelProblem.y_side_bytes`) of a body with a linear
     head: 16 rows of y (iterates, gradients, the tangents of Hessian products, FedInn's SVRG pair) and,
-    per sample of the client's widest split (``width``), its gathered inputs once and its features and
-    logits with their gradients and tangents. The body's product with x runs once per x over these
-    inputs, its features kept in a :class:`FeatureStore`."""
-    return itemsize * (16 * dim_y + width * (n_inputs + 4 * (hidden + n_classes)))
+    per sample of the client's widest split (of the ``ClientSplit`` s ``splits``), its gathered inputs
+    once and its features and logits with their gradients and tangents. The body's product with x runs
+    once per x over these inputs, its features kept in a :class:`FeatureStore`."""
+    width = max(part.index.shape[1] for part in splits)
+    itemsize = getattr(problem, "dtype", torch.float64).itemsize  # as BilevelProblem.client_bytes reads it
+    return itemsize * (16 * problem.dim_y + width * (n_inputs + 4 * (hidden + n_classes)))
 
 
 class FeatureStore:
