@@ -50,7 +50,7 @@ def assert_row_independent_of_block(problem, sample):
     torch.testing.assert_close(alone[0], batched[1], rtol=1e-12, atol=1e-14)
 
 
-def small_fairness_config(name="fednest", objective="balanced", cells="group", reduction="ordered", chunk=0):
+def small_fairness_config(name="fednest", objective="balanced", cells="group", reduction="exact", chunk=0):
     """A small fair-FL run on UCI Adult (8 clients by race, 5 per round, 3 outer iterations) of
     algorithm ``name`` with the given outer objective, weighted cells, reduction and chunk size."""
     from fednest_mpi import config

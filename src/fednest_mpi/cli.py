@@ -275,7 +275,8 @@ def _run(args) -> int:
     from fednest_mpi import config as configuration
     from fednest_mpi.comm import world  # starts MPI (after the thread-level setting)
     from fednest_mpi.logs import setup_logging
-    from fednest_mpi.session import Session, report_usage_error
+    from fednest_mpi.errors import RunFailed
+    from fednest_mpi.session import Session, report_failure, report_usage_error
 
     comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -289,7 +290,12 @@ def _run(args) -> int:
         cfg = configuration.load(args.config, overrides)
     except UsageError as exc:
         return report_usage_error(comm, exc)
-    return Session(cfg, comm, resume=args.resume, log=log).run_to_file()
+    try:
+        return Session(cfg, comm, resume=args.resume, log=log).run_to_file()
+    except UsageError as exc:
+        return report_usage_error(comm, exc)
+    except RunFailed as exc:
+        return report_failure(comm, exc)
 
 
 def _grouping_arguments(parser) -> None:

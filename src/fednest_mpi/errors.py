@@ -1,7 +1,8 @@
 """Exception types shared by the whole package.
 
-A :class:`UsageError` is the user's mistake (bad config, missing data file): the command line
-prints its message once and exits with code 2, without a traceback. Every other exception is a
+A :class:`UsageError` is the user's mistake (bad config, missing data file): the library raises it
+on every rank; the command line prints its message once and exits with code 2, without a traceback.
+A :class:`RunFailed` is a run that ended without its results (exit code 1). Every other exception is a
 failure of the run (exit code 1; under MPI the whole job is aborted).
 """
 
@@ -16,6 +17,12 @@ class ConfigError(UsageError):
 
 class DataError(UsageError):
     """A data file is missing, truncated or of the wrong format."""
+
+
+class RunFailed(Exception):
+    """A run ended without its results (NaN/Inf, an output deleted while written, an exception in the run):
+    :meth:`fednest_mpi.session.Session.run_to_file` raises it with the one-line message; the command line
+    prints it and exits with code 1. ``__cause__`` holds the exception that ended the run, if any."""
 
 
 class OutputLost(Exception):

@@ -18,8 +18,9 @@ every rank to be able to evaluate any client: :attr:`Federation.hosted` is then 
 per rank -- and the synthetic problem generates any client from its id), and algorithms without
 per-client state that persists across rounds (config validation refuses balanced placement for
 FedBiO / FedBiOAcc, whose y^(m) live on the hosting rank).
-Results do not depend on the placement beyond floating-point rounding (``reduction = "sum"``; the
-GEMM of a block may round a row differently in a block of another size).
+Results do not depend on the placement, the chunk size or the number of ranks, bit for bit, with the
+default ``reduction = "exact"`` (:mod:`fednest_mpi.exactsum`: the sum over S is exact, so its grouping
+cannot show) and with ``"ordered"``; with ``"sum"`` only up to floating-point rounding.
 
 Devices: with ``run.device = "cuda"`` every rank takes GPU ``node rank mod GPUs per node``
 (:func:`torch_device`). Aggregation buffers on a GPU go through one reused pinned host buffer,
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fednest_mpi import rng
+from fednest_mpi import exactsum, rng
 from fednest_mpi.comm import mpi, wtime
 from fednest_mpi.errors import UsageError
 from fednest_mpi.heterogeneity import IDEAL, SystemModel
@@ -102,12 +103,21 @@ def dense(rows) -> torch.Tensor:
     return rows if isinstance(rows, torch.Tensor) else rows.dense()
 
 
+def _dense_block(rows: list) -> torch.Tensor:
+    """The (B, sum d_k) concatenation of a piece's blocks of rows (factored forms made dense)."""
+    return torch.cat([dense(r) for r in rows], dim=1) if len(rows) > 1 else dense(rows[0])
+
+
 def _weighted_sum(rows: list, w: torch.Tensor) -> torch.Tensor:
     """sum_b w_b rows[b] of each block, concatenated. Plain tensors go through one product of their
     concatenation; a factored form computes its own ``weighted_sum(w)`` without forming its rows."""
     if all(isinstance(r, torch.Tensor) for r in rows):
         return w @ (torch.cat(rows, dim=1) if len(rows) > 1 else rows[0])
     return torch.cat([w @ r if isinstance(r, torch.Tensor) else r.weighted_sum(w) for r in rows])
+
+
+#: the values of ``federation.reduction`` (:meth:`Federation.mean`)
+REDUCTIONS = ("exact", "sum", "ordered")
 
 
 @dataclass
@@ -127,7 +137,7 @@ class Federation:
     comm : mpi4py communicator (``MPI.COMM_WORLD``, ``MPI.COMM_SELF`` or a sub-communicator) or a
         :class:`~fednest_mpi.comm.SerialComm` (one rank, no MPI).
     n_clients : M, the number of clients.
-    reduction : ``"sum"`` or ``"ordered"`` (see :meth:`mean`).
+    reduction : ``"exact"``, ``"sum"`` or ``"ordered"`` (see :meth:`mean`).
     wait : how a rank waits for a collective: ``"block"`` (MPI's own wait, which busy-polls in
         MPICH), ``"poll"`` (a non-blocking collective tested in a loop that yields the core), or
         ``"auto"``: poll when this node runs more ranks than the cores this process may use.
@@ -142,13 +152,13 @@ class Federation:
         self,
         comm,
         n_clients: int,
-        reduction: str = "sum",
+        reduction: str = "exact",
         wait: str = "auto",
         placement: str = "block",
         system: SystemModel = IDEAL,
     ):
-        if reduction not in ("sum", "ordered"):
-            raise ValueError(f"reduction must be 'sum' or 'ordered', got {reduction!r}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
         if wait not in ("auto", "block", "poll"):
             raise ValueError(f"wait must be 'auto', 'block' or 'poll', got {wait!r}")
         if placement not in ("block", "balanced"):
@@ -255,7 +265,11 @@ class Federation:
         Notes
         -----
         **Collective**: every rank of ``comm`` calls it in the same order, also ranks that hold no
-        member of S (they contribute zeros). With ``reduction="sum"`` each rank adds its weighted
+        member of S (they contribute zeros). With ``reduction="exact"`` (the default) each rank adds its
+        weighted rows into a binned exact sum (:class:`~fednest_mpi.exactsum.BinnedSum`); one
+        ``Allreduce(MAX)`` of the coordinates' tops (one byte each) and one ``Allreduce(SUM)`` of the bins
+        (2 or 3 float64 words per coordinate, whatever |S|) combine the ranks, and the result is bitwise
+        independent of the number of ranks and of the chunk size. With ``reduction="sum"`` each rank adds its weighted
         rows and one ``Allreduce(SUM)`` of ``sum(d_k)`` numbers combines the ranks: the result
         depends on the number of ranks only through floating-point summation order. With
         ``reduction="ordered"`` the buffer holds one slot per member of S (``|S| * sum(d_k)``
@@ -312,22 +326,33 @@ class Federation:
         m = part.size
         total = None if weights is None else float(np.sum(weights))
         w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / (total or 1.0)
-        buf, w_t, dims = None, None, []
+        buf, w_t, dims, binned, dtype = None, None, [], None, None
         for piece, rows in pieces:
             rows = list(rows)
             if w_t is None:
-                dims = [int(r.shape[1]) for r in rows]
-                w_t = torch.as_tensor(w, dtype=rows[0].dtype, device=rows[0].device)
-                if self.reduction == "ordered":
+                dims, dtype = [int(r.shape[1]) for r in rows], rows[0].dtype
+                exact = self.reduction == "exact"
+                w_t = torch.as_tensor(w, dtype=torch.float64 if exact else dtype, device=rows[0].device)
+                if exact:
+                    binned = exactsum.BinnedSum(sum(dims), exactsum.bins_for(dtype), device=w_t.device)
+                elif self.reduction == "ordered":
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
-            if self.reduction == "ordered":
+            if binned is not None:
+                if slots.numel():
+                    binned.add(_dense_block(rows), weights=w_t[slots])
+            elif self.reduction == "ordered":
                 assert buf is not None
-                buf[slots] = torch.cat([dense(r) for r in rows], dim=1) if len(rows) > 1 else dense(rows[0])
+                buf[slots] = _dense_block(rows)
             elif slots.numel():
                 weighted = _weighted_sum(rows, w_t[slots])
                 buf = weighted if buf is None else buf.add_(weighted)
-        assert w_t is not None, "no piece of rows to reduce"
+        assert w_t is not None and dtype is not None, "no piece of rows to reduce"
+        if binned is not None:
+            self._allreduce_binned_(binned)
+            if total == 0.0 and fallback is not None:
+                return list(fallback)
+            return list(torch.split(binned.value().to(dtype), dims))
         if buf is None:  # a rank without members contributes zeros
             buf = torch.zeros(sum(dims), dtype=w_t.dtype, device=w_t.device)
         buf = buf.contiguous()
@@ -340,6 +365,20 @@ class Federation:
         for s in range(1, m):
             out = out + buf[s] * w_t[s]
         return list(torch.split(out, dims))
+
+    def _allreduce_binned_(self, binned: exactsum.BinnedSum) -> None:
+        """The two collectives of an exact aggregation, counted as one communication round: MAX of the
+        coordinates' tops (int8), then, every rank's bins aligned to them, SUM of the bins."""
+        self.stats.rounds += 1
+        self.stats.bytes += binned.bins.numel() * binned.bins.element_size() + binned.top.numel()
+        if self.size == 1:
+            return
+        t0 = wtime(self.comm)
+        self._combine_binned_(binned)
+        t1 = wtime(self.comm)
+        self.stats.seconds += t1 - t0
+        if self.round_times is not None:
+            self.round_times.append((t0, t1))
 
     def _allreduce_(self, buf: torch.Tensor) -> None:
         """In-place SUM over ranks of a contiguous tensor; counted as one communication round."""
@@ -370,11 +409,21 @@ class Federation:
         if self.round_times is not None:
             self.round_times.append((t0, t1))
 
-    def _allreduce_array(self, array) -> None:
+    def _combine_binned_(self, binned: exactsum.BinnedSum) -> None:
+        """Every rank's binned sum made the sum over ranks: MAX of the tops (int8), bins aligned to them, SUM."""
+        top = binned.top.to("cpu", torch.int8).numpy()
+        self._allreduce_array(top, op=mpi().MAX)
+        binned.align(torch.from_numpy(top).to(binned.top.device, torch.int64))
+        bins = binned.bins.cpu().contiguous()
+        self._allreduce_array(bins.numpy())
+        binned.bins = bins.to(binned.bins.device)
+
+    def _allreduce_array(self, array, op=None) -> None:
+        op = mpi().SUM if op is None else op
         if not self.poll:
-            self.comm.Allreduce(mpi().IN_PLACE, array)
+            self.comm.Allreduce(mpi().IN_PLACE, array, op=op)
             return
-        request = self.comm.Iallreduce(mpi().IN_PLACE, array)
+        request = self.comm.Iallreduce(mpi().IN_PLACE, array, op=op)
         tries = 0
         while not request.Test():
             tries += 1
@@ -413,6 +462,18 @@ class Federation:
         if self.size > 1:
             self._allreduce_array(buf)
         return buf
+
+    def evaluation_exact_sum(self, rows: torch.Tensor) -> torch.Tensor:
+        """The sum over every rank's ``rows`` (B_rank, d) of an evaluation-only quantity (as
+        :meth:`evaluation_sum`), exact (:class:`~fednest_mpi.exactsum.BinnedSum`): float64 (d,), bitwise the same
+        on any number of ranks. **Collective**."""
+        binned = exactsum.BinnedSum(int(rows.shape[1]), exactsum.bins_for(rows.dtype), device=rows.device)
+        binned.add(rows)
+        if self.size > 1:
+            self._combine_binned_(binned)
+        self.evaluation_stats.rounds += 1
+        self.evaluation_stats.bytes += binned.bins.numel() * binned.bins.element_size() + binned.top.numel()
+        return binned.value()
 
     def evaluation_sum(self, values: np.ndarray) -> np.ndarray:
         """SUM over ranks of a float64 array that an algorithm needs only to *report* its iterate (e.g.

@@ -145,7 +145,7 @@ def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor) -> tuple[np.nd
     """([sum_i f_i, sum_i g_i, clients, correct, samples], slots) over the whole local data of the
     clients in this rank's block (NaN sums where the problem defines no value oracle), a chunk of
     clients at a time (:attr:`Federation.chunk_clients`), for the bookkeeping SUM over ranks. With
-    ``federation.reduction = "ordered"`` the two loss sums are left 0 and each client's (f_i, g_i) goes
+    ``federation.reduction = "exact"`` or ``"ordered"`` the two loss sums are left 0 and each client's (f_i, g_i) goes
     to its slot instead
     (:meth:`Federation.block_slots`, carried by the same bookkeeping reduction), so that the
     caller adds them in client-id order: bitwise the same on any number of ranks, as the iterates
@@ -165,7 +165,7 @@ def training_sums(problem, fed, x: torch.Tensor, y: torch.Tensor) -> tuple[np.nd
                 sums[3] += float(counts[0].sum())
                 sums[4] += float(counts[1].sum())
             sums[2] += ids.size
-    if fed.reduction == "ordered":
+    if fed.reduction != "sum":
         return sums, fed.block_slots(values)
     sums[:2] = values.sum(0)
     return sums, np.zeros((0, 2))
@@ -384,7 +384,7 @@ class Simulation:
                 ),
                 training_slots=slots.size,
             )
-            if slots.size:  # the ordered reduction: the loss sums in client-id order
+            if slots.size:  # the exact and ordered reductions: the loss sums in client-id order
                 totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
             counts = totals["oracle_counts"]
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]

@@ -6,7 +6,7 @@ and anyone who wants a run file from Python:
 
     from fednest_mpi.comm import SerialComm
     from fednest_mpi.session import Session
-    status = Session(config.load("configs/quadratic.toml"), SerialComm()).run_to_file()
+    Session(config.load("configs/quadratic.toml"), SerialComm()).run_to_file()  # raises UsageError / RunFailed
 
 In-memory runs without files: :class:`fednest_mpi.runner.Simulation` (with its ``problem_wrapper``
 and ``step_wrapper`` hooks, used by ``bench/``).
@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 from fednest_mpi import __version__
-from fednest_mpi.errors import OutputLost, UsageError
+from fednest_mpi.errors import OutputLost, RunFailed, UsageError
 from fednest_mpi.io.schema import PRIMARY_METRIC
 
 LOST_HINT = "its results are gone with it; start the run again (keep the output's folder in place while it runs)"
@@ -36,11 +36,25 @@ def report_usage_error(comm, exc: UsageError) -> int:
     return 2
 
 
+def report_failure(comm, exc: RunFailed) -> int:
+    """Print a failed run's line once (rank 0; the traceback of its cause when the run raised) and return 1."""
+    if comm.Get_rank() == 0:
+        print(f"fednest-mpi: {exc}", file=sys.stderr)
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, (FloatingPointError, OutputLost)):
+            traceback.print_exception(cause, file=sys.stderr)
+    return 1
+
+
 class Session:
     """A run of ``cfg`` on ``comm`` to ``cfg.run.output`` (``resume``: continue from its checkpoint).
 
-    :meth:`run_to_file` returns the exit status of ``fednest-mpi run``: 0 done (or stopped by a signal
-    after writing a checkpoint), 1 the run failed, 2 a usage error (printed once). **Collective**.
+    :meth:`run_to_file` returns 0 when the run is done (or stopped by a signal after writing a
+    checkpoint); it raises :class:`~fednest_mpi.errors.UsageError` (the same on every rank: a mistake in the
+    config, the data or the output path; ``fednest-mpi run`` exits 2) or
+    :class:`~fednest_mpi.errors.RunFailed` (``fednest-mpi run`` exits 1); nothing is printed for either, except
+    that under MPI an exception on one rank ends the whole job (its line printed, the files closed).
+    **Collective**.
     """
 
     def __init__(self, cfg, comm, *, resume: bool = False, log: logging.Logger | None = None):
@@ -89,8 +103,8 @@ class Session:
             else:
                 check_output_path(cfg.run.output, cfg.run.overwrite)
             check_directory(folder, "run.checkpoint_dir")
-        except UsageError as exc:
-            return report_usage_error(comm, exc)
+        except UsageError:
+            raise
 
         # ---- one writer per output: rank 0 locks the output and the checkpoint folder (and checks the
         # files a resume reads) and tells every rank, in the run's first collective
@@ -109,10 +123,10 @@ class Session:
                 found = exc
         try:
             broadcast_usage_error(comm, found)
-        except UsageError as exc:
+        except UsageError:
             for held in locks:
                 held.release()
-            return report_usage_error(comm, exc)
+            raise
         self._locks = locks
         try:
             return self._simulate(resume, folder, stop)
@@ -169,10 +183,7 @@ class Session:
                 cfg.seed,
                 f", resuming after iteration {resume.iteration}" if resume else "",
             )
-            try:
-                sim = Simulation(cfg, comm)
-            except UsageError as exc:  # the same on every rank (Simulation agrees on it)
-                return report_usage_error(comm, exc)
+            sim = Simulation(cfg, comm)  # a UsageError: the same on every rank (Simulation agrees on it)
             if rank == 0:
                 attrs = {
                     "mpi_size": size,
@@ -209,40 +220,36 @@ class Session:
                 writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
             )
             stop.disarm()
-        except UsageError as exc:  # agreed on by every rank (a client file of the checkpoint gone since the check)
+        except UsageError:  # agreed on by every rank (a client file of the checkpoint gone since the check)
             stop.disarm()
             close_files()
-            return report_usage_error(comm, exc)
+            raise
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
             stop.disarm()
             close_files()  # the bad iteration's client columns go
-            if rank == 0:
-                print(
-                    f"fednest-mpi: run failed: FloatingPointError: {exc}; "
-                    f"the output file and the last checkpoint ({folder}) hold the "
-                    "iterations before",
-                    file=sys.stderr,
-                )
-            return 1
+            raise RunFailed(
+                f"run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({folder}) hold "
+                "the iterations before"
+            ) from exc
         except OutputLost as exc:  # every rank learnt it in the same bookkeeping reduction
             stop.disarm()
             close_files()
-            if rank == 0:
-                print(f"fednest-mpi: run failed: {exc}; {LOST_HINT}", file=sys.stderr)
-            return 1
+            raise RunFailed(f"run failed: {exc}; {LOST_HINT}") from exc
         except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
             stop.disarm()
             where = f" after iteration {last['k']}" if last["k"] is not None else ""
-            message = f"fednest-mpi: rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
-            print(message, file=sys.stderr)
+            message = f"rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
+            if size == 1:  # the caller learns it as an exception
+                close_files()
+                raise RunFailed(message) from exc
+            print("fednest-mpi: " + message, file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
             if watch is not None:
-                watch.fail(message)  # every rank closes its files, then the job is aborted
+                watch.fail("fednest-mpi: " + message)  # every rank closes its files, then the job is aborted
             else:
                 close_files()
-            if size > 1:
-                comm.Abort(1)
-            return 1
+            comm.Abort(1)
+            raise RunFailed(message) from exc
         finally:
             stop.disarm()
             if watch is not None:
@@ -255,8 +262,7 @@ class Session:
             if writer is not None:
                 writer.close()
         if lost:
-            print(f"fednest-mpi: run failed: {lost}; {LOST_HINT}", file=sys.stderr)
-            return 1
+            raise RunFailed(f"run failed: {lost}; {LOST_HINT}")
         if rank == 0 and result.stopped_by:
             print(
                 f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, "

@@ -1,6 +1,6 @@
 """Chunked block execution (``run.chunk_clients``): a rank evaluates its members of a round chunk by
-chunk, and with ``federation.reduction = "ordered"`` the run is bitwise the same for chunk sizes 1,
-7 and "all" (0) and for any number of ranks. Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4``.
+chunk, and with the default ``federation.reduction = "exact"`` (and with ``"ordered"``) the run is bitwise
+the same for chunk sizes 1, 7 and "all" (0) and for any number of ranks. Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4``.
 """
 
 import pytest
@@ -18,7 +18,7 @@ register_test_plugins()
 ALGORITHMS = sorted(entry.name for entry in config.ALGORITHMS.load_all() if entry.accepts("quadratic"))
 
 
-def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = "ordered") -> config.RunConfig:
+def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = "exact") -> config.RunConfig:
     problems = {
         "quadratic": {
             "name": "quadratic",
@@ -64,11 +64,12 @@ def _same(a, b) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("reduction", ["exact", "ordered"])
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_ordered_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
-    reference = simulate(_config(name, 0), MPI.COMM_SELF)
+def test_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name, reduction):
+    reference = simulate(_config(name, 0, reduction=reduction), MPI.COMM_SELF)
     for chunk in (1, 7, 0):
-        _same(simulate(_config(name, chunk), MPI.COMM_WORLD), reference)
+        _same(simulate(_config(name, chunk, reduction=reduction), MPI.COMM_WORLD), reference)
 
 
 def _problem_config(name: str, chunk: int) -> config.RunConfig:
@@ -78,7 +79,6 @@ def _problem_config(name: str, chunk: int) -> config.RunConfig:
             "seed": 4,
             "problem": section,
             "algorithm": {"name": "fednest", "outer_iterations": 2, "clients_per_round": 5, "inner_local_steps": 2},
-            "federation": {"reduction": "ordered"},
             "run": {"chunk_clients": chunk},
         }
     )
@@ -134,7 +134,6 @@ def _mnist_config(problem: dict, name: str, chunk: int) -> config.RunConfig:
                     "outer_lr": 0.05,
                 },
             ),
-            "federation": {"reduction": "ordered"},
             "run": {"chunk_clients": chunk, "dtype": "float32"},
         }
     )

@@ -44,7 +44,7 @@ local iteration and keeps its stored state, as a client outside S does; a round 
 (``heterogeneity.local_work`` is refused).
 
 Evaluation: the runner's y is the mean of y^(m) over **all** M clients (not part of the algorithm:
-an uncounted bookkeeping reduction, summed in client order when ``reduction = "ordered"``).
+an uncounted bookkeeping reduction, exact or summed in client order unless ``reduction = "sum"``).
 """
 
 from __future__ import annotations
@@ -172,10 +172,12 @@ class FedBiO(LocalHypergradient, Algorithm):
     def population_mean(self, name: str) -> torch.Tensor:
         """Mean over all M clients of a stored row, to report the iterate (``Federation.evaluation_sum``: declared
         evaluation-only, so not in the paper's round count):
-        with ``reduction = "ordered"`` one slot per client, summed in client-id order (bitwise
-        rank-count invariant); else each rank's partial sum."""
+        with ``reduction = "exact"`` an exact sum (bitwise rank-count invariant), with ``"ordered"`` one slot per
+        client summed in client-id order (also bitwise invariant); with ``"sum"`` each rank's partial sum."""
         fed, like = self.fed, self.store.initial[name]
-        if fed.reduction == "ordered":
+        if fed.reduction == "exact":
+            out = fed.evaluation_exact_sum(self.store.block_rows(name)).numpy(force=True)
+        elif fed.reduction == "ordered":
             slots = fed.block_slots(self.store.block_rows(name).numpy(force=True))
             out = sum_in_client_order(fed.evaluation_sum(slots))
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fednest_mpi.config.registries import ALGORITHMS, PROBLEMS
 from fednest_mpi.config.run_params import RunConfig
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.exactsum import MAX_SUMMANDS
 
 
 def validate_relations(cfg: RunConfig) -> None:
@@ -18,6 +19,12 @@ def validate_relations(cfg: RunConfig) -> None:
         raise ConfigError(
             f"algorithm.clients_per_round: {a.clients_per_round} is more than problem.n_clients = {p.n_clients}; "
             "lower it or add clients"
+        )
+    summands = p.n_clients if alg.stateful else a.clients_per_round  # FedBiO also sums all M clients' own y
+    if cfg.federation.reduction == "exact" and summands > MAX_SUMMANDS:
+        raise ConfigError(
+            f"federation.reduction: 'exact' adds at most {MAX_SUMMANDS} rows exactly, this run sums {summands}; "
+            "use reduction = 'sum' (invariant only to rounding) or fewer clients per round"
         )
     for params in (p, a):
         check = getattr(params, "check", None)  # the checks among one section's own fields

@@ -1,0 +1,101 @@
+"""The exact reduction (fednest_mpi.exactsum, federation.reduction = "exact"): the same bits for every grouping
+of the summands, accurate against the exact rational sum, O(d) words whatever the number of summands."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from fednest_mpi import config, exactsum
+from fednest_mpi.comm import SerialComm
+from fednest_mpi.errors import ConfigError
+from fednest_mpi.federation import Federation
+from fednest_mpi.rng import key as rng_key
+
+
+def _rows(dtype, n=41, d=300, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.logspace(-25, 25, d, dtype=torch.float64)
+    rows = torch.randn(n, d, generator=gen, dtype=torch.float64) * scale
+    rows[:, 3] = 0.0  # an all-zero column
+    rows[5, 9] = 1e30  # one huge summand among small ones
+    rows[:, 11] = torch.tensor([(-1) ** i * 2.0**-1000 for i in range(n)])  # tiny, cancelling
+    return rows.to(dtype)
+
+
+def _grouped_sum(rows, groups, n_bins):
+    """The sum of ``rows`` as ranks would form it: each group summed chunk by chunk, then combined."""
+    parts = []
+    for members, chunk in groups:
+        acc = exactsum.BinnedSum(rows.shape[1], n_bins)
+        for lo in range(0, len(members), chunk):
+            acc.add(rows[members[lo : lo + chunk]])
+        parts.append(acc)
+    top = torch.stack([p.top for p in parts]).amax(0)
+    for p in parts:
+        p.align(top)
+    total = exactsum.BinnedSum(rows.shape[1], n_bins)
+    total.top, total.bins = top, sum(p.bins for p in parts)
+    return total.value()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_every_grouping_gives_the_same_bits_and_the_sum_is_accurate(dtype):
+    rows = _rows(dtype)
+    n_bins = exactsum.bins_for(dtype)
+    rng = np.random.default_rng(3)
+    results = []
+    for _ in range(6):
+        order = rng.permutation(rows.shape[0])
+        cuts = np.sort(rng.choice(np.arange(1, rows.shape[0]), size=rng.integers(0, 4), replace=False))
+        groups = [(g, int(rng.integers(1, 9))) for g in np.split(order, cuts)]
+        results.append(_grouped_sum(rows, groups, n_bins))
+    for r in results[1:]:
+        assert torch.equal(r, results[0])
+    exact = [sum((Fraction(float(v)) for v in rows[:, j].tolist()), Fraction(0)) for j in range(rows.shape[1])]
+    got = results[0]
+    for j, e in enumerate(exact):
+        biggest = max(abs(float(v)) for v in rows[:, j].tolist())
+        # at least 65 (float64) / 33 (float32) bits below the largest summand, then one rounding per bin
+        bound = biggest * 2.0 ** -(64 if dtype == torch.float64 else 32) * rows.shape[0] + abs(float(e)) * 2.0**-51
+        assert abs(Fraction(float(got[j])) - e) <= Fraction(bound), (j, float(got[j]), float(e))
+
+
+def test_non_finite_summands_give_a_non_finite_sum():
+    rows = torch.ones(4, 3, dtype=torch.float64)
+    rows[1, 0], rows[2, 1] = float("inf"), float("nan")
+    acc = exactsum.BinnedSum(3, 3)
+    acc.add(rows)
+    out = acc.value()
+    assert not torch.isfinite(out[0]) and torch.isnan(out[1]) and out[2] == 4.0
+
+
+def test_the_weighted_mean_of_a_federation_is_bitwise_that_of_any_chunking():
+    """Federation.mean_over with the exact reduction: chunks of 1, 3 and all give the same bits, close to the
+    plain weighted sum, and the bytes counted per aggregation do not grow with |S|."""
+    gen = torch.Generator().manual_seed(1)
+    bytes_per_round = set()
+    for n in (17, 170):
+        rows = torch.randn(n, 50, generator=gen, dtype=torch.float64)
+        outs = []
+        for chunk in (1, 3, 0):
+            fed = Federation(SerialComm(), n)
+            fed.chunk_clients = chunk
+            part = fed.sample(rng_key(1, 2), n)
+            before = fed.stats.bytes
+            (out,) = fed.mean_over(part, lambda piece: [rows[piece.local_slots]])
+            bytes_per_round.add(fed.stats.bytes - before)
+            outs.append(out)
+        assert all(torch.equal(o, outs[0]) for o in outs)
+        torch.testing.assert_close(outs[0], rows.mean(0), rtol=1e-14, atol=1e-15)
+    assert bytes_per_round == {50 * (3 * 8 + 1)}
+
+
+def test_too_many_summands_for_the_exact_reduction_is_a_config_error():
+    data = {
+        "problem": {"name": "quadratic", "n_clients": exactsum.MAX_SUMMANDS + 1, "dim_x": 2, "dim_y": 2},
+        "algorithm": {"clients_per_round": exactsum.MAX_SUMMANDS + 1},
+    }
+    with pytest.raises(ConfigError, match="federation.reduction: 'exact' adds at most"):
+        config.from_dict(data)
