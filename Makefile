@@ -32,10 +32,6 @@ test-mpi:
 	  echo "== MPI tests on $$n ranks"; \
 	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \
 	done
-	@echo "== chunk and rank invariance on 2 ranks with MKL's AUTO branch (what a non-Intel CPU gets in mode reproducible)"
-	FEDNEST_MKL_BRANCH=AUTO $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(BIN)/python -m pytest -q --only-mpi tests/mpi/test_chunking.py
-	@echo "== every oracle row the same bits in every block, with MKL's AUTO branch"
-	FEDNEST_MKL_BRANCH=AUTO $(MPI_TIMEOUT) $(BIN)/python -m pytest -q tests/unit/test_problem_contract.py -k same_bits
 
 # the examples as a user runs them: wheel + example packages in a fresh venv, run outside the tree
 # under mpiexec -n 2, and a rendered sweep over a plugin (about 2 min)

@@ -1,11 +1,13 @@
 """Check that runs do not depend on the chunk size or the number of ranks, on any configs:
 ``mpiexec -n P python bench/invariance.py CONFIG.toml [CONFIG.toml ...] [--iterations K] [--chunks 1,7]``.
 
-For every config, with ``federation.reduction = "ordered"`` and K outer iterations (default 2): the
+For every config as it is (its own reduction and numerical mode: the defaults unless it sets them) and K
+outer iterations (default 2): the
 reference is the run on one rank (``COMM_SELF``) with automatic chunks; it is compared with the run
 on all P ranks of ``COMM_WORLD`` with automatic chunks and with each chunk size of ``--chunks``. A
 comparison passes when every non-timing column of the history and the final x and y are bitwise
-equal. Rank 0 prints one line per config and exits 1 when any comparison failed (2: usage error).
+equal. Rank 0 prints one line per config ("bitwise equal", "DIFFERS: ..." or "NOT RUN: ..." when the config
+could not run, e.g. its data is missing) and exits 1 when any config differs or did not run (2: usage error).
 
 Example (every shipped config on 2 ranks; docs/performance.md gives the time it took)::
 
@@ -47,7 +49,7 @@ def differences(run, reference) -> list[str]:
 
 def check(path: str, iterations: int, chunks: list[int], comm) -> list[str]:
     """One line per failing comparison of ``path`` (empty: all bitwise equal). **Collective**."""
-    base = [f"algorithm.outer_iterations={iterations}", "federation.reduction=ordered", "run.progress=never"]
+    base = [f"algorithm.outer_iterations={iterations}", "run.progress=never"]
     reference = simulate(config.load(path, base), MPI.COMM_SELF)
     failures = []
     for chunk in [0, *chunks]:
@@ -69,21 +71,25 @@ def main(argv: list[str]) -> int:
         chunks = [int(c) for c in args.chunks.split(",") if c]
     except ValueError:
         parser.error(f"--chunks: {args.chunks!r} is not a comma-separated list of integers")
-    failed = 0
+    failed, not_run = 0, 0
     for path in args.configs:
         try:
             failures = check(path, args.iterations, chunks, comm)
         except UsageError as exc:  # the same verdict on every rank, before any collective of the run
             if comm.rank == 0:
-                print(f"{path}: not run: {exc}", flush=True)
-            failed += 1
+                print(f"{path}: NOT RUN: {exc}", flush=True)
+            not_run += 1
             continue
         failed += bool(failures)
         if comm.rank == 0:
             print(f"{path}: {'bitwise equal' if not failures else 'DIFFERS: ' + '; '.join(failures)}", flush=True)
     if comm.rank == 0:
-        print(f"{len(args.configs) - failed} of {len(args.configs)} configs bitwise equal on {comm.size} ranks")
-    return 1 if failed else 0
+        equal = len(args.configs) - failed - not_run
+        print(
+            f"{equal} of {len(args.configs)} configs bitwise equal on {comm.size} ranks, {failed} differ, "
+            f"{not_run} not run{' (a failure: nothing was checked for them)' if not_run else ''}"
+        )
+    return 1 if failed or not_run else 0
 
 
 if __name__ == "__main__":

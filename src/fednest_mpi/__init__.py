@@ -16,5 +16,6 @@ __version__ = "0.1.0"
 
 from fednest_mpi import numerics as _numerics
 
-# before torch or numpy initialise their math libraries: the default numerical mode (docs/design.md)
-_numerics.set_environment(_numerics.environment_mode())
+# MKL's strict mode, before the program's first torch computation can fix MKL's mode
+# (a library call; the environment is left as it is). Each run checks it again (docs/design.md).
+_numerics.prepare_at_import()

@@ -1,32 +1,44 @@
-"""The numerical mode of a run: which code paths of the three math libraries compute it.
+"""The numerical mode of a run: which code paths of the math libraries compute it.
 
-The bits of a run depend on the code path each library picks for the CPU it runs on:
+A run is bitwise the same for every chunk size and rank count by the project's own structure:
 
-* **MKL** (torch's BLAS: every ``matmul``/``bmm``/``addmm``) dispatches by instruction set and, on
-  some CPUs, blocks a product by cache size and operand alignment: on an AMD EPYC (Zen 4) its default
-  path rounds a row of a product differently depending on where the row sits in memory, which breaks
-  the chunk-size and rank-count invariance (issue 23). Its *conditional numerical reproducibility*
-  (CNR) mode pins a code branch; ``STRICT`` also makes it independent of alignment.
-* **ATen** (torch's own vectorised kernels: exp, softmax, sums) dispatches by vector width
-  (``ATEN_CPU_CAPABILITY``: AVX2 or AVX-512 lanes sum in a different order).
-* **OpenBLAS** (numpy's BLAS and LAPACK) dispatches by core type (``OPENBLAS_CORETYPE``: SkylakeX
-  kernels on AVX-512 CPUs, Haswell kernels elsewhere; the two give other bits for the same QR), so the
-  package computes nothing of a run with it (the quadratic problem's QR and solves go through torch)
-  and pins it only for the users' own numpy code.
+* the sums over clients are exact (:mod:`fednest_mpi.exactsum`, ``federation.reduction = "exact"``, the
+  default), so how the members of a round are grouped into chunks and ranks cannot show;
+* every row of an oracle is computed by the same kernel whatever the block it sits in: shared-weight
+  products go through fixed-shape tiles (:func:`fednest_mpi.problems.kernels.rowwise_linear`), a block of
+  one client is evaluated as two (``problems.base``), element-wise kernels are position independent
+  (``problems.kernels``).
 
-:data:`MODES` names what ``run.numerics`` pins; :func:`establish` puts a mode in force (MKL through
-``mkl_cbwr_set``, which works until MKL's first computation, ATen and OpenBLAS through their variables,
-read at their first use) and :func:`in_force` says what is in force, for the run file and CI.
-``import fednest_mpi`` establishes the default mode's variables, so every entry point (command line,
-``Session``, ``runner.simulate``, tests, ``bench/``, job scripts) starts in it before any library
-initialises; a run then checks and, where still possible, switches to its own ``run.numerics``.
-What each mode guarantees across machines: docs/design.md, "Reproducible across machines".
+One library fact is left: **MKL** (torch's BLAS: every ``matmul``/``bmm``/``addmm``, also inside autograd)
+rounds a batched product differently depending on where each matrix of the batch sits in memory (measured on
+an AMD EPYC, Zen 4: a ``bmm`` writing client 1 at byte offset 360 of its row gives other bits than at offset
+0). Its *strict* conditional numerical reproducibility (``mkl_cbwr_set(AUTO | STRICT)``) removes exactly that
+and keeps MKL on its own fastest branch for the CPU. ``import fednest_mpi`` switches it on (a library call, no
+environment variable), and every run does so again before its first computation
+(:func:`establish`). When a program computed with torch before that, MKL can no longer switch: the run goes on
+with one warning that names the consequence (:func:`establish`), it never stops.
+
+:data:`MODES` names what ``run.numerics`` asks for:
+
+* ``reproducible`` (default): strict MKL on its own branch, ATen and numpy on theirs. Bitwise invariant to chunk
+  size and rank count on every x86-64 CPU; the same bits on machines of one CPU class (:func:`cpu_class`).
+  Cost against ``native``: docs/performance.md.
+* ``portable``: MKL's vendor-independent ``COMPATIBLE`` branch and ATen's AVX2 kernels: also the same bits on
+  Intel and AMD (one known exception, docs/design.md). ATen's path is read at its first use, so this mode
+  needs a process in which torch has not computed yet (else a :class:`ConfigError` says so).
+* ``native``: each library's own choice, MKL not strict: no guarantee, the baseline of the cost tables.
+
+numpy's OpenBLAS computes nothing of a run (the quadratic problem's QR and solves go through torch), so no
+mode touches it. :func:`in_force` says what is in force, for the run file and CI. Nothing here changes
+``os.environ`` at import; only :func:`establish` for ``portable`` sets ``ATEN_CPU_CAPABILITY`` (read by torch
+at its first computation).
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import logging
 import os
 import platform
 import sys
@@ -43,46 +55,40 @@ _CBWR_BRANCHES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 8: "SSE4_2", 
 _CBWR_CODES = {name: code for code, name in _CBWR_BRANCHES.items()}
 _CBWR_MODE_CHANGE_FAILURE = -8
 
-#: Variable that, for tests of the other CPU class, replaces the MKL branch a mode asks for (e.g. ``AUTO``:
-#: the branch MKL falls back to on a non-Intel CPU, where it refuses ``AVX2``).
+#: Variable that, for tests of another code path, replaces the MKL branch a mode asks for (e.g. ``COMPATIBLE``).
 MKL_BRANCH_OVERRIDE = "FEDNEST_MKL_BRANCH"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Mode:
-    """What one value of ``run.numerics`` pins (None: the library's own choice for this CPU)."""
+    """What one value of ``run.numerics`` asks of the libraries (None: the library's own choice for this CPU)."""
 
-    mkl_branch: str | None  #: MKL CNR branch on an Intel CPU
-    mkl_branch_elsewhere: str | None  #: on other vendors (MKL refuses the Intel-only branches there)
+    mkl_branch: str | None  #: MKL CNR branch (``AUTO``: MKL's own branch for the CPU)
     strict: bool  #: MKL strict CNR (results independent of operand alignment)
     aten: str | None  #: ATEN_CPU_CAPABILITY
-    openblas: str | None  #: OPENBLAS_CORETYPE
     summary: str
 
 
 MODES = {
     "reproducible": Mode(
-        "AVX2",
         "AUTO",
         True,
-        "avx2",
-        "Haswell",
-        "chunk- and rank-count invariant on every x86-64 CPU; the same bits on every Intel CPU with AVX2 and on "
-        "every AMD CPU of one MKL branch",
+        None,
+        "chunk- and rank-count invariant on every x86-64 CPU at each library's own speed; the same bits on the "
+        "machines of one CPU class",
     ),
     "portable": Mode(
         "COMPATIBLE",
-        "COMPATIBLE",
         False,
         "avx2",
-        "Haswell",
-        "also the same bits on Intel and AMD alike (MKL's vendor-independent SSE2 branch: slower products)",
+        "also the same bits on Intel and AMD alike (MKL's vendor-independent branch, ATen's AVX2 kernels: slower)",
     ),
-    "native": Mode(None, None, False, None, None, "each library's fastest path for this CPU: no guarantee across CPUs"),
+    "native": Mode(None, False, None, "each library's fastest path for this CPU: no guarantee, the cost baseline"),
 }
 DEFAULT = "reproducible"
-#: Variable naming the mode that ``import fednest_mpi`` establishes (default :data:`DEFAULT`): a program
-#: that runs only ``run.numerics = 'native'`` sets it so that numpy's and ATen's paths are free too.
+#: Variable naming the mode that ``import fednest_mpi`` prepares (default :data:`DEFAULT`; read, never written).
 MODE_VARIABLE = "FEDNEST_NUMERICS"
 
 
@@ -110,35 +116,31 @@ def cpu_info() -> dict[str, str]:
     return info
 
 
-def _intel() -> bool:
-    return cpu_info()["vendor"] == "GenuineIntel"
-
-
-def _wanted_mkl(mode: Mode) -> str | None:
-    branch = mode.mkl_branch if _intel() else mode.mkl_branch_elsewhere
+def _cbwr_value(mode: Mode) -> str | None:
+    branch = mode.mkl_branch
     if branch is not None:
         branch = os.environ.get(MKL_BRANCH_OVERRIDE, branch)
-    return branch
-
-
-def _cbwr_value(mode: Mode) -> str | None:
-    branch = _wanted_mkl(mode)
     return None if branch is None else branch + (",STRICT" if mode.strict else "")
 
 
-def set_environment(name: str) -> None:
-    """Put mode ``name`` into the variables the libraries read at their first use (torch not yet computing,
-    numpy not yet imported): done by ``import fednest_mpi`` for the default mode."""
-    mode = MODES[name]
-    for var, value in (
-        ("MKL_CBWR", _cbwr_value(mode)),
-        ("ATEN_CPU_CAPABILITY", mode.aten),
-        ("OPENBLAS_CORETYPE", mode.openblas),
-    ):
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+def _set_mkl(wanted: str | None) -> bool:
+    """Put MKL's CNR mode to ``wanted`` (None: OFF). False when MKL already computed in another mode (it can
+    switch only before its first computation); True when in force or there is no MKL."""
+    fns = _mkl()
+    if fns is None:
+        return True
+    branch, _, strict = (wanted or "OFF").partition(",")
+    code = _CBWR_CODES[branch] | (_CBWR_STRICT if strict else 0)
+    return fns[0](_CBWR_ALL) == code or fns[1](code) == 0
+
+
+def prepare_at_import() -> None:
+    """Called by ``import fednest_mpi``: put the MKL setting of the default mode (or of ``FEDNEST_NUMERICS``) in
+    force now, before the program's first torch computation can fix MKL's mode (it loads torch's library; the
+    environment is untouched). ``portable`` also needs ATen's path, which :func:`establish` sets and checks."""
+    mode = MODES[environment_mode()]
+    if mode.aten is None:
+        _set_mkl(_cbwr_value(mode))
 
 
 @cache
@@ -203,43 +205,37 @@ def cpu_class(paths: dict[str, str]) -> str:
 
 
 def establish(name: str) -> dict[str, str]:
-    """Put mode ``name`` (a key of :data:`MODES`) in force and return :func:`in_force`. The variables of a
-    library not yet loaded are set (:func:`set_environment`), MKL is switched with ``mkl_cbwr_set``; a
-    :class:`ConfigError` naming ``run.numerics`` when a pinning mode finds a library already computing on
-    another path (a program that used torch or numpy before the run). ``native`` pins nothing and takes
-    what is in force."""
+    """Put mode ``name`` (a key of :data:`MODES`) in force, as far as the libraries still allow, and return
+    :func:`in_force`. ``reproducible`` never stops a run: when MKL already computed without strict CNR it logs
+    one warning (once per process) saying that the chunk- and rank-count invariance is then not guaranteed.
+    ``portable`` raises a :class:`ConfigError` naming ``run.numerics`` when MKL or ATen already computed on
+    another path (its promise, the same bits across vendors, could not be kept). ``native`` asks nothing."""
     mode = MODES[name]
-    if "numpy" not in sys.modules or "torch" not in sys.modules:
-        set_environment(name)
     wanted = _cbwr_value(mode)
-    fns = _mkl()
-    if fns is not None:
-        branch, _, strict = (wanted or "OFF").partition(",")
-        code = _CBWR_CODES[branch] | (_CBWR_STRICT if strict else 0)
-        if fns[0](_CBWR_ALL) != code and fns[1](code) != 0 and wanted is not None:
-            raise ConfigError(
-                f"run.numerics: {name!r} needs MKL in CNR mode {wanted}, but MKL already computed in mode "
-                f"{_mkl_setting()}; import fednest_mpi before the first torch computation (or set MKL_CBWR={wanted} "
-                "before starting Python), or set run.numerics = 'native'"
-            )
-    if mode.aten is not None:
-        os.environ["ATEN_CPU_CAPABILITY"] = mode.aten
+    if mode.aten is not None and "ATEN_CPU_CAPABILITY" not in os.environ:
+        os.environ["ATEN_CPU_CAPABILITY"] = mode.aten  # read by torch at its first computation, not before
+    mkl_ok = _set_mkl(wanted)
     paths = in_force()
-    for lib, var, wanted_path in (
-        ("aten", "ATEN_CPU_CAPABILITY", mode.aten),
-        ("openblas", "OPENBLAS_CORETYPE", mode.openblas),
-    ):
-        if (
-            wanted_path is not None
-            and paths[lib] not in ("not loaded", "unknown")
-            and (paths[lib].lower() != wanted_path.lower())
-        ):
-            raise ConfigError(
-                f"run.numerics: {name!r} needs {var}={wanted_path}, but {lib} already runs {paths[lib]}; import "
-                f"fednest_mpi before torch and numpy (or set {var}={wanted_path} before starting Python), or set "
-                "run.numerics = 'native'"
-            )
+    aten_ok = mode.aten is None or paths["aten"].lower() == mode.aten
+    if name == "portable" and not (mkl_ok and aten_ok):
+        raise ConfigError(
+            f"run.numerics: 'portable' needs MKL in CNR mode {wanted} and ATen {mode.aten}, but torch already "
+            f"computed with MKL {paths['mkl']} and ATen {paths['aten']}; run it in a fresh process (fednest-mpi run, "
+            "or import fednest_mpi and start the run before any torch computation), or set run.numerics = "
+            "'reproducible'"
+        )
+    if not mkl_ok and name == "reproducible":
+        _warn_once(
+            f"run.numerics 'reproducible': MKL already computed in CNR mode {paths['mkl']} before this run could make "
+            f"it {wanted}, so results may differ in the last bits between chunk sizes and rank counts; start runs "
+            "in a fresh process, or import fednest_mpi before the program's first torch computation"
+        )
     return paths
+
+
+@cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
 
 
 def describe(name: str = DEFAULT) -> str:

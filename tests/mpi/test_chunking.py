@@ -1,6 +1,7 @@
 """Chunked block execution (``run.chunk_clients``): a rank evaluates its members of a round chunk by
-chunk, and with the default ``federation.reduction = "exact"`` (and with ``"ordered"``) the run is bitwise
-the same for chunk sizes 1, 7 and "all" (0) and for any number of ranks. Run under ``mpiexec -n 1``, ``-n 2`` and ``-n 4``.
+chunk, and with the default ``federation.reduction = "exact"`` (and with ``"ordered"``) the run is
+bitwise the same for chunk sizes 1, 7 and "all" (0) and for any number of ranks. Run under
+``mpiexec -n 1``, ``-n 2`` and ``-n 4``.
 """
 
 import pytest
