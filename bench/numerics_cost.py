@@ -1,14 +1,15 @@
-"""The cost of the numerical modes (``run.numerics``): the paper setting and the many-clients targets
-run with each mode side by side, one rank, one torch thread, modes interleaved case by case so that
-the machine's load falls on all of them alike.
+"""The cost of the numerical modes (``run.numerics``) and reductions (``federation.reduction``): the paper
+setting and the many-clients targets run in each setting side by side, one rank, one torch thread, the settings
+interleaved case by case so that the machine's load falls on all of them alike. The settings: the fastest one
+offered (``native``, ``sum``), the default (``reproducible``, ``exact``), the default mode with the plain sum (the
+exact sum's own cost), ``portable`` and the ``ordered`` reduction.
 
     FEDNEST_DATA=../shared/data .venv/bin/python bench/numerics_cost.py [--iterations 4] [--cases a,b]
 
 Each run is a ``fednest-mpi run`` under ``/usr/bin/time -v`` in a fresh process whose
-``FEDNEST_NUMERICS`` names the mode (so that numpy's and ATen's paths are the mode's from the start).
-Prints a Markdown table: median seconds per outer iteration of the algorithm (iterations after the
-first), user and sys CPU seconds and peak RSS of the whole process, and each mode's time relative to
-``native``. Rows: docs/performance.md, "Issue 23".
+``FEDNEST_NUMERICS`` names the mode. Prints a Markdown table: median seconds per outer iteration of the
+algorithm (iterations after the first), user and sys CPU seconds and peak RSS of the whole process, and each
+setting's time relative to the fastest (native, sum). Rows: docs/performance.md, "The cost of the guarantee".
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("native", "reproducible", "portable")
+#: (run.numerics, federation.reduction), the first the baseline of the ratios
+SETTINGS = (
+    ("native", "sum"),
+    ("reproducible", "exact"),
+    ("reproducible", "sum"),
+    ("portable", "exact"),
+    ("reproducible", "ordered"),
+)
 
 #: name -> (config, overrides): the paper setting and the issue-16 targets (bench/targets.toml), shortened
 CASES = {
@@ -72,13 +80,16 @@ CASES = {
 }
 
 
-def run_case(config: str, overrides: list[str], mode: str, iterations: int, folder: Path) -> dict[str, float]:
-    """One run of ``config`` in mode ``mode``: median algorithm seconds per iteration and its rusage."""
-    out = folder / f"{mode}.h5"
+def run_case(
+    config: str, overrides: list[str], mode: str, reduction: str, iterations: int, folder: Path
+) -> dict[str, float]:
+    """One run of ``config`` in mode ``mode`` with ``reduction``: median algorithm seconds per iteration, rusage."""
+    out = folder / f"{mode}-{reduction}.h5"
     if not config:
         config = str(folder / "empty.toml")
         Path(config).write_text('[problem]\nname = "synthetic"\n')
     sets = [*overrides, f"algorithm.outer_iterations={iterations}", f"run.numerics={mode}"]
+    sets.append(f"federation.reduction={reduction}")
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "fednest_mpi", "run", config, "--output", str(out)]
     cmd += ["--overwrite", "--quiet"] + [a for s in sets for a in ("--set", s)]
     env = dict(os.environ, FEDNEST_NUMERICS=mode, OMP_NUM_THREADS="1", MPI4PY_RC_THREAD_LEVEL="single")
@@ -107,17 +118,18 @@ def main(argv=None) -> int:
     parser.add_argument("--iterations", type=int, default=4, help="outer iterations per run (default 4)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     args = parser.parse_args(argv)
-    print("| case | mode | s / iteration | vs native | user s | sys s | peak RSS MiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | mode | reduction | s / iteration | vs native, sum | user s | sys s | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cases.split(","):
             config, overrides = CASES[name]
-            rows = {mode: run_case(config, overrides, mode, args.iterations, Path(tmp)) for mode in MODES}
-            for mode, r in rows.items():
-                ratio = r["seconds"] / rows["native"]["seconds"]
+            base = None
+            for mode, reduction in SETTINGS:
+                r = run_case(config, overrides, mode, reduction, args.iterations, Path(tmp))
+                base = base or r["seconds"]
                 print(
-                    f"| {name} | {mode} | {r['seconds']:.3f} | {ratio:.2f}x | {r['user']:.1f} | {r['sys']:.2f} "
-                    f"| {r['rss_mib']:.0f} |",
+                    f"| {name} | {mode} | {reduction} | {r['seconds']:.3f} | {r['seconds'] / base:.2f}x "
+                    f"| {r['user']:.1f} | {r['sys']:.2f} | {r['rss_mib']:.0f} |",
                     flush=True,
                 )
     return 0

@@ -85,10 +85,10 @@ class RunSection:
     torch_threads: int = spec(1, "torch intra-op threads per rank (ranks x threads <= cores)", low=1)
     numerics: str = spec(
         numerics.DEFAULT,
-        "which code paths of MKL, ATen and OpenBLAS compute the run: reproducible = chunk- and rank-count "
-        "invariant on every x86-64 CPU, the same bits on every Intel CPU with AVX2; portable = also the same "
-        "bits on Intel and AMD (slower products); native = each library's fastest path, no guarantee across "
-        "CPUs (docs/design.md)",
+        "which code paths of MKL and ATen compute the run: reproducible = chunk- and rank-count invariant on "
+        "every x86-64 CPU at each library's own speed (MKL strict on its own branch), the same bits on the "
+        "machines of one CPU class; portable = also the same bits on Intel and AMD (slower products); native = "
+        "each library's fastest path, no guarantee (docs/design.md)",
         choices=tuple(numerics.MODES),
     )
     chunk_clients: int = spec(
