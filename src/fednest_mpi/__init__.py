@@ -16,6 +16,6 @@ __version__ = "0.1.0"
 
 from fednest_mpi import numerics as _numerics
 
-# MKL's strict mode, before the program's first torch computation can fix MKL's mode
-# (a library call; the environment is left as it is). Each run checks it again (docs/design.md).
+# torch imported first: MKL's strict mode now, before the program's first torch computation can fix MKL's
+# mode (a library call; the environment is left as it is). Each run does it too (docs/design.md).
 _numerics.prepare_at_import()

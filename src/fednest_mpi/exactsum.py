@@ -44,8 +44,9 @@ MAX_SUMMANDS = 2 ** (53 - BIN_BITS)  # 2,097,152
 #: the range of tops: every sigma a normal float64 (values beyond 2**990 are outside the exact range; below
 #: 2**-961 they round to the lowest grid)
 TOP_MIN, TOP_MAX = -30, 31
-#: elements of the float64 working set per pass (columns are taken in blocks of about this many elements)
-_BLOCK_ELEMENTS = 1 << 15
+#: elements of the float64 working set per pass (columns are taken in blocks of about this many elements: the
+#: passes stay in the core's cache, and the block is large enough that the per-operation overhead is small)
+_BLOCK_ELEMENTS = 1 << 17
 
 
 def bins_for(dtype: torch.dtype) -> int:
@@ -56,7 +57,7 @@ def bins_for(dtype: torch.dtype) -> int:
 def tops(values: torch.Tensor) -> torch.Tensor:
     """Per column of ``values`` (B, d) float64, the smallest top t with every |value| < 2**(t * BIN_BITS - 1):
     int64 (d,); TOP_MIN for an all-zero column, TOP_MAX for one with a non-finite value."""
-    m = values.abs().amax(0) if values.shape[0] else values.new_zeros(values.shape[1])
+    m = torch.linalg.vector_norm(values, float("inf"), dim=0) if values.shape[0] else values.new_zeros(values.shape[1])
     _, e = torch.frexp(m)  # m < 2**e
     t = torch.div(e.to(torch.int64) + BIN_BITS, BIN_BITS, rounding_mode="floor")  # ceil((e + 1) / BIN_BITS)
     t = torch.where(m == 0, TOP_MIN, t)
@@ -94,9 +95,10 @@ class BinnedSum:
         d = values.shape[1]
         step = max(64, _BLOCK_ELEMENTS // max(1, values.shape[0]))
         for lo in range(0, d, step):
-            block = values[:, lo : lo + step].to(torch.float64, copy=True)  # the remainders, overwritten
-            if weights is not None:
-                block.mul_(weights[:, None])
+            if weights is None:
+                block = values[:, lo : lo + step].to(torch.float64, copy=True)  # the remainders, overwritten
+            else:  # one pass: the payload converted exactly, times its weight in float64 (one rounding)
+                block = torch.mul(values[:, lo : lo + step], weights[:, None])
             hi = lo + block.shape[1]
             top = torch.maximum(self.top[lo:hi], tops(block))
             self._align_columns(lo, hi, top)
@@ -123,7 +125,8 @@ class BinnedSum:
             torch.add(r, sigma, out=q)
             q.sub_(sigma)  # r rounded to the grid of bin top - k - 1: exact
             self.bins[k, lo:hi] += q.sum(0)  # slices on one grid, bounded: exact in any order
-            r.sub_(q)  # the remainder: exact
+            if k + 1 < self.n_bins:
+                r.sub_(q)  # the remainder: exact
 
     def value(self) -> torch.Tensor:
         """The sum, float64 (d,): the bins added from the top down, one rounding per addition, the same order

@@ -348,15 +348,16 @@ class Federation:
                 weighted = _weighted_sum(rows, w_t[slots])
                 buf = weighted if buf is None else buf.add_(weighted)
         assert w_t is not None and dtype is not None, "no piece of rows to reduce"
+        payload = sum(dims) * torch.empty((), dtype=dtype).element_size()  # what the algorithm sends
         if binned is not None:
-            self._allreduce_binned_(binned)
+            self._allreduce_binned_(binned, payload)
             if total == 0.0 and fallback is not None:
                 return list(fallback)
             return list(torch.split(binned.value().to(dtype), dims))
         if buf is None:  # a rank without members contributes zeros
             buf = torch.zeros(sum(dims), dtype=w_t.dtype, device=w_t.device)
         buf = buf.contiguous()
-        self._allreduce_(buf)
+        self._allreduce_(buf, payload)
         if total == 0.0 and fallback is not None:  # no member answered: the server keeps what it has
             return list(fallback)
         if self.reduction == "sum":
@@ -366,11 +367,12 @@ class Federation:
             out = out + buf[s] * w_t[s]
         return list(torch.split(out, dims))
 
-    def _allreduce_binned_(self, binned: exactsum.BinnedSum) -> None:
-        """The two collectives of an exact aggregation, counted as one communication round: MAX of the
-        coordinates' tops (int8), then, every rank's bins aligned to them, SUM of the bins."""
+    def _allreduce_binned_(self, binned: exactsum.BinnedSum, payload: int) -> None:
+        """The two collectives of an exact aggregation, counted as one communication round of ``payload`` bytes
+        (the aggregated vector, as for every reduction): MAX of the coordinates' tops (int8), then, every rank's
+        bins aligned to them, SUM of the bins."""
         self.stats.rounds += 1
-        self.stats.bytes += binned.bins.numel() * binned.bins.element_size() + binned.top.numel()
+        self.stats.bytes += payload
         if self.size == 1:
             return
         t0 = wtime(self.comm)
@@ -380,11 +382,12 @@ class Federation:
         if self.round_times is not None:
             self.round_times.append((t0, t1))
 
-    def _allreduce_(self, buf: torch.Tensor) -> None:
-        """In-place SUM over ranks of a contiguous tensor; counted as one communication round."""
-        nbytes = buf.numel() * buf.element_size()
+    def _allreduce_(self, buf: torch.Tensor, payload: int) -> None:
+        """In-place SUM over ranks of a contiguous tensor; counted as one communication round of ``payload``
+        bytes (the aggregated vector: the ordered reduction's buffer of one slot per member is the simulator's
+        way to sum it, not what the algorithm sends)."""
         self.stats.rounds += 1
-        self.stats.bytes += nbytes
+        self.stats.bytes += payload
         if self.size == 1:
             return
         if buf.device.type != "cpu":  # the kernels that produce buf are computation, not communication

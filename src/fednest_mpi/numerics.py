@@ -13,8 +13,8 @@ One library fact is left: **MKL** (torch's BLAS: every ``matmul``/``bmm``/``addm
 rounds a batched product differently depending on where each matrix of the batch sits in memory (measured on
 an AMD EPYC, Zen 4: a ``bmm`` writing client 1 at byte offset 360 of its row gives other bits than at offset
 0). Its *strict* conditional numerical reproducibility (``mkl_cbwr_set(AUTO | STRICT)``) removes exactly that
-and keeps MKL on its own fastest branch for the CPU. ``import fednest_mpi`` switches it on (a library call, no
-environment variable), and every run does so again before its first computation
+and keeps MKL on its own fastest branch for the CPU. ``import fednest_mpi`` switches it on when torch is already
+loaded (a library call, no environment variable), and every run does so before its first computation
 (:func:`establish`). When a program computed with torch before that, MKL can no longer switch: the run goes on
 with one warning that names the consequence (:func:`establish`), it never stops.
 
@@ -135,9 +135,13 @@ def _set_mkl(wanted: str | None) -> bool:
 
 
 def prepare_at_import() -> None:
-    """Called by ``import fednest_mpi``: put the MKL setting of the default mode (or of ``FEDNEST_NUMERICS``) in
-    force now, before the program's first torch computation can fix MKL's mode (it loads torch's library; the
-    environment is untouched). ``portable`` also needs ATen's path, which :func:`establish` sets and checks."""
+    """Called by ``import fednest_mpi``: when the program imported torch first, put the MKL setting of the
+    default mode (or of ``FEDNEST_NUMERICS``) in force now, before the program's first torch computation can fix
+    MKL's mode (the environment is untouched). Without torch loaded nothing is loaded here (reading a config
+    needs no torch): every run puts its mode in force before its first computation (:func:`establish`).
+    ``portable`` also needs ATen's path, which :func:`establish` sets and checks."""
+    if "torch" not in sys.modules:  # reading configs stays free of torch; the run itself sets MKL first
+        return
     mode = MODES[environment_mode()]
     if mode.aten is None:
         _set_mkl(_cbwr_value(mode))
