@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import checkpoint as ckpt_io
-from fednest_mpi import numerics
+from fednest_mpi import contract, numerics, rng
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
@@ -59,15 +59,9 @@ ORACLE_COLUMNS = {f"oracle_{name}": (f"cumulative {name} oracle calls, summed ov
 
 def diagnostic_values(algorithm: type, diag: dict) -> dict[str, float]:
     """The columns of the algorithm's declared :attr:`~fednest_mpi.algorithms.Algorithm.diagnostics` from
-    one step's ``diag`` (NaN where it reports none); a key it does not declare is an error of the algorithm."""
-    declared = algorithm.diagnostics  # type: ignore[attr-defined]
-    extra = sorted(set(diag) - set(declared))
-    if extra:
-        raise TypeError(
-            f"{algorithm.__qualname__}.step returned the diagnostics {', '.join(map(repr, extra))}, which "
-            f"{algorithm.__qualname__}.diagnostics does not declare; add name -> (description, units) there"
-        )
-    return {name: float(diag.get(name, math.nan)) for name in declared}
+    one step's ``diag`` (NaN where it reports none; an undeclared key was refused by
+    :func:`fednest_mpi.contract.check_step`)."""
+    return {name: float(diag.get(name, math.nan)) for name in algorithm.diagnostics}  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -93,6 +87,9 @@ def _fault(rank: int) -> tuple[int | None, str]:
     return (int(k), kind[0] if kind else "raise") if int(r) == rank else (None, "")
 
 
+USAGE_ERRORS = (UsageError, ConfigError, DataError, contract.PluginError)
+
+
 def agree_on_usage_error(comm, error: UsageError | None) -> None:
     """Raise, on every rank, the usage error of the lowest rank that had one (if any did).
 
@@ -104,10 +101,12 @@ def agree_on_usage_error(comm, error: UsageError | None) -> None:
     if not failed:
         return
     rank, (kind, message) = failed[0]
-    cls = {c.__name__: c for c in (UsageError, ConfigError, DataError)}.get(kind, UsageError)
+    cls = {c.__name__: c for c in USAGE_ERRORS}.get(kind, UsageError)
     if len(failed) < len(reports):
         message = f"rank {rank}/{len(reports)}: {message}"
-    raise cls(message)
+    agreed = cls(message)
+    agreed.agreed = True  # type: ignore[attr-defined]  # every rank raises it: no abort needed (session)
+    raise agreed
 
 
 def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None:
@@ -119,7 +118,7 @@ def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None
     report = comm.bcast(None if error is None else (type(error).__name__, str(error)), root=root)
     if report is not None:
         kind, message = report
-        raise {c.__name__: c for c in (UsageError, ConfigError, DataError)}.get(kind, UsageError)(message)
+        raise {c.__name__: c for c in USAGE_ERRORS}.get(kind, UsageError)(message)
 
 
 TRAINING_COLUMNS: dict[str, tuple] = {
@@ -192,6 +191,7 @@ class Bookkeeping:
         "health": 2,
         "stop_requests": 1,
         "lost_files": 1,  # ranks whose output file or client file was deleted or replaced
+        "contract": 1,  # ranks whose plugin broke its contract in the step or the evaluation (contract.py)
         "training": 5,
         "training_slots": VARIABLE,  # per-client (f_i, g_i) with the ordered reduction, see training_sums
         "phases": None,
@@ -258,7 +258,12 @@ class Simulation:
             )
             if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
                 self.problem = problem_wrapper(self.problem)
+            # the plugin boundary (fednest_mpi.contract): the oracles' outputs, the algorithm's State
+            contract.probe_problem(
+                self.problem, self.fed.hosted, torch_dtype(cfg.run.dtype), rng.key(cfg.seed, rng.Purpose.PROBE)
+            )
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
+            contract.check_state(self.algorithm)
             self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
         except UsageError as exc:
             error = exc
@@ -353,12 +358,20 @@ class Simulation:
             base_counts = resume.oracle_totals.numpy() if fed.rank == 0 else np.zeros(n_oracles)
         start = time.perf_counter()
         state: dict = {}
+        metric_names = tuple(problem.metric_info())
+        declared_rounds = self._declared_rounds()
         train_columns = list(self._training_columns())
 
-        def record(k: int, alg_seconds: float, diag: dict) -> bool:
-            """Evaluate, agree on health and stop requests, record; True when a stop was requested."""
+        def record(k: int, alg_seconds: float, diag: dict, broken: contract.PluginError | None = None) -> bool:
+            """Evaluate, agree on the contract (``broken``: the step's violation on this rank), health and stop
+            requests, record; True when a stop was requested."""
             t0 = time.perf_counter()
-            metrics = problem.evaluate(x, y)
+            metrics: dict = {}
+            if broken is None:
+                metrics = problem.evaluate(x, y)
+                broken = contract.violation(contract.check_metrics, problem, metrics, metric_names)
+            if broken is not None:
+                metrics = {}
             train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
             train, slots = training_sums(problem, fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
             eval_seconds = time.perf_counter() - t0
@@ -377,6 +390,7 @@ class Simulation:
                         health=health,
                         stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
                         lost_files=[1.0 if lost else 0.0],
+                        contract=[0.0 if broken is None else 1.0],
                         training=train,
                         training_slots=slots,
                         phases=phases,
@@ -390,6 +404,8 @@ class Simulation:
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
             if n_stop > 0 and stop is not None:
                 stop.reached()
+            if totals["contract"][0] > 0:  # every rank raises the lowest failing rank's line
+                agree_on_usage_error(fed.comm, broken)
             if totals["lost_files"][0] > 0:  # every rank learns it here and stops
                 raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
             if n_bad > 0:
@@ -460,17 +476,30 @@ class Simulation:
                 raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
             if fault_at == k and fault_kind == "term":
                 os.kill(os.getpid(), signal.SIGTERM)
-            t0 = time.perf_counter()
-            x, y, diag = step(k, x, y)
+            t0, rounds = time.perf_counter(), fed.stats.rounds
+            out = step(k, x, y)
+            broken = contract.violation(contract.check_step, self.algorithm, out, x, y) or contract.violation(
+                contract.check_rounds, self.algorithm, declared_rounds, fed.stats.rounds - rounds, k
+            )
+            x, y, diag = (x, y, {}) if broken is not None else out
             if fault_at == k and fault_kind == "nan":
                 x = torch.full_like(x, math.nan)
             if fault_at == k and fault_kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            halt = record(k, time.perf_counter() - t0, diag)
+            halt = record(k, time.perf_counter() - t0, diag, broken)
             if halt or k == K or (every and k % every == 0):
                 save(k)
         stopped_by = (stop.received or "a signal to another rank") if halt and k < K else None
         return RunResult(x=x, y=y, history=history, stopped_by=stopped_by)
+
+    def _declared_rounds(self) -> int:
+        """The most rounds one iteration may count: the algorithm's ``rounds_per_iteration``, and one more for
+        the statistics of a pooled outer objective (``pools_outer_objective``)."""
+        from fednest_mpi.config import ALGORITHMS
+
+        spec = ALGORITHMS[self.cfg.algorithm.name]
+        declared = type(self.algorithm).rounds_per_iteration(self.cfg.algorithm, **spec.options)
+        return declared + int(spec.pools_outer_objective and self.problem.pooled_outer_objective)
 
     def _restore(self, resume: ckpt_io.Checkpoint, checkpoint_dir) -> tuple[torch.Tensor, torch.Tensor]:
         """Put the federation's counters and the algorithm's state where ``resume`` left them; (x, y)."""

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import threading
-import traceback
+import traceback as _traceback
 from pathlib import Path
 
 from fednest_mpi import __version__
@@ -42,8 +42,19 @@ def report_failure(comm, exc: RunFailed) -> int:
         print(f"fednest-mpi: {exc}", file=sys.stderr)
         cause = exc.__cause__
         if cause is not None and not isinstance(cause, (FloatingPointError, OutputLost)):
-            traceback.print_exception(cause, file=sys.stderr)
+            _traceback.print_exception(cause, file=sys.stderr)
     return 1
+
+
+def failure_line(exc: BaseException, rank: int, size: int, last: int | None) -> str:
+    """The one line of a run that failed on ``rank`` after iteration ``last`` (None: before iteration 0 was
+    recorded), naming the plugin hook the exception came from (:func:`fednest_mpi.contract.hook_of`)."""
+    from fednest_mpi.contract import hook_of
+
+    where = f" after iteration {last}" if last is not None else ""
+    hook = hook_of(exc)
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return f"rank {rank}/{size}: run failed{where}: {what}" + (f" (raised in {hook})" if hook else "")
 
 
 class Session:
@@ -72,6 +83,19 @@ class Session:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+    def _abort(self, code: int, message: str, watch, close_files, traceback: bool) -> None:
+        """This rank failed alone: print its line (and the traceback of an ordinary exception), tell the other
+        ranks (every rank closes its files), end the job with ``code``."""
+        print("fednest-mpi: " + message, file=sys.stderr)
+        if traceback:
+            _traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        if watch is not None:
+            watch.fail("fednest-mpi: " + message)  # every rank closes its files, then the job is aborted
+        else:
+            close_files()
+        self.comm.Abort(code)
 
     def run_to_file(self) -> int:
         from fednest_mpi.stop import StopRequests
@@ -220,9 +244,11 @@ class Session:
                 writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
             )
             stop.disarm()
-        except UsageError:  # agreed on by every rank (a client file of the checkpoint gone since the check)
+        except UsageError as exc:
             stop.disarm()
-            close_files()
+            if size > 1 and not getattr(exc, "agreed", True):  # a plugin's broken contract on this rank alone
+                self._abort(2, f"rank {rank}/{size}: {exc}", watch, close_files, traceback=False)
+            close_files()  # agreed on by every rank (a client file of the checkpoint gone since the check)
             raise
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
             stop.disarm()
@@ -235,20 +261,13 @@ class Session:
             stop.disarm()
             close_files()
             raise RunFailed(f"run failed: {exc}; {LOST_HINT}") from exc
-        except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
+        except BaseException as exc:  # noqa: BLE001 -- SystemExit, KeyboardInterrupt too: the job must end
             stop.disarm()
-            where = f" after iteration {last['k']}" if last["k"] is not None else ""
-            message = f"rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
+            message = failure_line(exc, rank, size, last["k"])
             if size == 1:  # the caller learns it as an exception
                 close_files()
                 raise RunFailed(message) from exc
-            print("fednest-mpi: " + message, file=sys.stderr)
-            traceback.print_exc(file=sys.stderr)
-            if watch is not None:
-                watch.fail("fednest-mpi: " + message)  # every rank closes its files, then the job is aborted
-            else:
-                close_files()
-            comm.Abort(1)
+            self._abort(1, message, watch, close_files, traceback=isinstance(exc, Exception))
             raise RunFailed(message) from exc
         finally:
             stop.disarm()
