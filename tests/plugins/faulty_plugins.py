@@ -52,6 +52,8 @@ class FaultyQuadratic(QuadraticProblem):
             return out + torch.randn(out.shape, dtype=out.dtype)
         if fault == "nan":
             return out * torch.nan
+        if fault == "block":  # rows that depend on the block: deterministic, yet not chunk- or rank-invariant
+            return out * (1.0 + 0.01 * len(clients))
         return out
 
     def _grad_x_outer_quadratic(self, clients, x, y, sample):

@@ -200,3 +200,52 @@ def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook
 
 def test_usage_error_is_the_base_of_plugin_error():
     assert issubclass(PluginError, UsageError) and PluginError.agreed is False
+
+
+def _check(tmp_path, *args):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fednest_mpi", "check", str(cfg), "--iterations", "2", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_check_passes_a_sound_plugin_at_one_and_two_ranks_and_one_client_per_chunk(tmp_path):
+    done = _check(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "contract: ok (faulty_plugins:FaultyQuadratic with fednest: every oracle probed, 2 iterations)",
+        "chunks: ok (1 client per chunk: the same bits)",
+        "ranks: ok (1 and 2 ranks: the same bits)",
+    ]
+
+
+def test_check_names_the_first_difference_and_exits_3(tmp_path):
+    done = _check(tmp_path, "--set", 'problem.fault="block"', "--set", "problem.fault_rank=-1")
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("chunks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
+    assert lines[2].startswith("ranks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
+
+
+def test_check_says_not_run_apart_from_differs_and_exits_4(tmp_path):
+    done = _check(tmp_path, "--set", 'federation.reduction="sum"')
+    assert done.returncode == 4, done.stderr
+    why = 'federation.reduction = "sum" adds in the order of the ranks and chunks; use "exact" or "ordered"'
+    assert done.stdout.splitlines()[1:] == [f"chunks: not run: {why}", f"ranks: not run: {why}"]
+
+
+def test_check_of_a_contract_broken_on_rank_1_only_exits_2_naming_the_hook(tmp_path):
+    done = _check(tmp_path, "--set", 'problem.fault="random"')
+    assert done.returncode == 2, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith(
+        f"ranks: failed: the 2-rank run failed (exit 2): fednest-mpi: error: rank 1/2: {PROBLEM} hook grad_x_outer: "
+        "expected the same values from the same call"
+    )
+
+
+def test_check_of_a_contract_broken_everywhere_is_one_line_exit_2(tmp_path):
+    done = _check(tmp_path, "--set", 'problem.fault="float32"', "--set", "problem.fault_rank=-1")
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.splitlines() == [f"fednest-mpi: error: {WRONG_SHAPE}torch.float32 tensor of shape (2, 4) on cpu"]
