@@ -21,6 +21,8 @@ import torch
 from fednest_mpi import checkpoint as ckpt_io
 from fednest_mpi import contract, numerics, rng
 from fednest_mpi.algorithms import build_algorithm
+from fednest_mpi.algorithms.server import PREFIX as SERVER_STATE
+from fednest_mpi.algorithms.server import ServerOptimizer
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
@@ -264,6 +266,8 @@ class Simulation:
             )
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
             contract.check_state(self.algorithm)
+            #: the server optimiser of x (algorithm.server_optimizer; "none": the algorithm's own x)
+            self.server = ServerOptimizer.of(cfg.algorithm)
             self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
         except UsageError as exc:
             error = exc
@@ -460,7 +464,7 @@ class Simulation:
                 output_rows=k + 1,
                 config_json=cfg.to_json(),
                 mpi_size=fed.size,
-                algorithm_state=self.algorithm.checkpoint_state(),
+                algorithm_state={**self.algorithm.checkpoint_state(), **self.server.state()},
             )
             ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
 
@@ -481,7 +485,10 @@ class Simulation:
             broken = contract.violation(contract.check_step, self.algorithm, out, x, y) or contract.violation(
                 contract.check_rounds, self.algorithm, declared_rounds, fed.stats.rounds - rounds, k
             )
-            x, y, diag = (x, y, {}) if broken is not None else out
+            diag = {}
+            if broken is None:
+                proposed, y, diag = out
+                x = self.server.step(x, proposed)
             if fault_at == k and fault_kind == "nan":
                 x = torch.full_like(x, math.nan)
             if fault_at == k and fault_kind == "kill":
@@ -512,8 +519,10 @@ class Simulation:
         except UsageError as exc:
             error = exc
         agree_on_usage_error(self.fed.comm, error)
+        saved = {name: t.to(like.device) for name, t in resume.algorithm_state.items()}
+        self.server.restore({name: t for name, t in saved.items() if name.startswith(SERVER_STATE)})
         self.algorithm.restore(
-            {name: t.to(like.device) for name, t in resume.algorithm_state.items()},
+            {name: t for name, t in saved.items() if not name.startswith(SERVER_STATE)},
             {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()},
         )
         return resume.x.to(like.device), resume.y.to(like.device)
