@@ -80,7 +80,11 @@ def _two_ranks(path: str, overrides: Sequence[str], folder: Path, ranks: int, ti
 
 
 def check(
-    path: str, overrides: Sequence[str] = (), iterations: int = 3, ranks: int = 2, timeout: float = 600.0,
+    path: str,
+    overrides: Sequence[str] = (),
+    iterations: int = 3,
+    ranks: int = 2,
+    timeout: float = 600.0,
     say: Callable[[str], None] = print,
 ) -> int:
     """Run the three checks of the config at ``path`` (with ``overrides``) for ``iterations`` iterations;

@@ -87,7 +87,7 @@ def hook_of(exc: BaseException) -> str | None:
     from fednest_mpi.algorithms.base import Algorithm
     from fednest_mpi.problems.base import BilevelProblem
 
-    found = None
+    found: tuple[object, str] | None = None
     tb = exc.__traceback__
     while tb is not None:
         frame = tb.tb_frame

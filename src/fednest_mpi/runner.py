@@ -262,7 +262,7 @@ class Simulation:
                 self.problem = problem_wrapper(self.problem)
             # the plugin boundary (fednest_mpi.contract): the oracles' outputs, the algorithm's State
             contract.probe_problem(
-                self.problem, self.fed.hosted, torch_dtype(cfg.run.dtype), rng.key(cfg.seed, rng.Purpose.PROBE)
+                self.problem, self.fed.hosted, torch_dtype(cfg.run.dtype), int(rng.key(cfg.seed, rng.Purpose.PROBE))
             )
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
             contract.check_state(self.algorithm)

@@ -138,9 +138,9 @@ def test_a_missing_oracle_is_refused_when_the_config_is_read():
 
 def test_public_and_underscored_oracle_names_give_the_same_run():
     # FaultyQuadratic defines grad_x_outer under its public name; the built-in under _grad_x_outer
-    assert simulate(faulty(), SerialComm()).history["x_error"] == simulate(make_config(), SerialComm()).history[
-        "x_error"
-    ]
+    assert (
+        simulate(faulty(), SerialComm()).history["x_error"] == simulate(make_config(), SerialComm()).history["x_error"]
+    )
 
 
 def _mpiexec(cfg: Path, *args, ranks=2, timeout=120):

@@ -38,3 +38,7 @@ def test_the_reference_shows_signatures_and_required_attributes():
     text = apidoc.markdown()
     assert "`load(path" in text and "Required attributes: `dim_x`, `dim_y`, `n_clients`." in text
     assert "* `step(self, k: 'int', x: 'torch.Tensor', y: 'torch.Tensor')" in text
+
+
+def test_the_sections_hold_every_exported_name_once():
+    assert [name for names in api.SECTIONS.values() for name in names] == api.__all__

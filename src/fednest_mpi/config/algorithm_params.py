@@ -126,7 +126,9 @@ def _server_beta2():
 
 
 def _server_tau():
-    return spec(1e-3, "server_optimizer's adaptivity tau (adam, yogi, adagrad; v starts at tau^2)", low=0.0, low_open=True)
+    return spec(
+        1e-3, "server_optimizer's adaptivity tau (adam, yogi, adagrad; v starts at tau^2)", low=0.0, low_open=True
+    )
 
 
 def _check_randomized_neumann(params) -> None:
