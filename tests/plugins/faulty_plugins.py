@@ -7,6 +7,7 @@ Imported by name (``faulty_plugins:FaultyQuadratic``) from tests/plugins on ``sy
 from dataclasses import dataclass
 
 import torch
+from derived_plugins import LossQuadratic
 
 from fednest_mpi.api import FedNest, FedNestConfig, QuadraticConfig, QuadraticProblem, State, spec
 
@@ -100,3 +101,17 @@ class FaultyFedNest(FedNest):
         if self.cfg.fault == "not_a_tuple":
             return x
         return x, y, diag
+
+
+@dataclass(frozen=True)
+class RandomLossParams(QuadraticConfig):
+    name: str = spec("random_loss", "problem kind")
+
+
+class RandomLoss(LossQuadratic):
+    """The quadratic problem from its losses, with a draw of torch's global generator in the outer loss."""
+
+    Params = RandomLossParams
+
+    def outer_loss(self, x, y, batch):
+        return super().outer_loss(x, y, batch) + torch.rand((), dtype=x.dtype)

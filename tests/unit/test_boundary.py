@@ -249,3 +249,14 @@ def test_check_of_a_contract_broken_everywhere_is_one_line_exit_2(tmp_path):
     done = _check(tmp_path, "--set", 'problem.fault="float32"', "--set", "problem.fault_rank=-1")
     assert done.returncode == 2 and not done.stdout
     assert done.stderr.splitlines() == [f"fednest-mpi: error: {WRONG_SHAPE}torch.float32 tensor of shape (2, 4) on cpu"]
+
+
+def test_a_random_draw_inside_a_loss_is_named_not_left_to_vmap():
+    cfg = make_config(problem={"name": "faulty_plugins:RandomLoss"})
+    with pytest.raises(PluginError) as caught:
+        simulate(cfg, SerialComm())
+    assert str(caught.value) == (
+        "problem 'faulty_plugins:RandomLoss' hook grad_x_outer: expected no random draws inside a loss (it is "
+        "vmapped over clients), got a call of torch's global generator; draw from the batch's keys (sample.key, "
+        "rng.key) instead"
+    )
