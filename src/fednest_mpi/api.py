@@ -19,6 +19,7 @@ from fednest_mpi.algorithms import (
     SingleLevel,
     State,
 )
+from fednest_mpi.callbacks import Callback
 from fednest_mpi.comm import SerialComm, world
 from fednest_mpi.config import (
     ALGORITHMS,
@@ -101,7 +102,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "Registry",
         "GROUPS",
     ),
-    "running and reading": ("Session", "Simulation", "simulate", "SerialComm", "world", "read_run"),
+    "running and reading": ("Session", "Simulation", "simulate", "Callback", "SerialComm", "world", "read_run"),
     "errors and the boundary": ("UsageError", "ConfigError", "DataError", "PluginError", "RunFailed", "probe_problem"),
 }
 __all__ = [  # the names of SECTIONS, in their order (a literal, for linters; a test keeps the two equal)
@@ -153,6 +154,7 @@ __all__ = [  # the names of SECTIONS, in their order (a literal, for linters; a 
     "Session",
     "Simulation",
     "simulate",
+    "Callback",
     "SerialComm",
     "world",
     "read_run",

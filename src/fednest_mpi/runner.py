@@ -24,6 +24,7 @@ from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.algorithms.server import PREFIX as SERVER_STATE
 from fednest_mpi.algorithms.server import ServerOptimizer
 from fednest_mpi.allocator import keep_freed_memory
+from fednest_mpi.callbacks import Callback, Callbacks
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
@@ -320,8 +321,7 @@ class Simulation:
 
     def run(
         self,
-        writer=None,
-        progress=None,
+        callbacks=(),
         checkpoint_dir=None,
         stop=None,
         resume: ckpt_io.Checkpoint | None = None,
@@ -332,8 +332,9 @@ class Simulation:
 
         Parameters
         ----------
-        writer : object with ``append(row)`` (rank 0's :class:`~fednest_mpi.io.h5.RunWriter`) or None.
-        progress : callable ``(k, row)`` called after every iteration (rank 0's display) or None.
+        callbacks : objects told of the run's start, each evaluation, iteration and checkpoint, and its end
+            (:mod:`fednest_mpi.callbacks`: e.g. ``Recorder(writer)``, rank 0's run file, and
+            :class:`Progress`), in order.
         checkpoint_dir : folder for checkpoints (at iteration 0, every ``run.checkpoint_every``
             iterations, at the end and when stopped), or None for none.
         stop : object whose ``requested`` says that this rank received a stop signal and whose
@@ -349,6 +350,7 @@ class Simulation:
             iteration in place of the algorithm's ``step(k, x, y)`` (bench/: per-step CPU and faults).
         """
         cfg, fed, problem = self.cfg, self.fed, self.problem
+        hooks = Callbacks(callbacks)
         fault_at, fault_kind = _fault(fed.rank)
         n_oracles = len(ORACLES)
         history: dict[str, list] = {}
@@ -376,6 +378,7 @@ class Simulation:
                 broken = contract.violation(contract.check_metrics, problem, metrics, metric_names)
             if broken is not None:
                 metrics = {}
+            evaluated = metrics
             train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
             train, slots = training_sums(problem, fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
             eval_seconds = time.perf_counter() - t0
@@ -417,6 +420,7 @@ class Simulation:
                 raise FloatingPointError(
                     f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
                 )
+            hooks.call("on_evaluation", k, evaluated)
             row = {
                 "iteration": k,
                 "comm_rounds": fed.stats.rounds,
@@ -442,10 +446,7 @@ class Simulation:
                 history.setdefault(name, []).append(value)
             if series is not None:
                 series.after_bookkeeping(k, totals["phases"], x, y)
-            if writer is not None:
-                writer.append(row)
-            if progress is not None:
-                progress(k, row)
+            hooks.call("on_iteration", k, row)
             state.update(counts=counts, wall=row["wall_time"])
             return n_stop > 0
 
@@ -467,10 +468,12 @@ class Simulation:
                 algorithm_state={**self.algorithm.checkpoint_state(), **self.server.state()},
             )
             ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
+            hooks.call("on_checkpoint", k, checkpoint_dir)
 
         K, every = cfg.algorithm.outer_iterations, cfg.run.checkpoint_every
         step = self.algorithm.step if step_wrapper is None else step_wrapper(self.algorithm.step)
         halt = False
+        hooks.call("on_start", self, k)
         if resume is None:
             halt = record(0, 0.0, {})
             save(0)
@@ -497,7 +500,9 @@ class Simulation:
             if halt or k == K or (every and k % every == 0):
                 save(k)
         stopped_by = (stop.received or "a signal to another rank") if halt and k < K else None
-        return RunResult(x=x, y=y, history=history, stopped_by=stopped_by)
+        result = RunResult(x=x, y=y, history=history, stopped_by=stopped_by)
+        hooks.call("on_end", result)
+        return result
 
     def _declared_rounds(self) -> int:
         """The most rounds one iteration may count: the algorithm's ``rounds_per_iteration``, and one more for
@@ -528,14 +533,15 @@ class Simulation:
         return resume.x.to(like.device), resume.y.to(like.device)
 
 
-def simulate(cfg: RunConfig, comm, writer=None, progress=None, **checkpointing) -> RunResult:
-    """Build and run a :class:`Simulation` (``checkpointing``: see :meth:`Simulation.run`).
+def simulate(cfg: RunConfig, comm, callbacks=(), **checkpointing) -> RunResult:
+    """Build and run a :class:`Simulation` (``callbacks`` and ``checkpointing``: see :meth:`Simulation.run`).
     **Collective** over ``comm``."""
-    return Simulation(cfg, comm).run(writer, progress, **checkpointing)
+    return Simulation(cfg, comm).run(callbacks, **checkpointing)
 
 
-class Progress:
-    """Rank 0's progress: a tqdm bar on a terminal, else one log line every ``log_every`` iterations."""
+class Progress(Callback):
+    """Rank 0's progress: a tqdm bar on a terminal, else one log line every ``log_every`` iterations (a
+    :class:`~fednest_mpi.callbacks.Callback`)."""
 
     def __init__(
         self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds"), start: int = 0
@@ -550,7 +556,7 @@ class Progress:
                 total=total, initial=start, unit="it", file=sys.stderr, dynamic_ncols=True
             )  # start: a resumed run
 
-    def __call__(self, k: int, row: dict) -> None:
+    def on_iteration(self, k: int, row: dict) -> None:
         summary = {key: row[key] for key in self.keys if key in row}
         if self.bar is not None:
             if k > 0:
@@ -560,6 +566,10 @@ class Progress:
             text = " ".join(f"{kk}={v:.4g}" for kk, v in summary.items())
             logger.info("iteration %d/%d %s wall=%.2fs", k, self.total, text, row["wall_time"])
 
+    def on_end(self, result) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None

@@ -57,6 +57,18 @@ def failure_line(exc: BaseException, rank: int, size: int, last: int | None) -> 
     return f"rank {rank}/{size}: run failed{where}: {what}" + (f" (raised in {hook})" if hook else "")
 
 
+class Beat:
+    """The session's callback (:mod:`fednest_mpi.callbacks`): the last iteration recorded (for its lines) and
+    the watchdog's beat (``stop.beat``)."""
+
+    def __init__(self, stop):
+        self.stop, self.k = stop, None
+
+    def on_iteration(self, k: int, row: dict) -> None:
+        self.k = k
+        self.stop.beat(k)
+
+
 class Session:
     """A run of ``cfg`` on ``comm`` to ``cfg.run.output`` (``resume``: continue from its checkpoint).
 
@@ -163,6 +175,7 @@ class Session:
         ranks; any exception
         aborts the job."""
         from fednest_mpi import failure
+        from fednest_mpi.callbacks import Recorder
         from fednest_mpi.io.h5 import RunWriter
         from fednest_mpi.runner import Progress, Simulation
         from fednest_mpi.series import RunSeries, series_layout
@@ -170,7 +183,7 @@ class Session:
         cfg, comm, log = self.cfg, self.comm, self.log
         rank, size = comm.Get_rank(), comm.Get_size()
         writer = progress = series = watch = None
-        last = {"k": None}
+        beat = Beat(stop)
 
         def close_files(rows=None):
             """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept."""
@@ -233,16 +246,8 @@ class Session:
             if size > 1:  # an exception on any rank: every rank closes its files before the abort
                 watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
             stop.arm(end_now, rounds=True)  # the watchdog from iteration 0 on
-
-            def on_iteration(k, row):
-                last["k"] = k
-                stop.beat(k)
-                if progress is not None:
-                    progress(k, row)
-
-            result = sim.run(
-                writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
-            )
+            callbacks = [Recorder(writer) if writer is not None else None, beat, progress]
+            result = sim.run(callbacks, checkpoint_dir=folder, stop=stop, resume=resume, series=series)
             stop.disarm()
         except UsageError as exc:
             stop.disarm()
@@ -263,7 +268,7 @@ class Session:
             raise RunFailed(f"run failed: {exc}; {LOST_HINT}") from exc
         except BaseException as exc:  # noqa: BLE001 -- SystemExit, KeyboardInterrupt too: the job must end
             stop.disarm()
-            message = failure_line(exc, rank, size, last["k"])
+            message = failure_line(exc, rank, size, beat.k)
             if size == 1:  # the caller learns it as an exception
                 close_files()
                 raise RunFailed(message) from exc
@@ -284,7 +289,7 @@ class Session:
             raise RunFailed(f"run failed: {lost}; {LOST_HINT}")
         if rank == 0 and result.stopped_by:
             print(
-                f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, "
+                f"fednest-mpi: stopped by {result.stopped_by} after iteration {beat.k}, "
                 f"checkpoint written to {folder}; "
                 f"continue with the same command and --resume",
                 file=sys.stderr,
