@@ -12,8 +12,8 @@ boundary").
 * :func:`check_step` / :func:`check_metrics` / :func:`check_rounds`, after each iteration (a few
   comparisons): the (x, y, diagnostics) ``step`` returns, the metrics ``evaluate`` returns against
   ``metric_info``, the counted rounds against ``rounds_per_iteration``.
-* :func:`check_oracle_output` in every counted oracle call (``BilevelProblem.grad_x_outer`` and the
-  others): shape, dtype and device, three comparisons.
+* :func:`check_oracle_output` in the first ``problems.base.CHECKED_CALLS`` counted calls of each oracle
+  (``BilevelProblem.grad_x_outer`` and the others): shape, dtype and device.
 * :func:`hook_of`: the plugin and hook an exception (any ``BaseException``) came from, read from its
   traceback (no cost until something is raised).
 
