@@ -37,7 +37,7 @@ def _run_to_file(small_config, name, comm, path):
     )
     series = RunSeries(sim, writer)
     try:
-        sim.run([Recorder(writer)], series=series)
+        sim.run([Recorder(writer)] if writer is not None else [], series=series)
     finally:
         series.close()
         if writer is not None:
