@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from fednest_mpi import config, recorder
 from fednest_mpi import series as series_mod
+from fednest_mpi.callbacks import Recorder
 from fednest_mpi.io.h5 import RunWriter
 from fednest_mpi.runner import Simulation
 
@@ -58,7 +59,7 @@ def main(argv) -> None:
     )
     series = series_mod.RunSeries(sim, writer)
     c0, w0 = time.process_time(), time.perf_counter()
-    sim.run(writer=writer, series=series)
+    sim.run([Recorder(writer)], series=series)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     series.close()
     writer.close()

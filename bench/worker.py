@@ -31,6 +31,7 @@ from mpi4py import MPI  # noqa: E402
 from bench.plain import PlainLoop  # noqa: E402
 from bench.sequential import SequentialProblem  # noqa: E402
 from fednest_mpi import config  # noqa: E402
+from fednest_mpi.callbacks import Callback  # noqa: E402
 from fednest_mpi.runner import Simulation  # noqa: E402
 
 NAN = float("nan")
@@ -110,10 +111,11 @@ def measure_project(spec: dict, comm) -> dict | None:
     meter = Meter(torch.cuda.synchronize if cuda else None)
     comm_log = []
 
-    def progress(k, row):
-        comm_log.append((sim.fed.stats.seconds, sim.fed.stats.rounds, sim.fed.stats.bytes))
+    class CommLog(Callback):
+        def on_iteration(self, k, row):
+            comm_log.append((sim.fed.stats.seconds, sim.fed.stats.rounds, sim.fed.stats.bytes))
 
-    history = sim.run(progress=progress, step_wrapper=meter.wrap).history
+    history = sim.run([CommLog()], step_wrapper=meter.wrap).history
     out = meter.summary(comm, warmup)
     if out is None:
         return None

@@ -122,6 +122,7 @@ def write_run(path, cfg: config.RunConfig) -> None:
     """A real run file of ``cfg`` written as `fednest-mpi run` does (1 rank, in process)."""
     from mpi4py import MPI
 
+    from fednest_mpi.callbacks import Recorder
     from fednest_mpi.io.h5 import RunWriter
     from fednest_mpi.runner import Simulation
 
@@ -135,6 +136,6 @@ def write_run(path, cfg: config.RunConfig) -> None:
     }
     writer = RunWriter(path, attrs, sim.columns())
     try:
-        sim.run(writer=writer)
+        sim.run([Recorder(writer)])
     finally:
         writer.close()

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fednest_mpi import rng
-from fednest_mpi.config import spec
-from fednest_mpi.problems import BilevelProblem
+from fednest_mpi.api import BilevelProblem, rng, spec
 
 DATA, TEST, TRUTH = 7001, 7002, 7003  # rng purposes of this plugin (beyond fednest_mpi.rng.Purpose)
 
@@ -80,19 +78,19 @@ class RidgeTuning(BilevelProblem):
         r, a = self._residual(a, b, clients, y)
         return (a * r[..., None]).sum(1) / a.shape[1]
 
-    def _grad_x_outer(self, clients, x, y, sample):
+    def grad_x_outer(self, clients, x, y, sample):
         return torch.zeros_like(x)
 
-    def _grad_y_outer(self, clients, x, y, sample):
+    def grad_y_outer(self, clients, x, y, sample):
         return self._normal(self.va, self.vb, clients, y)
 
-    def _grad_y_inner(self, clients, x, y, sample):
+    def grad_y_inner(self, clients, x, y, sample):
         return self._normal(self.a, self.b, clients, y) + torch.exp(x) * y
 
-    def _hvp_yy_inner(self, clients, x, y, v, sample):
+    def hvp_yy_inner(self, clients, x, y, v, sample):
         return self._normal(self.a, torch.zeros_like(self.b), clients, v) + torch.exp(x) * v
 
-    def _jvp_xy_inner(self, clients, x, y, v, sample):
+    def jvp_xy_inner(self, clients, x, y, v, sample):
         return torch.exp(x) * y * v
 
     def inner_value(self, clients, x, y):

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fednest_mpi.algorithms import FedNest, State
-from fednest_mpi.config import FedNestConfig, spec
-from fednest_mpi.rng import Purpose
+from fednest_mpi.api import FedNest, FedNestConfig, Purpose, State, spec
 
 
 @dataclass(frozen=True)

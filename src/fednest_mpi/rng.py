@@ -35,6 +35,7 @@ class Purpose(enum.IntEnum):
     INIT = 9  # initial iterates
     LOCAL_WORK = 10  # a client's number of local steps (heterogeneity.py), per client or (round, client)
     ANSWERS = 11  # whether a member answers a communication round (heterogeneity.py), per (round, client)
+    PROBE = 12  # the sample of the contract probe of a problem's oracles at construction (contract.py)
 
 
 def _splitmix(z: np.ndarray) -> np.ndarray:

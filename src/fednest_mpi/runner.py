@@ -19,9 +19,12 @@ import numpy as np
 import torch
 
 from fednest_mpi import checkpoint as ckpt_io
-from fednest_mpi import numerics
+from fednest_mpi import contract, numerics, rng
 from fednest_mpi.algorithms import build_algorithm
+from fednest_mpi.algorithms.server import PREFIX as SERVER_STATE
+from fednest_mpi.algorithms.server import ServerOptimizer
 from fednest_mpi.allocator import keep_freed_memory
+from fednest_mpi.callbacks import Callback, Callbacks
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
@@ -59,15 +62,9 @@ ORACLE_COLUMNS = {f"oracle_{name}": (f"cumulative {name} oracle calls, summed ov
 
 def diagnostic_values(algorithm: type, diag: dict) -> dict[str, float]:
     """The columns of the algorithm's declared :attr:`~fednest_mpi.algorithms.Algorithm.diagnostics` from
-    one step's ``diag`` (NaN where it reports none); a key it does not declare is an error of the algorithm."""
-    declared = algorithm.diagnostics  # type: ignore[attr-defined]
-    extra = sorted(set(diag) - set(declared))
-    if extra:
-        raise TypeError(
-            f"{algorithm.__qualname__}.step returned the diagnostics {', '.join(map(repr, extra))}, which "
-            f"{algorithm.__qualname__}.diagnostics does not declare; add name -> (description, units) there"
-        )
-    return {name: float(diag.get(name, math.nan)) for name in declared}
+    one step's ``diag`` (NaN where it reports none; an undeclared key was refused by
+    :func:`fednest_mpi.contract.check_step`)."""
+    return {name: float(diag.get(name, math.nan)) for name in algorithm.diagnostics}  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -93,6 +90,9 @@ def _fault(rank: int) -> tuple[int | None, str]:
     return (int(k), kind[0] if kind else "raise") if int(r) == rank else (None, "")
 
 
+USAGE_ERRORS = (UsageError, ConfigError, DataError, contract.PluginError)
+
+
 def agree_on_usage_error(comm, error: UsageError | None) -> None:
     """Raise, on every rank, the usage error of the lowest rank that had one (if any did).
 
@@ -104,10 +104,12 @@ def agree_on_usage_error(comm, error: UsageError | None) -> None:
     if not failed:
         return
     rank, (kind, message) = failed[0]
-    cls = {c.__name__: c for c in (UsageError, ConfigError, DataError)}.get(kind, UsageError)
+    cls = {c.__name__: c for c in USAGE_ERRORS}.get(kind, UsageError)
     if len(failed) < len(reports):
         message = f"rank {rank}/{len(reports)}: {message}"
-    raise cls(message)
+    agreed = cls(message)
+    agreed.agreed = True  # type: ignore[attr-defined]  # every rank raises it: no abort needed (session)
+    raise agreed
 
 
 def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None:
@@ -119,7 +121,7 @@ def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None
     report = comm.bcast(None if error is None else (type(error).__name__, str(error)), root=root)
     if report is not None:
         kind, message = report
-        raise {c.__name__: c for c in (UsageError, ConfigError, DataError)}.get(kind, UsageError)(message)
+        raise {c.__name__: c for c in USAGE_ERRORS}.get(kind, UsageError)(message)
 
 
 TRAINING_COLUMNS: dict[str, tuple] = {
@@ -192,6 +194,7 @@ class Bookkeeping:
         "health": 2,
         "stop_requests": 1,
         "lost_files": 1,  # ranks whose output file or client file was deleted or replaced
+        "contract": 1,  # ranks whose plugin broke its contract in the step or the evaluation (contract.py)
         "training": 5,
         "training_slots": VARIABLE,  # per-client (f_i, g_i) with the ordered reduction, see training_sums
         "phases": None,
@@ -258,7 +261,14 @@ class Simulation:
             )
             if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
                 self.problem = problem_wrapper(self.problem)
+            # the plugin boundary (fednest_mpi.contract): the oracles' outputs, the algorithm's State
+            contract.probe_problem(
+                self.problem, self.fed.hosted, torch_dtype(cfg.run.dtype), int(rng.key(cfg.seed, rng.Purpose.PROBE))
+            )
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
+            contract.check_state(self.algorithm)
+            #: the server optimiser of x (algorithm.server_optimizer; "none": the algorithm's own x)
+            self.server = ServerOptimizer.of(cfg.algorithm)
             self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
         except UsageError as exc:
             error = exc
@@ -311,8 +321,7 @@ class Simulation:
 
     def run(
         self,
-        writer=None,
-        progress=None,
+        callbacks=(),
         checkpoint_dir=None,
         stop=None,
         resume: ckpt_io.Checkpoint | None = None,
@@ -323,8 +332,9 @@ class Simulation:
 
         Parameters
         ----------
-        writer : object with ``append(row)`` (rank 0's :class:`~fednest_mpi.io.h5.RunWriter`) or None.
-        progress : callable ``(k, row)`` called after every iteration (rank 0's display) or None.
+        callbacks : objects told of the run's start, each evaluation, iteration and checkpoint, and its end
+            (:mod:`fednest_mpi.callbacks`: e.g. ``Recorder(writer)``, rank 0's run file, and
+            :class:`Progress`), in order.
         checkpoint_dir : folder for checkpoints (at iteration 0, every ``run.checkpoint_every``
             iterations, at the end and when stopped), or None for none.
         stop : object whose ``requested`` says that this rank received a stop signal and whose
@@ -340,6 +350,7 @@ class Simulation:
             iteration in place of the algorithm's ``step(k, x, y)`` (bench/: per-step CPU and faults).
         """
         cfg, fed, problem = self.cfg, self.fed, self.problem
+        hooks = Callbacks(callbacks)
         fault_at, fault_kind = _fault(fed.rank)
         n_oracles = len(ORACLES)
         history: dict[str, list] = {}
@@ -353,12 +364,21 @@ class Simulation:
             base_counts = resume.oracle_totals.numpy() if fed.rank == 0 else np.zeros(n_oracles)
         start = time.perf_counter()
         state: dict = {}
+        metric_names = tuple(problem.metric_info())
+        declared_rounds = self._declared_rounds()
         train_columns = list(self._training_columns())
 
-        def record(k: int, alg_seconds: float, diag: dict) -> bool:
-            """Evaluate, agree on health and stop requests, record; True when a stop was requested."""
+        def record(k: int, alg_seconds: float, diag: dict, broken: contract.PluginError | None = None) -> bool:
+            """Evaluate, agree on the contract (``broken``: the step's violation on this rank), health and stop
+            requests, record; True when a stop was requested."""
             t0 = time.perf_counter()
-            metrics = problem.evaluate(x, y)
+            metrics: dict = {}
+            if broken is None:
+                metrics = problem.evaluate(x, y)
+                broken = contract.violation(contract.check_metrics, problem, metrics, metric_names)
+            if broken is not None:
+                metrics = {}
+            evaluated = metrics
             train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
             train, slots = training_sums(problem, fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
             eval_seconds = time.perf_counter() - t0
@@ -377,6 +397,7 @@ class Simulation:
                         health=health,
                         stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
                         lost_files=[1.0 if lost else 0.0],
+                        contract=[0.0 if broken is None else 1.0],
                         training=train,
                         training_slots=slots,
                         phases=phases,
@@ -390,6 +411,8 @@ class Simulation:
             (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
             if n_stop > 0 and stop is not None:
                 stop.reached()
+            if totals["contract"][0] > 0:  # every rank raises the lowest failing rank's line
+                agree_on_usage_error(fed.comm, broken)
             if totals["lost_files"][0] > 0:  # every rank learns it here and stops
                 raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
             if n_bad > 0:
@@ -397,6 +420,7 @@ class Simulation:
                 raise FloatingPointError(
                     f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
                 )
+            hooks.call("on_evaluation", k, evaluated)
             row = {
                 "iteration": k,
                 "comm_rounds": fed.stats.rounds,
@@ -422,10 +446,7 @@ class Simulation:
                 history.setdefault(name, []).append(value)
             if series is not None:
                 series.after_bookkeeping(k, totals["phases"], x, y)
-            if writer is not None:
-                writer.append(row)
-            if progress is not None:
-                progress(k, row)
+            hooks.call("on_iteration", k, row)
             state.update(counts=counts, wall=row["wall_time"])
             return n_stop > 0
 
@@ -444,13 +465,15 @@ class Simulation:
                 output_rows=k + 1,
                 config_json=cfg.to_json(),
                 mpi_size=fed.size,
-                algorithm_state=self.algorithm.checkpoint_state(),
+                algorithm_state={**self.algorithm.checkpoint_state(), **self.server.state()},
             )
             ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
+            hooks.call("on_checkpoint", k, checkpoint_dir)
 
         K, every = cfg.algorithm.outer_iterations, cfg.run.checkpoint_every
         step = self.algorithm.step if step_wrapper is None else step_wrapper(self.algorithm.step)
         halt = False
+        hooks.call("on_start", self, k)
         if resume is None:
             halt = record(0, 0.0, {})
             save(0)
@@ -460,17 +483,35 @@ class Simulation:
                 raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
             if fault_at == k and fault_kind == "term":
                 os.kill(os.getpid(), signal.SIGTERM)
-            t0 = time.perf_counter()
-            x, y, diag = step(k, x, y)
+            t0, rounds = time.perf_counter(), fed.stats.rounds
+            out = step(k, x, y)
+            broken = contract.violation(contract.check_step, self.algorithm, out, x, y) or contract.violation(
+                contract.check_rounds, self.algorithm, declared_rounds, fed.stats.rounds - rounds, k
+            )
+            diag = {}
+            if broken is None:
+                proposed, y, diag = out
+                x = self.server.step(x, proposed)
             if fault_at == k and fault_kind == "nan":
                 x = torch.full_like(x, math.nan)
             if fault_at == k and fault_kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            halt = record(k, time.perf_counter() - t0, diag)
+            halt = record(k, time.perf_counter() - t0, diag, broken)
             if halt or k == K or (every and k % every == 0):
                 save(k)
         stopped_by = (stop.received or "a signal to another rank") if halt and k < K else None
-        return RunResult(x=x, y=y, history=history, stopped_by=stopped_by)
+        result = RunResult(x=x, y=y, history=history, stopped_by=stopped_by)
+        hooks.call("on_end", result)
+        return result
+
+    def _declared_rounds(self) -> int:
+        """The most rounds one iteration may count: the algorithm's ``rounds_per_iteration``, and one more for
+        the statistics of a pooled outer objective (``pools_outer_objective``)."""
+        from fednest_mpi.config import ALGORITHMS
+
+        spec = ALGORITHMS[self.cfg.algorithm.name]
+        declared = type(self.algorithm).rounds_per_iteration(self.cfg.algorithm, **spec.options)
+        return declared + int(spec.pools_outer_objective and self.problem.pooled_outer_objective)
 
     def _restore(self, resume: ckpt_io.Checkpoint, checkpoint_dir) -> tuple[torch.Tensor, torch.Tensor]:
         """Put the federation's counters and the algorithm's state where ``resume`` left them; (x, y)."""
@@ -483,21 +524,24 @@ class Simulation:
         except UsageError as exc:
             error = exc
         agree_on_usage_error(self.fed.comm, error)
+        saved = {name: t.to(like.device) for name, t in resume.algorithm_state.items()}
+        self.server.restore({name: t for name, t in saved.items() if name.startswith(SERVER_STATE)})
         self.algorithm.restore(
-            {name: t.to(like.device) for name, t in resume.algorithm_state.items()},
+            {name: t for name, t in saved.items() if not name.startswith(SERVER_STATE)},
             {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()},
         )
         return resume.x.to(like.device), resume.y.to(like.device)
 
 
-def simulate(cfg: RunConfig, comm, writer=None, progress=None, **checkpointing) -> RunResult:
-    """Build and run a :class:`Simulation` (``checkpointing``: see :meth:`Simulation.run`).
+def simulate(cfg: RunConfig, comm, callbacks=(), **checkpointing) -> RunResult:
+    """Build and run a :class:`Simulation` (``callbacks`` and ``checkpointing``: see :meth:`Simulation.run`).
     **Collective** over ``comm``."""
-    return Simulation(cfg, comm).run(writer, progress, **checkpointing)
+    return Simulation(cfg, comm).run(callbacks, **checkpointing)
 
 
-class Progress:
-    """Rank 0's progress: a tqdm bar on a terminal, else one log line every ``log_every`` iterations."""
+class Progress(Callback):
+    """Rank 0's progress: a tqdm bar on a terminal, else one log line every ``log_every`` iterations (a
+    :class:`~fednest_mpi.callbacks.Callback`)."""
 
     def __init__(
         self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds"), start: int = 0
@@ -512,7 +556,7 @@ class Progress:
                 total=total, initial=start, unit="it", file=sys.stderr, dynamic_ncols=True
             )  # start: a resumed run
 
-    def __call__(self, k: int, row: dict) -> None:
+    def on_iteration(self, k: int, row: dict) -> None:
         summary = {key: row[key] for key in self.keys if key in row}
         if self.bar is not None:
             if k > 0:
@@ -522,6 +566,10 @@ class Progress:
             text = " ".join(f"{kk}={v:.4g}" for kk, v in summary.items())
             logger.info("iteration %d/%d %s wall=%.2fs", k, self.total, text, row["wall_time"])
 
+    def on_end(self, result) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None

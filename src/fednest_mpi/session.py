@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import threading
-import traceback
+import traceback as _traceback
 from pathlib import Path
 
 from fednest_mpi import __version__
@@ -42,8 +42,31 @@ def report_failure(comm, exc: RunFailed) -> int:
         print(f"fednest-mpi: {exc}", file=sys.stderr)
         cause = exc.__cause__
         if cause is not None and not isinstance(cause, (FloatingPointError, OutputLost)):
-            traceback.print_exception(cause, file=sys.stderr)
+            _traceback.print_exception(cause, file=sys.stderr)
     return 1
+
+
+def failure_line(exc: BaseException, rank: int, size: int, last: int | None) -> str:
+    """The one line of a run that failed on ``rank`` after iteration ``last`` (None: before iteration 0 was
+    recorded), naming the plugin hook the exception came from (:func:`fednest_mpi.contract.hook_of`)."""
+    from fednest_mpi.contract import hook_of
+
+    where = f" after iteration {last}" if last is not None else ""
+    hook = hook_of(exc)
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return f"rank {rank}/{size}: run failed{where}: {what}" + (f" (raised in {hook})" if hook else "")
+
+
+class Beat:
+    """The session's callback (:mod:`fednest_mpi.callbacks`): the last iteration recorded (for its lines) and
+    the watchdog's beat (``stop.beat``)."""
+
+    def __init__(self, stop):
+        self.stop, self.k = stop, None
+
+    def on_iteration(self, k: int, row: dict) -> None:
+        self.k = k
+        self.stop.beat(k)
 
 
 class Session:
@@ -72,6 +95,19 @@ class Session:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+    def _abort(self, code: int, message: str, watch, close_files, traceback: bool) -> None:
+        """This rank failed alone: print its line (and the traceback of an ordinary exception), tell the other
+        ranks (every rank closes its files), end the job with ``code``."""
+        print("fednest-mpi: " + message, file=sys.stderr)
+        if traceback:
+            _traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        if watch is not None:
+            watch.fail("fednest-mpi: " + message)  # every rank closes its files, then the job is aborted
+        else:
+            close_files()
+        self.comm.Abort(code)
 
     def run_to_file(self) -> int:
         from fednest_mpi.stop import StopRequests
@@ -139,6 +175,7 @@ class Session:
         ranks; any exception
         aborts the job."""
         from fednest_mpi import failure
+        from fednest_mpi.callbacks import Recorder
         from fednest_mpi.io.h5 import RunWriter
         from fednest_mpi.runner import Progress, Simulation
         from fednest_mpi.series import RunSeries, series_layout
@@ -146,7 +183,7 @@ class Session:
         cfg, comm, log = self.cfg, self.comm, self.log
         rank, size = comm.Get_rank(), comm.Get_size()
         writer = progress = series = watch = None
-        last = {"k": None}
+        beat = Beat(stop)
 
         def close_files(rows=None):
             """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept."""
@@ -209,20 +246,14 @@ class Session:
             if size > 1:  # an exception on any rank: every rank closes its files before the abort
                 watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
             stop.arm(end_now, rounds=True)  # the watchdog from iteration 0 on
-
-            def on_iteration(k, row):
-                last["k"] = k
-                stop.beat(k)
-                if progress is not None:
-                    progress(k, row)
-
-            result = sim.run(
-                writer=writer, progress=on_iteration, checkpoint_dir=folder, stop=stop, resume=resume, series=series
-            )
+            callbacks = [Recorder(writer) if writer is not None else None, beat, progress]
+            result = sim.run(callbacks, checkpoint_dir=folder, stop=stop, resume=resume, series=series)
             stop.disarm()
-        except UsageError:  # agreed on by every rank (a client file of the checkpoint gone since the check)
+        except UsageError as exc:
             stop.disarm()
-            close_files()
+            if size > 1 and not getattr(exc, "agreed", True):  # a plugin's broken contract on this rank alone
+                self._abort(2, f"rank {rank}/{size}: {exc}", watch, close_files, traceback=False)
+            close_files()  # agreed on by every rank (a client file of the checkpoint gone since the check)
             raise
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
             stop.disarm()
@@ -235,20 +266,13 @@ class Session:
             stop.disarm()
             close_files()
             raise RunFailed(f"run failed: {exc}; {LOST_HINT}") from exc
-        except Exception as exc:  # noqa: BLE001 -- the job must end, whatever the cause
+        except BaseException as exc:  # noqa: BLE001 -- SystemExit, KeyboardInterrupt too: the job must end
             stop.disarm()
-            where = f" after iteration {last['k']}" if last["k"] is not None else ""
-            message = f"rank {rank}/{size}: run failed{where}: {type(exc).__name__}: {exc}"
+            message = failure_line(exc, rank, size, beat.k)
             if size == 1:  # the caller learns it as an exception
                 close_files()
                 raise RunFailed(message) from exc
-            print("fednest-mpi: " + message, file=sys.stderr)
-            traceback.print_exc(file=sys.stderr)
-            if watch is not None:
-                watch.fail("fednest-mpi: " + message)  # every rank closes its files, then the job is aborted
-            else:
-                close_files()
-            comm.Abort(1)
+            self._abort(1, message, watch, close_files, traceback=isinstance(exc, Exception))
             raise RunFailed(message) from exc
         finally:
             stop.disarm()
@@ -265,7 +289,7 @@ class Session:
             raise RunFailed(f"run failed: {lost}; {LOST_HINT}")
         if rank == 0 and result.stopped_by:
             print(
-                f"fednest-mpi: stopped by {result.stopped_by} after iteration {last['k']}, "
+                f"fednest-mpi: stopped by {result.stopped_by} after iteration {beat.k}, "
                 f"checkpoint written to {folder}; "
                 f"continue with the same command and --resume",
                 file=sys.stderr,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from fednest_mpi.callbacks import Recorder
 from fednest_mpi.io.clients import read_clients, read_ranks, read_snapshots
 from fednest_mpi.io.h5 import RunWriter
 from fednest_mpi.io.schema import client_dir, rank_file
@@ -36,7 +37,7 @@ def _run_to_file(small_config, name, comm, path):
     )
     series = RunSeries(sim, writer)
     try:
-        sim.run(writer=writer, series=series)
+        sim.run([Recorder(writer)] if writer is not None else [], series=series)
     finally:
         series.close()
         if writer is not None:

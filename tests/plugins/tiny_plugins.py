@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fednest_mpi.config import QuadraticConfig, spec
 from fednest_mpi.errors import ConfigError
-from fednest_mpi.problems import QuadraticProblem
+from fednest_mpi.problems import BilevelProblem, QuadraticProblem
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,21 @@ class NoClientsParams(QuadraticProblem):
 
 
 not_a_class = 3
+
+
+class NoOracle(BilevelProblem):  # three oracles of five, under their public names
+    """A problem that forgot two of its oracles."""
+
+    Params = ShiftedParams
+
+    def grad_x_outer(self, clients, x, y, sample): ...
+
+    def grad_y_outer(self, clients, x, y, sample): ...
+
+    def jvp_xy_inner(self, clients, x, y, v, sample): ...
+
+    def initial_point(self): ...
+
+    def evaluate(self, x, y): ...
+
+    def metric_info(self): ...

@@ -73,7 +73,7 @@ class StopAt:
     def __init__(self, k):
         self.k, self.seen, self.received = k, -1, None
 
-    def progress(self, k, row):
+    def on_iteration(self, k, row):
         self.seen = k
 
     def reached(self):
@@ -225,7 +225,7 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, small_co
     whole = _sim(cfg, MPI.COMM_SELF)
     full = whole.run()
     stop = StopAt(stop_at)
-    first = _sim(cfg, MPI.COMM_SELF).run(progress=stop.progress, checkpoint_dir=tmp_path, stop=stop)
+    first = _sim(cfg, MPI.COMM_SELF).run([stop], checkpoint_dir=tmp_path, stop=stop)
     assert first.stopped_by == ("SIGTERM" if stop_at < 7 else None)
     saved = checkpoint.load(tmp_path)
     assert saved.iteration == stop_at and saved.output_rows == stop_at + 1

@@ -13,6 +13,7 @@ from mpi4py import MPI
 from shared_data import DATA, requires
 from test_checkpoint import _cli_config, run_cli  # the small CLI run of the checkpoint tests (bitwise on 1, 2, 4 ranks)
 
+from fednest_mpi.callbacks import Recorder
 from fednest_mpi.cli import main
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
@@ -152,7 +153,7 @@ def _simulate_to_file(small_config, path, **run):
         path, {"mpi_size": 1, "config_json": cfg.to_json()}, sim.columns(), extend=series_layout(sim).create
     )
     series = RunSeries(sim, writer)
-    sim.run(writer=writer, series=series)
+    sim.run([Recorder(writer)], series=series)
     series.close()
     writer.close()
     return sim

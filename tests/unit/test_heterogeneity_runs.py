@@ -8,6 +8,7 @@ import pytest
 from histories import assert_histories_match
 
 from fednest_mpi import checkpoint
+from fednest_mpi.callbacks import Recorder
 from fednest_mpi.comm import SerialComm
 from fednest_mpi.io.clients import read_clients
 from fednest_mpi.io.h5 import RunWriter, read_run
@@ -101,7 +102,7 @@ def test_answered_and_dropped_rounds_per_client_in_the_run_file(small_config, tm
         path, {"mpi_size": 1, "config_json": cfg.to_json()}, sim.columns(), extend=series_layout(sim).create
     )
     series = RunSeries(sim, writer)
-    sim.run(writer=writer, series=series)
+    sim.run([Recorder(writer)], series=series)
     series.close()
     writer.close()
     clients, (_, run) = read_clients(path), read_run(path)

@@ -13,7 +13,7 @@ import pytest
 
 from fednest_mpi import config
 from fednest_mpi.comm import SerialComm
-from fednest_mpi.errors import ConfigError
+from fednest_mpi.errors import ConfigError, UsageError
 from fednest_mpi.io.h5 import read_run
 from fednest_mpi.runner import simulate
 
@@ -70,8 +70,13 @@ def test_an_undeclared_diagnostic_fails_the_run_with_its_name(plugin_path, monke
 
     cls = implementation(momentum_config().algorithm.name)
     monkeypatch.setattr(cls, "diagnostics", {k: v for k, v in cls.diagnostics.items() if k != "momentum_norm"})
-    with pytest.raises(TypeError, match="'momentum_norm', which FedNestMomentum.diagnostics does not declare"):
+    with pytest.raises(UsageError) as caught:
         simulate(momentum_config(), SerialComm())
+    assert str(caught.value) == (
+        "algorithm 'fednest_server_momentum:FedNestMomentum' hook step: expected the diagnostics "
+        "FedNestMomentum.diagnostics declares, got also 'momentum_norm'; add name -> (description, units) to "
+        "FedNestMomentum.diagnostics"
+    )
 
 
 def test_a_plugin_problem_by_module_class_runs_as_the_builtin(plugin_path):

@@ -103,6 +103,34 @@ def _cg_tolerance():
     )
 
 
+def _server_optimizer():
+    return spec(
+        "none",
+        "server optimiser of x (FedOpt, Reddi et al. 2021, Alg. 2) on the pseudo-gradient Delta = x_k - x_{k+1} of "
+        "the algorithm's own update: none (x_{k+1} as the algorithm computes it), sgd (heavy ball: m <- beta1 m + "
+        "Delta, x_k - server_lr m), adam, yogi, adagrad (x_k - server_lr m / (sqrt(v) + server_tau)); no round added",
+        choices=("none", "sgd", "adam", "yogi", "adagrad"),
+    )
+
+
+def _server_lr():
+    return spec(1.0, "server_optimizer's step size eta", low=0.0, low_open=True)
+
+
+def _server_beta1():
+    return spec(0.9, "server_optimizer's momentum beta1 (sgd, adam, yogi)", low=0.0, high=0.9999)
+
+
+def _server_beta2():
+    return spec(0.99, "server_optimizer's second-moment decay beta2 (adam, yogi)", low=0.0, high=0.9999)
+
+
+def _server_tau():
+    return spec(
+        1e-3, "server_optimizer's adaptivity tau (adam, yogi, adagrad; v starts at tau^2)", low=0.0, low_open=True
+    )
+
+
 def _check_randomized_neumann(params) -> None:
     """The randomized FedIHGP (eq. (10b)) needs N >= 1; it is a Neumann series' truncation (CG and the
     warm start have none)."""
@@ -135,6 +163,11 @@ class FedNestConfig:
     hypergradient: str = _hypergradient()
     hypergradient_estimator: str = _hypergradient_estimator()
     cg_tolerance: float = _cg_tolerance()
+    server_optimizer: str = _server_optimizer()
+    server_lr: float = _server_lr()
+    server_beta1: float = _server_beta1()
+    server_beta2: float = _server_beta2()
+    server_tau: float = _server_tau()
 
     check = _check_randomized_neumann
 
@@ -185,6 +218,11 @@ class FedBiOConfig:
         low_open=True,
         high=1.0,
     )
+    server_optimizer: str = _server_optimizer()
+    server_lr: float = _server_lr()
+    server_beta1: float = _server_beta1()
+    server_beta2: float = _server_beta2()
+    server_tau: float = _server_tau()
 
     check = _check_randomized_neumann
 
@@ -200,6 +238,11 @@ class FedAvgSConfig:
     inner_lr: float = _inner_lr()
     outer_lr: float = _outer_lr()
     inner_local_steps: int = _inner_local_steps()
+    server_optimizer: str = _server_optimizer()
+    server_lr: float = _server_lr()
+    server_beta1: float = _server_beta1()
+    server_beta2: float = _server_beta2()
+    server_tau: float = _server_tau()
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,12 @@ def problem_spec_of(name: str, cls: type) -> ProblemSpec:
 
 
 def _params_of(kind: str, name: str, cls: type) -> type:
+    missing = sorted(method.lstrip("_") for method in getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ConfigError(
+            f"{kind}.name: {name!r}: class {cls.__qualname__} does not define {', '.join(missing)}; define "
+            f"{'it' if len(missing) == 1 else 'them'} (docs/extending.md: the contract of a {kind})"
+        )
     params = getattr(cls, "Params", None)
     if params is None:
         raise ConfigError(

@@ -10,8 +10,10 @@ combines it with each client id (e.g. step nu of a round reads minibatch nu of t
 epoch-wise shuffles), so a client's sample does not depend on its block or rank.
 ``sample=None`` means the client's whole local data set (exact local oracle).
 
-Subclasses implement the underscored methods; the public ones count oracle calls per client
-(``self.oracle_counts``), which the run records next to the communication counters.
+Subclasses implement the oracles under their public names (``def grad_x_outer(self, clients, x, y,
+sample)``; the built-ins use the underscored names, which work as well): the base class puts them behind
+the public methods, which count oracle calls per client (``self.oracle_counts``, recorded next to the
+communication counters) and check every output's shape, dtype and device (:mod:`fednest_mpi.contract`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from fednest_mpi.contract import check_oracle_output
 
 
 def shared_rows(vector: torch.Tensor, n: int) -> torch.Tensor:
@@ -72,6 +76,13 @@ class Sample(NamedTuple):
 
 
 ORACLES = ("grad_x_outer", "grad_y_outer", "grad_y_inner", "hvp_yy_inner", "jvp_xy_inner")
+CHECKED_CALLS = 1000  # calls of each oracle whose output is checked, on each rank: the first iterations
+
+
+def _boundary(method):
+    """Mark a counted public method of :class:`BilevelProblem` (not an implementation to move behind it)."""
+    method._boundary = True
+    return method
 
 
 class BilevelProblem(ABC):
@@ -86,6 +97,8 @@ class BilevelProblem(ABC):
 
     def __init__(self):
         self.oracle_counts: Counter = Counter()
+        #: calls of each oracle still to check at the boundary (the first CHECKED_CALLS on this rank)
+        self.unchecked_calls = dict.fromkeys(ORACLES, CHECKED_CALLS)
 
     @classmethod
     def implementation_for(cls, cfg) -> type[BilevelProblem]:
@@ -135,32 +148,55 @@ class BilevelProblem(ABC):
         :meth:`outer_statistics` is not None provide it."""
         raise NotImplementedError(f"{type(self).__name__} has no pooled outer objective")
 
-    # -- oracles (public: counted) ---------------------------------------------------------------
+    # -- oracles (public: counted and checked at the boundary) ------------------------------------------
+    def __init_subclass__(cls, **kwargs):
+        """A subclass implements the oracles under their public names (``def grad_x_outer(self, clients, x,
+        y, sample)``, docs/extending.md); they become the implementations (``_grad_x_outer``) behind the
+        counted, checked public methods below. Implementations under the underscored names work as well."""
+        super().__init_subclass__(**kwargs)
+        for name in (*ORACLES, "local_sgd"):
+            own = cls.__dict__.get(name)
+            if own is not None and not getattr(own, "_boundary", False):
+                setattr(cls, "_" + name, own)
+                setattr(cls, name, getattr(BilevelProblem, name))
+
+    def _oracle(self, hook: str, clients, x, *args) -> torch.Tensor:
+        """Count ``hook`` for the B ``clients``, call its implementation (one client as two) and, in its first
+        :data:`CHECKED_CALLS` calls, check the output: (B, d) rows of x's dtype on x's device
+        (:func:`fednest_mpi.contract.check_oracle_output`; later calls cost nothing more)."""
+        self.oracle_counts[hook] += len(clients)
+        out = _one_client_as_two(getattr(self, "_" + hook), clients, x, *args)
+        if self.unchecked_calls[hook]:
+            self.unchecked_calls[hook] -= 1
+            check_oracle_output(self, hook, out, len(clients), x)
+        return out
+
+    @_boundary
     def grad_x_outer(self, clients, x, y, sample) -> torch.Tensor:
         """Direct gradient nabla_x f_i(x, y; xi), shape (B, d1) -- eq. (5a)."""
-        self.oracle_counts["grad_x_outer"] += len(clients)
-        return _one_client_as_two(self._grad_x_outer, clients, x, y, sample)
+        return self._oracle("grad_x_outer", clients, x, y, sample)
 
+    @_boundary
     def grad_y_outer(self, clients, x, y, sample) -> torch.Tensor:
         """nabla_y f_i(x, y; xi), shape (B, d2): the vector of FedIHGP (Alg. 3, p_{i,0})."""
-        self.oracle_counts["grad_y_outer"] += len(clients)
-        return _one_client_as_two(self._grad_y_outer, clients, x, y, sample)
+        return self._oracle("grad_y_outer", clients, x, y, sample)
 
+    @_boundary
     def grad_y_inner(self, clients, x, y, sample) -> torch.Tensor:
         """nabla_y g_i(x, y; zeta), shape (B, d2): the FedInn direction (Alg. 4/6)."""
-        self.oracle_counts["grad_y_inner"] += len(clients)
-        return _one_client_as_two(self._grad_y_inner, clients, x, y, sample)
+        return self._oracle("grad_y_inner", clients, x, y, sample)
 
+    @_boundary
     def hvp_yy_inner(self, clients, x, y, v, sample) -> torch.Tensor:
         """nabla^2_yy g_i(x, y; zeta) v, shape (B, d2) -- the products of eq. (10b)."""
-        self.oracle_counts["hvp_yy_inner"] += len(clients)
-        return _one_client_as_two(self._hvp_yy_inner, clients, x, y, v, sample)
+        return self._oracle("hvp_yy_inner", clients, x, y, v, sample)
 
+    @_boundary
     def jvp_xy_inner(self, clients, x, y, v, sample) -> torch.Tensor:
         """nabla^2_xy g_i(x, y; zeta) v = nabla_x <nabla_y g_i, v>, shape (B, d1) -- eq. (10a)."""
-        self.oracle_counts["jvp_xy_inner"] += len(clients)
-        return _one_client_as_two(self._jvp_xy_inner, clients, x, y, v, sample)
+        return self._oracle("jvp_xy_inner", clients, x, y, v, sample)
 
+    @_boundary
     def local_sgd(
         self,
         clients,

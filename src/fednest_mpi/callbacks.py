@@ -1,0 +1,62 @@
+"""Callbacks of a run: what :meth:`fednest_mpi.runner.Simulation.run` tells the code that watches it (the
+run file's writer, the progress line, the session's watchdog, a user's own logger), at five points:
+
+* ``on_start(sim, k)``: before the first iteration (``k``: 0, or the iteration a resumed run continues after);
+* ``on_evaluation(k, metrics)``: the problem's metrics of iteration k, once every rank agreed they are sound;
+* ``on_iteration(k, row)``: the record of iteration k (every column of the run file), after the evaluation;
+* ``on_checkpoint(k, folder)``: a checkpoint of iteration k was written to ``folder``;
+* ``on_end(result)``: the run returned (:class:`~fednest_mpi.runner.RunResult`; not after an exception).
+
+A callback is any object with some of these methods (:class:`Callback` has all of them, doing nothing). They
+are called on every rank, in the order given, after the iteration's collectives: a callback must not call
+MPI. The built-in ones: :class:`Recorder` (rank 0's run file) and :class:`fednest_mpi.runner.Progress`.
+No MPI, no HDF5 here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+POINTS = ("on_start", "on_evaluation", "on_iteration", "on_checkpoint", "on_end")
+
+
+class Callback:
+    """The five points of a run, doing nothing: subclass it and override those you need."""
+
+    def on_start(self, sim, k: int) -> None:
+        """Before the first iteration (k: 0, or the iteration a resumed run continues after)."""
+
+    def on_evaluation(self, k: int, metrics: dict[str, float]) -> None:
+        """The problem's metrics of iteration k (the same on every rank)."""
+
+    def on_iteration(self, k: int, row: dict[str, float]) -> None:
+        """The record of iteration k: every column of the run file's /iterations."""
+
+    def on_checkpoint(self, k: int, folder) -> None:
+        """A checkpoint of iteration k was written to ``folder``."""
+
+    def on_end(self, result) -> None:
+        """The run returned ``result`` (a RunResult)."""
+
+
+class Recorder(Callback):
+    """Appends each iteration's row to ``writer`` (rank 0's :class:`~fednest_mpi.io.h5.RunWriter`)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def on_iteration(self, k: int, row: dict[str, float]) -> None:
+        self.writer.append(row)
+
+
+class Callbacks:
+    """Several callbacks called as one, in order; methods a callback lacks are skipped."""
+
+    def __init__(self, callbacks: Iterable = ()):
+        self.callbacks = [c for c in callbacks if c is not None]
+
+    def call(self, point: str, *args) -> None:
+        for callback in self.callbacks:
+            method = getattr(callback, point, None)
+            if method is not None:
+                method(*args)

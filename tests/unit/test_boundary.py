@@ -1,0 +1,262 @@
+"""The plugin boundary (fednest_mpi.contract, docs/extending.md "Checked at the boundary"): each broken
+contract of tests/plugins/faulty_plugins.py ends the run with its one line (exit 2), and a fault of any kind
+on one rank ends every rank within seconds naming the rank and the hook."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from small_configs import make_config
+
+from fednest_mpi import config
+from fednest_mpi.api import PluginError, RunFailed, SerialComm, UsageError, simulate
+from fednest_mpi.errors import ConfigError
+from fednest_mpi.session import Session
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ROOT / "tests" / "plugins"
+PROBLEM = "problem 'faulty_plugins:FaultyQuadratic'"
+ALGORITHM = "algorithm 'faulty_plugins:FaultyFedNest'"
+
+
+@pytest.fixture(autouse=True)
+def plugin_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    yield
+    for name in [n for n in config.PROBLEMS if ":" in n] + [n for n in config.ALGORITHMS if ":" in n]:
+        config.PROBLEMS.pop(name, None)
+        config.ALGORITHMS.pop(name, None)
+
+
+def faulty(problem_fault="", algorithm_fault="", **run):
+    return make_config(
+        problem={"name": "faulty_plugins:FaultyQuadratic", "fault": problem_fault},
+        algorithm={"name": "faulty_plugins:FaultyFedNest", "fault": algorithm_fault},
+        **({"run": run} if run else {}),
+    )
+
+
+def test_the_faultless_plugins_run():
+    h = simulate(faulty(), SerialComm()).history
+    assert h["x_error"][-1] < h["x_error"][0]
+
+
+WRONG_SHAPE = f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of shape (2, 4) on cpu, got a "
+
+
+@pytest.mark.parametrize(
+    "problem_fault, algorithm_fault, message",
+    [
+        ("shape", "", WRONG_SHAPE + "torch.float64 tensor of shape (4,) on cpu"),
+        ("float32", "", WRONG_SHAPE + "torch.float32 tensor of shape (2, 4) on cpu"),
+        (
+            "nan",
+            "",
+            f"{PROBLEM} hook grad_x_outer: expected finite values at the initial point, got 8 NaN/Inf of 8",
+        ),
+        (
+            "metric",
+            "",
+            f"{PROBLEM} hook evaluate: expected the metrics metric_info declares (outer_objective, outer_loss, "
+            "inner_loss, x_error, y_error, hypergradient_norm), got also 'surprise'; declare them in metric_info "
+            "or drop them",
+        ),
+        (
+            "shape_late",
+            "",
+            f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of shape (6, 4) on cpu, got a "
+            "torch.float64 tensor of shape (4,) on cpu",
+        ),
+        (
+            "",
+            "int_state",
+            f"{ALGORITHM} hook __init__: expected the State field 'steps' to be a tensor, None or a ClientStore "
+            "(checkpoints save only those), got int 0; hold it as a tensor",
+        ),
+        (
+            "",
+            "rounds",
+            f"{ALGORITHM} hook rounds_per_iteration: expected at most the 3 rounds it declares, got 9 counted "
+            "aggregations in iteration 1; return the number of mean_over calls of one step",
+        ),
+        (
+            "",
+            "x_shape",
+            f"{ALGORITHM} hook step: expected a torch.float64 tensor of shape (4,) on cpu, got a torch.float64 "
+            "tensor of shape (3,) on cpu",
+        ),
+        (
+            "",
+            "not_a_tuple",
+            f"{ALGORITHM} hook step: expected a tuple (x, y, diagnostics), got a torch.float64 tensor of shape (4,) "
+            "on cpu",
+        ),
+    ],
+)
+def test_a_broken_contract_is_one_line_naming_the_plugin_and_the_hook(problem_fault, algorithm_fault, message):
+    with pytest.raises(PluginError) as caught:
+        simulate(faulty(problem_fault, algorithm_fault), SerialComm())
+    assert str(caught.value) == message
+
+
+def test_randomness_from_a_global_generator_is_refused():
+    with pytest.raises(PluginError) as caught:
+        simulate(faulty("random"), SerialComm())
+    text = str(caught.value)
+    assert text.startswith(f"{PROBLEM} hook grad_x_outer: expected the same values from the same call (clients, x, y")
+    assert text.endswith("draw randomness only from sample.key / rng.key (never torch's or numpy's global generators)")
+
+
+def test_the_probe_leaves_the_oracle_counts_alone():
+    h = simulate(faulty(), SerialComm()).history
+    plain = simulate(make_config(), SerialComm()).history
+    for name in ("oracle_grad_x_outer", "oracle_hvp_yy_inner", "x_error"):
+        assert h[name] == plain[name], name
+
+
+@pytest.mark.parametrize("fault, kind", [("system_exit", "SystemExit: 3"), ("keyboard_interrupt", "KeyboardInterrupt")])
+def test_a_base_exception_in_a_hook_fails_the_run_naming_the_hook(tmp_path, fault, kind):
+    cfg = faulty(fault, output=str(tmp_path / "o.h5"), checkpoint_dir=str(tmp_path / "ckpt"))
+    with pytest.raises(RunFailed) as caught:
+        Session(cfg, SerialComm()).run_to_file()
+    assert str(caught.value) == (
+        f"rank 0/1: run failed after iteration 0: {kind} (raised in {PROBLEM} hook grad_x_outer)"
+    )
+
+
+def test_a_missing_oracle_is_refused_when_the_config_is_read():
+    with pytest.raises(ConfigError) as caught:
+        config.from_dict({"problem": {"name": "tiny_plugins:NoOracle"}})
+    assert str(caught.value) == (
+        "problem.name: 'tiny_plugins:NoOracle': class NoOracle does not define grad_y_inner, hvp_yy_inner; define "
+        "them (docs/extending.md: the contract of a problem)"
+    )
+
+
+def test_public_and_underscored_oracle_names_give_the_same_run():
+    # FaultyQuadratic defines grad_x_outer under its public name; the built-in under _grad_x_outer
+    assert (
+        simulate(faulty(), SerialComm()).history["x_error"] == simulate(make_config(), SerialComm()).history["x_error"]
+    )
+
+
+def _mpiexec(cfg: Path, *args, ranks=2, timeout=120):
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "fednest_mpi", "run", str(cfg), *map(str, args)]
+    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return done, time.monotonic() - start
+
+
+CONFIG = """seed = 3
+[problem]
+name = "faulty_plugins:FaultyQuadratic"
+n_clients = 12
+dim_x = 4
+dim_y = 6
+fault_rank = 1
+[algorithm]
+outer_iterations = 5
+clients_per_round = 6
+"""
+
+
+@pytest.mark.parametrize(
+    "fault, code, line",
+    [
+        (
+            "system_exit",
+            1,
+            f"fednest-mpi: rank 1/2: run failed after iteration 0: SystemExit: 3 (raised in {PROBLEM} hook "
+            "grad_x_outer)",
+        ),
+        (
+            "keyboard_interrupt",
+            1,
+            f"fednest-mpi: rank 1/2: run failed after iteration 0: KeyboardInterrupt (raised in {PROBLEM} hook "
+            "grad_x_outer)",
+        ),
+        (
+            "shape_late",
+            2,
+            f"fednest-mpi: rank 1/2: {PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of shape (2, 4) on "
+            "cpu, got a torch.float64 tensor of shape (4,) on cpu",
+        ),
+        ("shape", 2, f"fednest-mpi: error: rank 1/2: {WRONG_SHAPE}torch.float64 tensor of shape (4,) on cpu"),
+    ],
+)
+def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook(tmp_path, fault, code, line):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", "--set", f"problem.fault={fault}", "-q")
+    assert done.returncode == code, done.stderr
+    assert done.stderr.splitlines()[0] == line, done.stderr
+    assert seconds < 60, seconds  # no hang: the job ended (start-up of two ranks included)
+
+
+def test_usage_error_is_the_base_of_plugin_error():
+    assert issubclass(PluginError, UsageError) and PluginError.agreed is False
+
+
+def _check(tmp_path, *args):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fednest_mpi", "check", str(cfg), "--iterations", "2", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_check_passes_a_sound_plugin_at_one_and_two_ranks_and_one_client_per_chunk(tmp_path):
+    done = _check(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "contract: ok (faulty_plugins:FaultyQuadratic with fednest: every oracle probed, 2 iterations)",
+        "chunks: ok (1 client per chunk: the same bits)",
+        "ranks: ok (1 and 2 ranks: the same bits)",
+    ]
+
+
+def test_check_names_the_first_difference_and_exits_3(tmp_path):
+    done = _check(tmp_path, "--set", 'problem.fault="block"', "--set", "problem.fault_rank=-1")
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("chunks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
+    assert lines[2].startswith("ranks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
+
+
+def test_check_says_not_run_apart_from_differs_and_exits_4(tmp_path):
+    done = _check(tmp_path, "--set", 'federation.reduction="sum"')
+    assert done.returncode == 4, done.stderr
+    why = 'federation.reduction = "sum" adds in the order of the ranks and chunks; use "exact" or "ordered"'
+    assert done.stdout.splitlines()[1:] == [f"chunks: not run: {why}", f"ranks: not run: {why}"]
+
+
+def test_check_of_a_contract_broken_on_rank_1_only_exits_2_naming_the_hook(tmp_path):
+    done = _check(tmp_path, "--set", 'problem.fault="random"')
+    assert done.returncode == 2, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith(
+        f"ranks: failed: the 2-rank run failed (exit 2): fednest-mpi: error: rank 1/2: {PROBLEM} hook grad_x_outer: "
+        "expected the same values from the same call"
+    )
+
+
+def test_check_of_a_contract_broken_everywhere_is_one_line_exit_2(tmp_path):
+    done = _check(tmp_path, "--set", 'problem.fault="float32"', "--set", "problem.fault_rank=-1")
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.splitlines() == [f"fednest-mpi: error: {WRONG_SHAPE}torch.float32 tensor of shape (2, 4) on cpu"]
+
+
+def test_a_random_draw_inside_a_loss_is_named_not_left_to_vmap():
+    cfg = make_config(problem={"name": "faulty_plugins:RandomLoss"})
+    with pytest.raises(PluginError) as caught:
+        simulate(cfg, SerialComm())
+    assert str(caught.value) == (
+        "problem 'faulty_plugins:RandomLoss' hook grad_x_outer: expected no random draws inside a loss (it is "
+        "vmapped over clients), got a call of torch's global generator; draw from the batch's keys (sample.key, "
+        "rng.key) instead"
+    )
