@@ -13,7 +13,6 @@ waiting in a collective. See docs/reliability.md.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -274,20 +273,20 @@ def _data(args) -> int:
 def _run(args) -> int:
     from fednest_mpi import config as configuration
     from fednest_mpi.comm import world  # starts MPI (after the thread-level setting)
-    from fednest_mpi.logs import setup_logging
     from fednest_mpi.errors import RunFailed
+    from fednest_mpi.logs import setup_logging
     from fednest_mpi.session import Session, report_failure, report_usage_error
 
     comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank, size, logging.WARNING if args.quiet else logging.INFO)
     try:  # deterministic on every rank, before any collective
-        overrides = list(args.overrides)
-        if args.output:
-            overrides.append(f"run.output={json.dumps(args.output)}")
+        values: dict[str, object] = {}  # as given, never through TOML: a path is a path, whatever its bytes
+        if args.output is not None:
+            values["run.output"] = args.output
         if args.overwrite:
-            overrides.append("run.overwrite=true")
-        cfg = configuration.load(args.config, overrides)
+            values["run.overwrite"] = True
+        cfg = configuration.load(args.config, args.overrides, values)
     except UsageError as exc:
         return report_usage_error(comm, exc)
     try:
@@ -404,6 +403,9 @@ def _jobs(args) -> int:
 
 def main(argv=None) -> int:
     program_run = argv is None and sys.argv[1:2] == ["run"]  # the program itself, not a test calling main()
+    for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes are printed back as those bytes
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
     if program_run:  # as early as can be
         from fednest_mpi import stop
 

@@ -86,7 +86,7 @@ class Session:
         """Validation, locks, then :meth:`_simulate`."""
         from fednest_mpi import checkpoint, failure, lock
         from fednest_mpi import config as configuration
-        from fednest_mpi.io.h5 import check_directory, check_output_path, check_resumable_output
+        from fednest_mpi.io.h5 import check_directory, check_names, check_output_path, check_resumable_output
         from fednest_mpi.runner import broadcast_usage_error
 
         cfg, comm = self.cfg, self.comm
@@ -95,6 +95,7 @@ class Session:
         resume = None
         try:
             configuration.validate_world(cfg, size)
+            check_names(cfg.run.output, cfg.run.checkpoint_dir)  # every name the run makes, also for --resume
             folder = checkpoint.folder_of(cfg)
             if self.resume:
                 resume = checkpoint.load(folder)

@@ -124,13 +124,65 @@ def _pseudo_file_system(folder: Path) -> str:
     return kind if kind in _PSEUDO else ""
 
 
+def derived_paths(output: str | Path, checkpoint_dir: str | Path | None = None) -> dict[str, Path]:
+    """Every path a run writing ``output`` makes from it (what each is -> the path; a temporary name
+    stands for all of its kind), ``checkpoint_dir`` defaulting to the output with ``.ckpt`` appended."""
+    from fednest_mpi.io.schema import client_dir
+
+    folder = Path(checkpoint_dir) if checkpoint_dir else Path(str(output) + ".ckpt")
+    return {
+        "the output": Path(output),
+        "its lock file": lock.lock_path(output),
+        "its temporary file": atomic.temp_name(output),
+        "its failure folder": failure.folder_of(output),
+        "its client-file folder": client_dir(output),
+        "its checkpoint folder": folder,
+        "the checkpoint folder's lock file": lock.lock_path(folder),
+    }
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_names(output: str | Path, checkpoint_dir: str | Path | None = None) -> None:
+    """Refuse an output path whose bytes or derived names (:func:`derived_paths`) the file system cannot
+    take -- a NUL byte, a character with no bytes (a lone surrogate), a name over NAME_MAX bytes -- so
+    that a run never fails on them after it started. No I/O beyond stat."""
+    over = []  # (bytes over the limit, field, what, path, its name's bytes, the limit)
+    for what, p in derived_paths(output, checkpoint_dir).items():
+        field = "run.checkpoint_dir" if "checkpoint" in what and checkpoint_dir else "run.output"
+        if "\0" in str(p):
+            raise UsageError(f"{field}: {str(p)!r} holds a NUL byte; give a path without it")
+        try:
+            name = os.fsencode(p.name)
+        except UnicodeEncodeError as exc:
+            raise UsageError(
+                f"{field}: {str(p)!r} holds {exc.object[exc.start:exc.end]!r}, a character no file name can hold "
+                "(a lone surrogate, e.g. from a JSON escape); give the path as it is on disk"
+            ) from None
+        limit = _name_max(p.parent)
+        if len(name) > limit:
+            over.append((len(name) - limit, field, what, p, len(name), limit))
+    if over:  # the worst one: shortening by its excess fits every name
+        excess, field, what, p, size, limit = max(over, key=lambda item: item[0])
+        raise UsageError(
+            f"{field}: {what} would be named {p.name[:40]!r}... ({size} bytes), over the {limit} bytes a file "
+            f"name may have here; shorten the last name of {field} by at least {excess} bytes"
+        )
+
+
 def check_output_path(path: str | Path, overwrite: bool) -> None:
-    """Refuse an existing output unless ``overwrite``; refuse an unwritable or full directory. No I/O beyond stat."""
+    """Refuse a path whose derived names cannot exist (:func:`check_names`), an existing output unless
+    ``overwrite``, an unwritable or full directory. No I/O beyond stat."""
     p = Path(path)
-    if len(p.name.encode()) > 255:
-        raise UsageError(f"run.output: the file name {p.name[:40]!r}... is over 255 bytes; choose a shorter name")
-    if "\0" in str(path):
-        raise UsageError(f"run.output: {str(path)!r} holds a NUL byte; give a path without it")
+    check_names(path)
     if str(path).endswith("/") or p.is_dir():
         raise UsageError(
             f"run.output: {str(path)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}"
