@@ -403,7 +403,7 @@ def _jobs(args) -> int:
 
 def main(argv=None) -> int:
     program_run = argv is None and sys.argv[1:2] == ["run"]  # the program itself, not a test calling main()
-    for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes are printed back as those bytes
+    for stream in (sys.stdout, sys.stderr) if argv is None else ():  # a path's undecodable bytes printed as such
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="surrogateescape")
     if program_run:  # as early as can be
