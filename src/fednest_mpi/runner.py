@@ -446,6 +446,8 @@ class Simulation:
                 mpi_size=fed.size,
                 algorithm_state=self.algorithm.checkpoint_state(),
             )
+            if writer is not None:  # rank 0: what a resume checks the output's rows against
+                saved.row_digests = torch.tensor(writer.row_digests(k + 1), dtype=torch.int64)
             ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
 
         K, every = cfg.algorithm.outer_iterations, cfg.run.checkpoint_every

@@ -118,7 +118,7 @@ class Session:
                 locks = lock.acquire_all(targets, take_stale=self.resume or cfg.run.overwrite)
                 if resume is not None:
                     checkpoint.check_client_files(folder, resume)
-                    check_resumable_output(cfg.run.output, resume.output_rows)
+                    check_resumable_output(cfg.run.output, resume.output_rows, resume.row_digests)
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
             except UsageError as exc:
                 found = exc
@@ -141,6 +141,7 @@ class Session:
         aborts the job."""
         from fednest_mpi import failure
         from fednest_mpi.io.h5 import RunWriter
+        from fednest_mpi.logs import log_failure
         from fednest_mpi.runner import Progress, Simulation
         from fednest_mpi.series import RunSeries, series_layout
 
@@ -243,10 +244,9 @@ class Session:
             if size == 1:  # the caller learns it as an exception
                 close_files()
                 raise RunFailed(message) from exc
-            print("fednest-mpi: " + message, file=sys.stderr)
-            traceback.print_exc(file=sys.stderr)
+            line = log_failure(exc, "fednest-mpi: " + message, failure.folder_of(cfg.run.output), rank)
             if watch is not None:
-                watch.fail("fednest-mpi: " + message)  # every rank closes its files, then the job is aborted
+                watch.fail(line)  # every rank closes its files, then the job is aborted
             else:
                 close_files()
             comm.Abort(1)

@@ -131,7 +131,13 @@ def test_exception_on_one_rank_ends_the_whole_job_quickly(tmp_path):
     ended = time.monotonic() - fault_seen
     assert ended < 10, f"the job ended {ended:.1f} s after the fault"
     assert proc.returncode != 0
-    assert "rank 2/4: run failed after iteration 2: RuntimeError: fault injected" in "".join(lines)
+    text = "".join(lines)
+    assert "rank 2/4: run failed after iteration 2: RuntimeError: fault injected" in text
+    # one line from the failing rank, naming the log file that holds its traceback; no traceback on stderr
+    ours = [line for line in lines if line.startswith("fednest-mpi:")]
+    log = tmp_path / "x.h5.failed" / "traceback-rank00002.log"
+    assert len(ours) == 1 and f"(traceback: {log})" in ours[0] and "Traceback" not in text, text
+    assert "Traceback (most recent call last)" in log.read_text() and "fault injected" in log.read_text()
 
 
 def test_divergence_stops_with_the_iteration(tmp_path):

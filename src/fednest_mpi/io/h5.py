@@ -17,6 +17,7 @@ goes on.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import shlex
@@ -200,9 +201,24 @@ def check_output_path(path: str | Path, overwrite: bool) -> None:
     check_directory(p.parent, "run.output")
 
 
-def check_resumable_output(path: str | Path, rows: int) -> None:
+def row_digests(columns, rows: range) -> list[int]:
+    """A 64-bit BLAKE2b digest of each row ``rows`` of /iterations, over every column (by name) as
+    stored (int64 or float64 bytes): what a checkpoint records of the rows it covers, so that a row
+    changed since is found at ``--resume`` (:func:`check_resumable_output`)."""
+    names = sorted(columns)
+    out = []
+    for i in rows:
+        h = hashlib.blake2b(digest_size=8)
+        for name in names:
+            h.update(name.encode() + b"\0" + np.ascontiguousarray(columns[name][i : i + 1]).tobytes())
+        out.append(int.from_bytes(h.digest(), "little", signed=True))
+    return out
+
+
+def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
     """Refuse to resume into ``path`` unless it is a readable run file holding at least ``rows``
-    iterations, with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`)."""
+    iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`),
+    with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`)."""
     from fednest_mpi.io.clients import check_client_files  # clients imports this module
 
     p = Path(path)
@@ -221,6 +237,15 @@ def check_resumable_output(path: str | Path, rows: int) -> None:
         raise UsageError(
             f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
             "checkpoint: it is not this checkpoint's output; run without --resume to start again"
+        )
+    recorded = [int(d) for d in digests]
+    found = row_digests(data, range(min(len(recorded), rows)))
+    changed = [i for i, (a, b) in enumerate(zip(found, recorded)) if a != b]
+    if changed:
+        more = f" (and {len(changed) - 1} more row(s))" if len(changed) > 1 else ""
+        raise UsageError(
+            f"--resume: row {changed[0]} of /{GROUP} in {str(p)!r} (iteration {int(data[SCALE][changed[0]])}){more} "
+            "was changed since the checkpoint recorded it; restore the file, or run without --resume to start again"
         )
     check_client_files(p, rows, unclosed="read", what="--resume: ")
     check_directory(p.parent, "run.output")
@@ -303,6 +328,7 @@ class RunWriter:
             if name in kept:
                 d.resize((keep_rows,))
                 d[:] = kept[name]
+        self._digests = row_digests({name: group[name][:] for name in self.columns}, range(keep_rows or 0))
         group[SCALE].make_scale(SCALE)
         for name in self.columns:
             if name != SCALE:
@@ -323,14 +349,20 @@ class RunWriter:
         with failure.guard():
             self._append(row)
 
+    def row_digests(self, rows: int) -> list[int]:
+        """The :func:`row_digests` of the first ``rows`` rows written (a checkpoint's record of them)."""
+        return self._digests[:rows]
+
     def _append(self, row: dict[str, float]) -> None:
         group = self.file[GROUP]
+        stored = {name: np.asarray([row.get(name, np.nan)], dtype=group[name].dtype) for name in self.columns}
         # the scale is extended last, so a concurrent reader never sees an iteration without its values
         for name in [c for c in self.columns if c != SCALE] + [SCALE]:
             d = group[name]
             n = d.shape[0]
             d.resize((n + 1,))
-            d[n] = row.get(name, np.nan)
+            d[n] = stored[name][0]
+        self._digests += row_digests(stored, range(1))
         for name in self.columns:
             group[name].flush()
         self.file.flush()
