@@ -12,9 +12,13 @@ export OMP_NUM_THREADS ?= 1
 .PHONY: install test lint test-serial test-mpi test-examples docs bench invariance clean install-openmpi test-openmpi test-cluster
 
 install:
+	@echo "== make install: a virtual environment in $(VENV) ($(PYTHON) -m venv)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -r requirements.txt
+	@echo "== the pinned packages of requirements.txt (torch, mpi4py + MPICH, h5py, ...: about 1-2 min, 1 GB)"
+	$(BIN)/pip install --progress-bar off --disable-pip-version-check -r requirements.txt
+	@echo "== fednest-mpi itself, editable (pip install -e .)"
 	$(BIN)/pip install -q --no-deps -e .
+	@echo "== done: $(BIN)/fednest-mpi --version: $$($(BIN)/fednest-mpi --version); next: make test"
 
 test: lint test-serial test-mpi
 

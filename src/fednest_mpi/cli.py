@@ -22,10 +22,10 @@ from fednest_mpi.errors import UsageError
 
 EPILOG_RUN = """\
 example:
-  mpiexec -n 4 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
+  mpiexec -n 2 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
       --output runs/quadratic.h5 --overwrite
   # after a preemption or SIGTERM (on any number of ranks):
-  mpiexec -n 2 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
+  mpiexec -n 1 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
       --output runs/quadratic.h5 --resume
 """
 

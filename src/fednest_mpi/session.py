@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fednest_mpi import __version__
 from fednest_mpi.errors import OutputLost, RunFailed, UsageError
-from fednest_mpi.io.schema import PRIMARY_METRIC
+from fednest_mpi.io.schema import METRICS, PRIMARY_METRIC
 
 LOST_HINT = "its results are gone with it; start the run again (keep the output's folder in place while it runs)"
 
@@ -142,7 +142,7 @@ class Session:
         from fednest_mpi import failure
         from fednest_mpi.io.h5 import RunWriter
         from fednest_mpi.logs import log_failure
-        from fednest_mpi.runner import Progress, Simulation
+        from fednest_mpi.runner import Progress, Simulation, headline_metrics
         from fednest_mpi.series import RunSeries, series_layout
 
         cfg, comm, log = self.cfg, self.comm, self.log
@@ -195,6 +195,7 @@ class Session:
                     "config_json": cfg.to_json(),
                     "numerics": json.dumps(sim.numerics),
                     PRIMARY_METRIC: sim.primary_metric,
+                    METRICS: json.dumps(list(sim.problem.metric_info())),
                 }
                 keep = resume.output_rows if resume else None
                 writer = RunWriter(
@@ -204,7 +205,7 @@ class Session:
                     cfg.algorithm.outer_iterations,
                     cfg.run.progress,
                     cfg.run.log_every,
-                    keys=(sim.primary_metric, "outer_objective", "comm_rounds"),
+                    keys=(*headline_metrics(sim.problem), "comm_rounds"),
                     start=resume.iteration if resume else 0,
                 )
             series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)

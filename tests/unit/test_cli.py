@@ -26,7 +26,7 @@ def run_cli(*args, ranks=1, timeout=120, env=None):
 
 def test_help_has_a_runnable_example():
     out = run_cli("run", "--help")
-    assert out.returncode == 0 and "example:" in out.stdout and "mpiexec -n 4 fednest-mpi run" in out.stdout
+    assert out.returncode == 0 and "example:" in out.stdout and "mpiexec -n 2 fednest-mpi run" in out.stdout
 
 
 def test_usage_error_of_argparse_exits_2():
