@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 1
 install:
 	@echo "== make install: a virtual environment in $(VENV) ($(PYTHON) -m venv)"
 	$(PYTHON) -m venv $(VENV)
-	@echo "== the pinned packages of requirements.txt (torch, mpi4py + MPICH, h5py, ...: about 1-2 min, 1 GB)"
+	@echo "== the pinned packages of requirements.txt (torch, mpi4py + MPICH, h5py, ...: the longest step)"
 	$(BIN)/pip install --progress-bar off --disable-pip-version-check -r requirements.txt
 	@echo "== fednest-mpi itself, editable (pip install -e .)"
 	$(BIN)/pip install -q --no-deps -e .
