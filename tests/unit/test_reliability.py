@@ -204,6 +204,73 @@ def bad_input(*args, ranks=1, text=None, name="bad.toml"):
     return case
 
 
+def output_named(name: bytes, *how: str):
+    """`run` with the output named ``name`` (bytes, as a shell passes them), by --output or, with ``how``,
+    --set ("open quote": after a quote that opens a TOML string and never closes it)."""
+
+    def case(tmp):
+        cfg = _cli_config(tmp, iterations=2)
+        out = os.fsencode(tmp) + b"/" + name
+        quote = b'"' if how == ("open quote",) else b""
+        arg = ["--output", out] if not how else ["--set", b"run.output=" + quote + out]
+        res = run_cli_bytes("run", cfg, "-q", *arg)
+        if res.returncode != 0:
+            lines = [line for line in res.stderr.splitlines() if line.strip()]
+            written = sorted(p.name for p in tmp.iterdir() if p.name != cfg.name)
+            head = b"fednest-mpi: error:"
+            one = res.returncode == 2 and len(lines) == 1 and lines[0].startswith(head)
+            return (ONE_LINE if one else f"exit {res.returncode}: {res.stderr[-300:]!r}") + f", written: {written}"
+        there = os.path.isfile(out) and res.stdout == b"output: " + out + b"\n"
+        return f"exit 0, the run file at exactly that path: {there}"
+
+    return case
+
+
+def run_cli_bytes(*args):
+    """:func:`run_cli` with argv and output as bytes."""
+    cmd = [
+        os.fsencode(sys.executable),
+        b"-m",
+        b"fednest_mpi",
+        *(a if isinstance(a, bytes) else os.fsencode(a) for a in args),
+    ]
+    env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, timeout=LIMIT, env=env)
+
+
+def edited_row(out):
+    with h5py.File(out, "r+") as f:
+        f["iterations/outer_objective"][3] += 1e-9
+
+
+def resume_after_edit(tmp):
+    cfg, out = _finished_run(tmp)
+    edited_row(out)
+    res = run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT)
+    return _one_line_error(res) + (", names row 3" if "row 3 of /iterations" in res.stderr else "")
+
+
+def config_is(make):
+    def case(tmp):
+        path = tmp / "c.toml"
+        make(path)
+        res = run_cli("run", path, "-q", timeout=LIMIT)
+        what = res.stderr.split("' ")[-1].split(";")[0] if res.returncode == 2 else ""
+        return _one_line_error(res) + (f", says it {what}" if what else "")
+
+    return case
+
+
+def rank_failure_log(tmp):
+    cfg = _cli_config(tmp, iterations=10, every=3)
+    res = run_cli("run", cfg, "-q", ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:5:raise"}, timeout=LIMIT)
+    ours = [line for line in res.stderr.splitlines() if line.startswith("fednest-mpi:")]
+    log = tmp / "out.h5.failed" / "traceback-rank00001.log"
+    named = len(ours) == 1 and f"(traceback: {log})" in ours[0] and "Traceback" not in res.stderr
+    logged = log.is_file() and "Traceback (most recent call last)" in log.read_text()
+    return f"exit {res.returncode}, {len(ours)} line(s) naming the log: {named}, traceback in the log: {logged}"
+
+
 def resume_without_clients(tmp):
     cfg, out = _finished_run(tmp)
     shutil.rmtree(S.client_dir(out))
@@ -677,6 +744,46 @@ CASES = [
         ONE_LINE,
     ),
     ("a config with only `[problem]`", bad_input(text=b'[problem]\nname = "quadratic"\n'), ONE_LINE),
+    (
+        '`--output` named with a non-BMP character, quotes and spaces (`🚀 it\'s "a".h5`)',
+        output_named('🚀 it\'s "a".h5'.encode()),
+        "exit 0, the run file at exactly that path: True",
+    ),
+    (
+        "`--set run.output=` a name with bytes that are no UTF-8 (`a\\xff\\xfe.h5`)",
+        output_named(b"a\xff\xfe.h5", "--set"),
+        "exit 0, the run file at exactly that path: True",
+    ),
+    (
+        "`--output` a name of 255 bytes (its `.lock`, `.ckpt` and temporary names are longer)",
+        output_named(b"n" * 255),
+        "exit 2, one line, written: []",
+    ),
+    (
+        "`--set run.output='\"...'` (a quote that opens no TOML string)",
+        output_named(b"unterminated.h5", "open quote"),
+        "exit 2, one line, written: []",
+    ),
+    (
+        "a symbolic link loop as the config file",
+        config_is(lambda p: os.symlink(p.name, p)),
+        ONE_LINE + ", says it is a symbolic link loop (following its links leads back to one of them)",
+    ),
+    (
+        "a FIFO as the config file",
+        config_is(os.mkfifo),
+        ONE_LINE + ", says it is a FIFO (named pipe), which would block the read for ever",
+    ),
+    (
+        "a row of `/iterations` edited (h5py) before the last checkpoint, then `run --resume`",
+        resume_after_edit,
+        ONE_LINE + ", names row 3",
+    ),
+    (
+        "an exception on rank 1 of 2",
+        rank_failure_log,
+        "exit 1, 1 line(s) naming the log: True, traceback in the log: True",
+    ),
 ]
 
 

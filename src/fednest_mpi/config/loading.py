@@ -18,6 +18,7 @@ from fednest_mpi.config.registries import NAMED_SECTIONS, section_fields
 from fednest_mpi.config.run_params import SECTIONS, RunConfig
 from fednest_mpi.config.validation import validate_relations
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.pathkind import not_a_file
 from fednest_mpi.text import did_you_mean
 
 
@@ -186,13 +187,10 @@ def _check_values(p: Path, data: dict) -> None:
 
 def _read_one(p: Path) -> dict:
     """The plain data of one config file (its ``base`` not followed)."""
-    if p.is_dir():
+    instead = not_a_file(p)  # a folder, a FIFO (which would block the read), a device, a link loop, nothing
+    if instead is not None:
         raise ConfigError(
-            f"config file {str(p)!r} is a folder; pass the path of a TOML file, such as configs/quadratic.toml"
-        )
-    if not p.is_file():
-        raise ConfigError(
-            f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml"
+            f"config file {str(p)!r} {instead}; pass the path of a TOML file, such as configs/quadratic.toml"
         )
     try:
         text = p.read_text(encoding="utf-8")
