@@ -10,6 +10,7 @@ file and a client file truncated, zeroed, overwritten with random bytes or bit-f
 offsets must either read exactly like the undamaged file or give one usage error, each in seconds.
 """
 
+import atexit
 import inspect
 import io
 import json
@@ -20,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,11 +48,37 @@ def _one_line_error(res) -> str:
     return f"exit {res.returncode}, {len(lines)} lines: {res.stderr[-300:]!r}"
 
 
+_TEMPLATES: dict = {}  # key -> (folder, what make returned): runs made once per session
+
+
+def _staged(key, make):
+    """What ``make(folder)`` returns for a run it makes in ``folder``: made once per key, then copied
+    afresh into that same folder for every case that asks (a case damages its copy). The copy keeps
+    the absolute paths that the run's config and checkpoint name, so it resumes like the original;
+    the cases run one after another."""
+    if key not in _TEMPLATES:
+        base = Path(tempfile.mkdtemp(prefix="fednest-reliability-"))
+        atexit.register(shutil.rmtree, base, True)
+        (base / "run").mkdir()
+        _TEMPLATES[key] = (base, make(base / "run"))
+        shutil.copytree(base / "run", base / "template", symlinks=True)
+    base, result = _TEMPLATES[key]
+    shutil.rmtree(base / "run")
+    shutil.copytree(base / "template", base / "run", symlinks=True)
+    return result
+
+
 def _finished_run(tmp, iterations=6, **kw):
-    cfg = _cli_config(tmp, iterations=iterations, every=2)
-    res = run_cli("run", cfg, "-q", **kw)
-    assert res.returncode == 0, res.stderr
-    return cfg, tmp / "out.h5"
+    """(config, output) of a finished 1-rank run of 6 iterations, checkpoints every 2 (a fresh copy;
+    ``tmp`` is not used: the copy lives in a folder of its own, :func:`_staged`)."""
+
+    def make(folder):
+        cfg = _cli_config(folder, iterations=iterations, every=2)
+        res = run_cli("run", cfg, "-q", **kw)
+        assert res.returncode == 0, res.stderr
+        return cfg, folder / "out.h5"
+
+    return _staged(("finished", iterations, tuple(sorted(kw.items()))), make)
 
 
 def _damage(path: Path, kind: str, offset: int, rnd=None) -> None:
@@ -466,12 +494,17 @@ def deleted_mid_run(what):
 
 
 def _fedbioacc_run(tmp, ranks=2, seed=None):
-    """A finished 2-rank FedBiOAcc run (per-client state: client checkpoint files r0 and r1)."""
-    cfg = _cli_config(tmp, iterations=6, every=2)
-    sets = ["--set", "algorithm.name=fedbioacc"] + (["--set", f"seed={seed}"] if seed is not None else [])
-    res = run_cli("run", cfg, "-q", *sets, ranks=ranks)
-    assert res.returncode == 0, res.stderr
-    return cfg, tmp / "out.h5.ckpt"
+    """A finished 2-rank FedBiOAcc run (per-client state: client checkpoint files r0 and r1): its
+    config and checkpoint folder (a fresh copy, :func:`_staged`; ``tmp`` is not used)."""
+
+    def make(folder):
+        cfg = _cli_config(folder, iterations=6, every=2)
+        sets = ["--set", "algorithm.name=fedbioacc"] + (["--set", f"seed={seed}"] if seed is not None else [])
+        res = run_cli("run", cfg, "-q", *sets, ranks=ranks)
+        assert res.returncode == 0, res.stderr
+        return cfg, folder / "out.h5.ckpt"
+
+    return _staged(("fedbioacc", ranks, seed), make)
 
 
 def damaged_checkpoint(damage):
@@ -503,9 +536,7 @@ def _swap(folder, tmp):
 
 
 def _foreign(folder, tmp):
-    other = tmp / "other"
-    other.mkdir()
-    _, theirs = _fedbioacc_run(other, seed=6)
+    _, theirs = _fedbioacc_run(tmp, seed=6)
     shutil.copy(_client(theirs, 0), _client(folder, 0))
 
 
