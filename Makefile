@@ -27,12 +27,17 @@ lint:
 	$(BIN)/ruff check src tests bench jobs
 	$(BIN)/mypy
 
+# every test but the MPI-marked ones (skipped without mpiexec) and the wheel builds (test-examples runs those)
 test-serial:
-	$(TIMEOUT) $(BIN)/python -m pytest -q tests
+	$(TIMEOUT) $(BIN)/python -m pytest -q -m "not packaging" tests
 
-# the MPI tests, on 1, 2 and 4 ranks; each rank runs only @pytest.mark.mpi tests
+# the MPI tests on 2 and 4 ranks; each rank runs only @pytest.mark.mpi tests. Not on 1 rank by default: the
+# tests compare COMM_WORLD with runs on COMM_SELF (1 rank) inside the same job, or check what only several
+# ranks have, and test-serial runs the command line without mpiexec (a 1-rank COMM_WORLD); MPI_RANKS="1 2 4"
+# adds the 1-rank pass.
+MPI_RANKS ?= 2 4
 test-mpi:
-	@for n in 1 2 4; do \
+	@for n in $(MPI_RANKS); do \
 	  echo "== MPI tests on $$n ranks"; \
 	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \
 	done
@@ -41,9 +46,11 @@ test-mpi:
 	@echo "== every oracle row the same bits in every block, with MKL's AUTO branch"
 	FEDNEST_MKL_BRANCH=AUTO $(MPI_TIMEOUT) $(BIN)/python -m pytest -q tests/unit/test_problem_contract.py -k same_bits
 
-# the examples as a user runs them: wheel + example packages in a fresh venv, run outside the tree
-# under mpiexec -n 2, and a rendered sweep over a plugin (about 2 min)
+# the packaging tests (a wheel built offline and installed outside the tree), then the examples as a user
+# runs them: wheel + example packages in a fresh venv, run outside the tree under mpiexec -n 2, and a
+# rendered sweep over a plugin
 test-examples:
+	$(TIMEOUT) $(BIN)/python -m pytest -q -m packaging tests/unit
 	$(TIMEOUT) bash jobs/ci/examples.sh
 
 # ---- a second MPI: mpi4py built from source against Debian's Open MPI, in its own venv, as
