@@ -140,7 +140,8 @@ def _output_with_a_trailing_slash(tmp):
 
 
 def _output_name_too_long(tmp):
-    return ["--output", str(tmp / ("x" * 300 + ".h5"))], "(325 bytes), over the 255 bytes a file name may have here; shorten"
+    message = "(325 bytes), over the 255 bytes a file name may have here; shorten"  # the longest derived name
+    return ["--output", str(tmp / ("x" * 300 + ".h5"))], message
 
 
 def _checkpoint_under_a_file(tmp):
