@@ -81,9 +81,9 @@ install-openmpi:
 	$(OMPI_BIN)/pip install -q --no-deps -e .
 	$(OMPI_BIN)/python -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
 
-# the MPI tests on 1, 2 and 4 ranks under Open MPI
+# the MPI tests under Open MPI, on the ranks of MPI_RANKS (as test-mpi)
 test-openmpi:
-	@for n in 1 2 4; do \
+	@for n in $(MPI_RANKS); do \
 	  echo "== MPI tests on $$n ranks (Open MPI)"; \
 	  $(OMPI_ENV) $(MPI_TIMEOUT) $(OMPI_MPIRUN) --oversubscribe -n $$n \
 	    $(OMPI_BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \
