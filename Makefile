@@ -12,9 +12,13 @@ export OMP_NUM_THREADS ?= 1
 .PHONY: install test lint test-serial test-mpi test-examples docs bench invariance clean install-openmpi test-openmpi test-cluster
 
 install:
+	@echo "== make install: a virtual environment in $(VENV) ($(PYTHON) -m venv)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -r requirements.txt
+	@echo "== the pinned packages of requirements.txt (torch, mpi4py + MPICH, h5py, ...: the longest step)"
+	$(BIN)/pip install --progress-bar off --disable-pip-version-check -r requirements.txt
+	@echo "== fednest-mpi itself, editable (pip install -e .)"
 	$(BIN)/pip install -q --no-deps -e .
+	@echo "== done: $(BIN)/fednest-mpi --version: $$($(BIN)/fednest-mpi --version); next: make test"
 
 test: lint test-serial test-mpi
 
@@ -23,19 +27,26 @@ lint:
 	$(BIN)/ruff check src tests bench jobs
 	$(BIN)/mypy
 
+# every test but the MPI-marked ones (skipped without mpiexec) and the wheel builds (test-examples runs those)
 test-serial:
-	$(TIMEOUT) $(BIN)/python -m pytest -q tests
+	$(TIMEOUT) $(BIN)/python -m pytest -q -m "not packaging" tests
 
-# the MPI tests, on 1, 2 and 4 ranks; each rank runs only @pytest.mark.mpi tests
+# the MPI tests on 2 and 4 ranks; each rank runs only @pytest.mark.mpi tests. Not on 1 rank by default: the
+# tests compare COMM_WORLD with runs on COMM_SELF (1 rank) inside the same job, or check what only several
+# ranks have, and test-serial runs the command line without mpiexec (a 1-rank COMM_WORLD); MPI_RANKS="1 2 4"
+# adds the 1-rank pass.
+MPI_RANKS ?= 2 4
 test-mpi:
-	@for n in 1 2 4; do \
+	@for n in $(MPI_RANKS); do \
 	  echo "== MPI tests on $$n ranks"; \
 	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \
 	done
 
-# the examples as a user runs them: wheel + example packages in a fresh venv, run outside the tree
-# under mpiexec -n 2, and a rendered sweep over a plugin (about 2 min)
+# the packaging tests (a wheel built offline and installed outside the tree), then the examples as a user
+# runs them: wheel + example packages in a fresh venv, run outside the tree under mpiexec -n 2, and a
+# rendered sweep over a plugin
 test-examples:
+	$(TIMEOUT) $(BIN)/python -m pytest -q -m packaging tests/unit
 	$(TIMEOUT) bash jobs/ci/examples.sh
 
 # ---- a second MPI: mpi4py built from source against Debian's Open MPI, in its own venv, as
@@ -66,9 +77,9 @@ install-openmpi:
 	$(OMPI_BIN)/pip install -q --no-deps -e .
 	$(OMPI_BIN)/python -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
 
-# the MPI tests on 1, 2 and 4 ranks under Open MPI
+# the MPI tests under Open MPI, on the ranks of MPI_RANKS (as test-mpi)
 test-openmpi:
-	@for n in 1 2 4; do \
+	@for n in $(MPI_RANKS); do \
 	  echo "== MPI tests on $$n ranks (Open MPI)"; \
 	  $(OMPI_ENV) $(MPI_TIMEOUT) $(OMPI_MPIRUN) --oversubscribe -n $$n \
 	    $(OMPI_BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \

@@ -48,6 +48,10 @@ class Recorder(Callback):
     def on_iteration(self, k: int, row: dict[str, float]) -> None:
         self.writer.append(row)
 
+    def row_digests(self, rows: int):
+        """Digests of the first ``rows`` rows written (what a checkpoint records for ``--resume`` to check)."""
+        return self.writer.row_digests(rows)
+
 
 class Callbacks:
     """Several callbacks called as one, in order; methods a callback lacks are skipped."""
@@ -60,3 +64,11 @@ class Callbacks:
             method = getattr(callback, point, None)
             if method is not None:
                 method(*args)
+
+    def first(self, query: str, *args):
+        """The answer of the first callback that has method ``query``, or None."""
+        for callback in self.callbacks:
+            method = getattr(callback, query, None)
+            if method is not None:
+                return method(*args)
+        return None

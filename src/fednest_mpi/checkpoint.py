@@ -4,7 +4,7 @@ A checkpoint lives in one folder shared by all ranks (``run.checkpoint_dir``; by
 output path with ``.ckpt`` appended)::
 
     state.pt                        the manifest: iteration k, x, y, communication counters, oracle
-                                    totals, wall time, output rows, config, the algorithm's
+                                    totals, wall time, output rows and a digest of each, config, the algorithm's
                                     replicated state and which client files hold which client ids
                                     (written by rank 0)
     clients-k<k>-r<rank>.pt         per-client state of the clients a rank hosted at iteration k
@@ -17,7 +17,9 @@ Every file starts with a line ``fednest-mpi/checkpoint VERSION SHA256`` (the dig
 and the manifest records the SHA-256 of every client file and the identity of the run (the
 config's digest, the iteration, the rank count; each client file repeats them with its rank), so
 a resume refuses a damaged file, a file of another run, iteration or rank, and a missing one,
-naming it (:func:`load`, :func:`check_client_files`), before any collective.
+naming it (:func:`load`, :func:`check_client_files`), before any collective; and a row of the
+output's /iterations changed since the checkpoint, naming the row
+(:func:`fednest_mpi.io.h5.check_resumable_output`).
 
 Every file is written atomically (a unique temporary name in the same folder, created
 exclusively, fsync, ``os.replace``: :mod:`fednest_mpi.atomic`).
@@ -47,7 +49,9 @@ from fednest_mpi import atomic, config
 from fednest_mpi.errors import UsageError
 
 FORMAT = "fednest-mpi/checkpoint"
-VERSION = 2  # 2: a header line with the payload's SHA-256; the manifest records every client file's SHA-256
+# 2: a header line with the payload's SHA-256; the manifest records every client file's SHA-256;
+# 3: the manifest records a digest of every row of /iterations it covers
+VERSION = 3
 MANIFEST = "state.pt"
 # config fields a resumed run may change: they do not enter the iterates or the recorded values
 RESUMABLE_CHANGES = frozenset(
@@ -84,6 +88,9 @@ class Checkpoint:
     algorithm_state: dict[str, torch.Tensor] = field(default_factory=dict)
     client_files: dict[str, torch.Tensor] = field(default_factory=dict)  # file name -> the client ids it holds
     client_digests: dict[str, str] = field(default_factory=dict)  # file name -> SHA-256 of the whole file
+    # a 64-bit digest of each of the output's first output_rows rows of /iterations (io.h5.row_digests);
+    # empty for a run without an output file
+    row_digests: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
 
 def folder_of(cfg) -> Path:

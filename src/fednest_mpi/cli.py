@@ -13,7 +13,6 @@ waiting in a collective. See docs/reliability.md.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -23,10 +22,10 @@ from fednest_mpi.errors import UsageError
 
 EPILOG_RUN = """\
 example:
-  mpiexec -n 4 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
+  mpiexec -n 2 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
       --output runs/quadratic.h5 --overwrite
   # after a preemption or SIGTERM (on any number of ranks):
-  mpiexec -n 2 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
+  mpiexec -n 1 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
       --output runs/quadratic.h5 --resume
 """
 
@@ -319,12 +318,12 @@ def _run(args) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank, size, logging.WARNING if args.quiet else logging.INFO)
     try:  # deterministic on every rank, before any collective
-        overrides = list(args.overrides)
-        if args.output:
-            overrides.append(f"run.output={json.dumps(args.output)}")
+        values: dict[str, object] = {}  # as given, never through TOML: a path is a path, whatever its bytes
+        if args.output is not None:
+            values["run.output"] = args.output
         if args.overwrite:
-            overrides.append("run.overwrite=true")
-        cfg = configuration.load(args.config, overrides)
+            values["run.overwrite"] = True
+        cfg = configuration.load(args.config, args.overrides, values)
     except UsageError as exc:
         return report_usage_error(comm, exc)
     try:
@@ -441,6 +440,9 @@ def _jobs(args) -> int:
 
 def main(argv=None) -> int:
     program_run = argv is None and sys.argv[1:2] == ["run"]  # the program itself, not a test calling main()
+    for stream in (sys.stdout, sys.stderr) if argv is None else ():  # a path's undecodable bytes printed as such
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
     if program_run:  # as early as can be
         from fednest_mpi import stop
 

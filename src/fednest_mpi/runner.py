@@ -29,6 +29,7 @@ from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
 from fednest_mpi.heterogeneity import SystemModel
+from fednest_mpi.io.schema import DEFAULT_METRICS
 from fednest_mpi.memory import check_memory
 from fednest_mpi.problems import ORACLES, BilevelProblem, build_problem
 from fednest_mpi.problems.base import shared_rows
@@ -467,6 +468,9 @@ class Simulation:
                 mpi_size=fed.size,
                 algorithm_state={**self.algorithm.checkpoint_state(), **self.server.state()},
             )
+            digests = hooks.first("row_digests", k + 1)  # rank 0's recorder: what a resume checks the rows against
+            if digests is not None:
+                saved.row_digests = torch.tensor(digests, dtype=torch.int64)
             ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
             hooks.call("on_checkpoint", k, checkpoint_dir)
 
@@ -539,14 +543,29 @@ def simulate(cfg: RunConfig, comm, callbacks=(), **checkpointing) -> RunResult:
     return Simulation(cfg, comm).run(callbacks, **checkpointing)
 
 
+HEADLINE_METRICS = 3  # how many of a problem's declared metrics the progress lines show
+
+
+def headline_metrics(problem: BilevelProblem) -> tuple[str, ...]:
+    """What the progress lines show of a problem's metrics (:meth:`BilevelProblem.metric_info`): its
+    primary metric, then those of :data:`~fednest_mpi.io.schema.DEFAULT_METRICS` it declares, then its
+    other ones in their order, :data:`HEADLINE_METRICS` in all."""
+    declared = list(problem.metric_info())
+    first = problem.primary_metric or next(iter(declared), "outer_objective")
+    headline = [m for m in DEFAULT_METRICS if m in declared]
+    return tuple(dict.fromkeys([first, *headline, *declared]))[:HEADLINE_METRICS]
+
+
 class Progress(Callback):
-    """Rank 0's progress: a tqdm bar on a terminal, else one log line every ``log_every`` iterations (a
-    :class:`~fednest_mpi.callbacks.Callback`)."""
+    """Rank 0's progress (a :class:`~fednest_mpi.callbacks.Callback`): a tqdm bar on a terminal, else one log
+    line every ``log_every`` iterations with ``keys``' values, the rate (iterations per second since the start
+    or resume) and the time left."""
 
     def __init__(
         self, total: int, mode: str, log_every: int, keys=("outer_objective", "x_error", "comm_rounds"), start: int = 0
     ):
         self.total, self.log_every, self.keys = total, log_every, tuple(dict.fromkeys(keys))
+        self.start, self.t0 = start, time.monotonic()
         use_bar = mode == "always" or (mode == "auto" and sys.stderr.isatty())
         self.bar = None
         if use_bar:
@@ -564,7 +583,16 @@ class Progress(Callback):
             self.bar.set_postfix({kk: f"{v:.3g}" for kk, v in summary.items()}, refresh=False)
         elif k % self.log_every == 0 or k == self.total:
             text = " ".join(f"{kk}={v:.4g}" for kk, v in summary.items())
-            logger.info("iteration %d/%d %s wall=%.2fs", k, self.total, text, row["wall_time"])
+            logger.info("iteration %d/%d %s wall=%.2fs%s", k, self.total, text, row["wall_time"], self.pace(k))
+
+    def pace(self, k: int) -> str:
+        """`` 3.1 it/s, 0:02:14 left`` after iteration ``k`` ('' before the first one since the start)."""
+        done, seconds = k - self.start, time.monotonic() - self.t0
+        if done <= 0 or seconds <= 0:
+            return ""
+        rate = done / seconds
+        left = round((self.total - k) / rate)
+        return f" {rate:.3g} it/s, {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d} left"
 
     def on_end(self, result) -> None:
         self.close()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fednest_mpi import __version__
 from fednest_mpi.errors import OutputLost, RunFailed, UsageError
-from fednest_mpi.io.schema import PRIMARY_METRIC
+from fednest_mpi.io.schema import METRICS, PRIMARY_METRIC
 
 LOST_HINT = "its results are gone with it; start the run again (keep the output's folder in place while it runs)"
 
@@ -96,15 +96,20 @@ class Session:
             sys.stderr.flush()
             os._exit(code)
 
-    def _abort(self, code: int, message: str, watch, close_files, traceback: bool) -> None:
-        """This rank failed alone: print its line (and the traceback of an ordinary exception), tell the other
-        ranks (every rank closes its files), end the job with ``code``."""
-        print("fednest-mpi: " + message, file=sys.stderr)
-        if traceback:
-            _traceback.print_exc(file=sys.stderr)
-        sys.stderr.flush()
+    def _abort(self, code: int, message: str, watch, close_files, exc: BaseException | None) -> None:
+        """This rank failed alone: print its one line (with an exception, its traceback goes to a per-rank log
+        file the line names: :func:`fednest_mpi.logs.log_failure`), tell the other ranks (every rank closes its
+        files), end the job with ``code``."""
+        from fednest_mpi import failure
+        from fednest_mpi.logs import log_failure, write_line
+
+        line = "fednest-mpi: " + message
+        if exc is not None:
+            line = log_failure(exc, line, failure.folder_of(self.cfg.run.output), self.comm.Get_rank())
+        else:
+            write_line(line)
         if watch is not None:
-            watch.fail("fednest-mpi: " + message)  # every rank closes its files, then the job is aborted
+            watch.fail(line)  # every rank closes its files, then the job is aborted
         else:
             close_files()
         self.comm.Abort(code)
@@ -122,7 +127,7 @@ class Session:
         """Validation, locks, then :meth:`_simulate`."""
         from fednest_mpi import checkpoint, failure, lock
         from fednest_mpi import config as configuration
-        from fednest_mpi.io.h5 import check_directory, check_output_path, check_resumable_output
+        from fednest_mpi.io.h5 import check_directory, check_names, check_output_path, check_resumable_output
         from fednest_mpi.runner import broadcast_usage_error
 
         cfg, comm = self.cfg, self.comm
@@ -131,6 +136,7 @@ class Session:
         resume = None
         try:
             configuration.validate_world(cfg, size)
+            check_names(cfg.run.output, cfg.run.checkpoint_dir)  # every name the run makes, also for --resume
             folder = checkpoint.folder_of(cfg)
             if self.resume:
                 resume = checkpoint.load(folder)
@@ -153,7 +159,7 @@ class Session:
                 locks = lock.acquire_all(targets, take_stale=self.resume or cfg.run.overwrite)
                 if resume is not None:
                     checkpoint.check_client_files(folder, resume)
-                    check_resumable_output(cfg.run.output, resume.output_rows)
+                    check_resumable_output(cfg.run.output, resume.output_rows, resume.row_digests)
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
             except UsageError as exc:
                 found = exc
@@ -177,7 +183,7 @@ class Session:
         from fednest_mpi import failure
         from fednest_mpi.callbacks import Recorder
         from fednest_mpi.io.h5 import RunWriter
-        from fednest_mpi.runner import Progress, Simulation
+        from fednest_mpi.runner import Progress, Simulation, headline_metrics
         from fednest_mpi.series import RunSeries, series_layout
 
         cfg, comm, log = self.cfg, self.comm, self.log
@@ -230,6 +236,7 @@ class Session:
                     "config_json": cfg.to_json(),
                     "numerics": json.dumps(sim.numerics),
                     PRIMARY_METRIC: sim.primary_metric,
+                    METRICS: json.dumps(list(sim.problem.metric_info())),
                 }
                 keep = resume.output_rows if resume else None
                 writer = RunWriter(
@@ -239,7 +246,7 @@ class Session:
                     cfg.algorithm.outer_iterations,
                     cfg.run.progress,
                     cfg.run.log_every,
-                    keys=(sim.primary_metric, "outer_objective", "comm_rounds"),
+                    keys=(*headline_metrics(sim.problem), "comm_rounds"),
                     start=resume.iteration if resume else 0,
                 )
             series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
@@ -252,7 +259,7 @@ class Session:
         except UsageError as exc:
             stop.disarm()
             if size > 1 and not getattr(exc, "agreed", True):  # a plugin's broken contract on this rank alone
-                self._abort(2, f"rank {rank}/{size}: {exc}", watch, close_files, traceback=False)
+                self._abort(2, f"rank {rank}/{size}: {exc}", watch, close_files, None)
             close_files()  # agreed on by every rank (a client file of the checkpoint gone since the check)
             raise
         except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
@@ -272,7 +279,7 @@ class Session:
             if size == 1:  # the caller learns it as an exception
                 close_files()
                 raise RunFailed(message) from exc
-            self._abort(1, message, watch, close_files, traceback=isinstance(exc, Exception))
+            self._abort(1, message, watch, close_files, exc)
             raise RunFailed(message) from exc
         finally:
             stop.disarm()

@@ -140,7 +140,8 @@ def _output_with_a_trailing_slash(tmp):
 
 
 def _output_name_too_long(tmp):
-    return ["--output", str(tmp / ("x" * 300 + ".h5"))], "is over 255 bytes; choose a shorter name"
+    message = "(325 bytes), over the 255 bytes a file name may have here; shorten"  # the longest derived name
+    return ["--output", str(tmp / ("x" * 300 + ".h5"))], message
 
 
 def _checkpoint_under_a_file(tmp):
@@ -200,13 +201,40 @@ def write_tiny_mnist(folder, n_train=200, n_test=50):
     return folder
 
 
+def _replace(folder, make, name="train-labels-idx1-ubyte.gz"):
+    """Put what ``make(path)`` creates (a FIFO, folder, link) in place of the data file ``name``."""
+    (folder / name).unlink()
+    make(folder / name)
+
+
 def _gz(folder, name, raw):
     (folder / f"{name}.gz").write_bytes(gzip.compress(raw))
 
 
 BAD_DATA = [
     # (id, damage(folder) -> None, extra problem fields, message)
-    ("missing folder", lambda f: shutil.rmtree(f), "", "does not exist or is not a folder"),
+    ("missing folder", lambda f: shutil.rmtree(f), "", "' (from problem.data_dir) does not exist; fix"),
+    ("folder is a FIFO", lambda f: (shutil.rmtree(f), os.mkfifo(f)), "", "' (from problem.data_dir) is a FIFO"),
+    ("data file is a FIFO", lambda f: _replace(f, os.mkfifo), "", "train-labels-idx1-ubyte.gz' is a FIFO (named pipe)"),
+    ("data file is a folder", lambda f: _replace(f, os.mkdir), "", "train-labels-idx1-ubyte.gz' is a folder"),
+    (
+        "data file is a device",
+        lambda f: _replace(f, lambda p: os.symlink("/dev/zero", p)),
+        "",
+        "train-labels-idx1-ubyte.gz' is a character device",
+    ),
+    (
+        "data file is a symlink loop",
+        lambda f: _replace(f, lambda p: (os.symlink(p.name + ".2", p), os.symlink(p.name, str(p) + ".2"))),
+        "",
+        "train-labels-idx1-ubyte.gz' is a symbolic link loop",
+    ),
+    (
+        "data file is a dangling link",
+        lambda f: _replace(f, lambda p: os.symlink("gone.gz", p)),
+        "",
+        "train-labels-idx1-ubyte.gz' is a symbolic link to 'gone.gz', which does not exist",
+    ),
     (
         "missing file",
         lambda f: (f / "train-labels-idx1-ubyte.gz").unlink(),

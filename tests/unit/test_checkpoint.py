@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -438,3 +439,23 @@ def test_every_single_bit_flip_in_a_checkpoint_is_refused(tmp_path, small_config
             for p in work.iterdir():
                 p.unlink()
             work.rmdir()
+
+
+@pytest.mark.parametrize("column", ["outer_objective", "iteration", "wall_time"])
+def test_a_row_changed_since_the_checkpoint_is_named_at_resume(tmp_path, capsys, column):
+    """The checkpoint records a digest of every row of /iterations it covers: a row edited since
+    (any column, any bit) is refused at --resume, naming the row; restored, the run continues."""
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "r+") as f:
+        d = f["iterations"][column]
+        before = d[2]
+        d[2] = before + 1 if column == "iteration" else np.nextafter(before, np.inf)  # the least change
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "row 2 of /iterations" in err and "changed since the checkpoint" in err, err
+    with h5py.File(out, "r+") as f:
+        f["iterations"][column][2] = before
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 0
+    assert read_run(out)[1]["iteration"].tolist() == list(range(7))

@@ -24,14 +24,20 @@ def run_cli(*args, ranks=1, timeout=120, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
-def test_help_has_a_runnable_example():
-    out = run_cli("run", "--help")
-    assert out.returncode == 0 and "example:" in out.stdout and "mpiexec -n 4 fednest-mpi run" in out.stdout
+# in-process (main()): a fresh interpreter per argparse check cost up to a minute each on the loaded
+# 2-core machine; the subprocess tests below run `python -m fednest_mpi` itself
+def test_help_has_a_runnable_example(capsys):
+    with pytest.raises(SystemExit) as stop:
+        _main(capsys, "run", "--help")
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and "example:" in out and "mpiexec -n 2 fednest-mpi run" in out
 
 
-def test_usage_error_of_argparse_exits_2():
-    assert run_cli("run").returncode == 2
-    assert run_cli("frobnicate").returncode == 2
+def test_usage_error_of_argparse_exits_2(capsys):
+    for args in (["run"], ["frobnicate"]):
+        with pytest.raises(SystemExit) as stop:
+            _main(capsys, *args)
+        assert stop.value.code == 2
 
 
 # 4 ranks oversubscribe this 2-core machine (MPICH busy-polls), so that run is shorter
@@ -98,9 +104,9 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path):
     assert res.returncode == 0 and read_run(out)[1]["iteration"].tolist() == [0, 1]
 
 
-def test_missing_config_file_exits_2(tmp_path):
-    res = run_cli("run", tmp_path / "missing.toml")
-    assert res.returncode == 2 and "does not exist" in res.stderr
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    rc, _, err = _main(capsys, "run", tmp_path / "missing.toml")
+    assert rc == 2 and "does not exist" in err
 
 
 def test_exception_on_one_rank_ends_the_whole_job_quickly(tmp_path):
@@ -131,7 +137,13 @@ def test_exception_on_one_rank_ends_the_whole_job_quickly(tmp_path):
     ended = time.monotonic() - fault_seen
     assert ended < 10, f"the job ended {ended:.1f} s after the fault"
     assert proc.returncode != 0
-    assert "rank 2/4: run failed after iteration 2: RuntimeError: fault injected" in "".join(lines)
+    text = "".join(lines)
+    assert "rank 2/4: run failed after iteration 2: RuntimeError: fault injected" in text
+    # one line from the failing rank, naming the log file that holds its traceback; no traceback on stderr
+    ours = [line for line in lines if line.startswith("fednest-mpi:")]
+    log = tmp_path / "x.h5.failed" / "traceback-rank00002.log"
+    assert len(ours) == 1 and f"(traceback: {log})" in ours[0] and "Traceback" not in text, text
+    assert "Traceback (most recent call last)" in log.read_text() and "fault injected" in log.read_text()
 
 
 def test_divergence_stops_with_the_iteration(tmp_path):
@@ -142,22 +154,13 @@ def test_divergence_stops_with_the_iteration(tmp_path):
     assert len(data["iteration"]) >= 1 and np.all(np.isfinite(data["x_error"]))
 
 
-def test_jobs_render_and_list(tmp_path):
-    res = run_cli("jobs", "list", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml")
-    assert res.returncode == 0 and "fednest_seed0" in res.stdout
-    res = run_cli(
-        "jobs",
-        "render",
-        ROOT / "jobs" / "sweeps" / "quadratic_variants.toml",
-        "--site",
-        "local",
-        "--out-dir",
-        tmp_path,
-        "--workdir",
-        ROOT,
-    )
-    assert res.returncode == 0 and "submit: sbatch" in res.stdout
-    assert run_cli("jobs", "list", tmp_path / "missing.toml").returncode == 2
+def test_jobs_render_and_list(tmp_path, capsys):
+    rc, out, _ = _main(capsys, "jobs", "list", ROOT / "jobs" / "sweeps" / "quadratic_variants.toml")
+    assert rc == 0 and "fednest_seed0" in out
+    sweep = ROOT / "jobs" / "sweeps" / "quadratic_variants.toml"
+    rc, out, _ = _main(capsys, "jobs", "render", sweep, "--site", "local", "--out-dir", tmp_path, "--workdir", ROOT)
+    assert rc == 0 and "submit: sbatch" in out
+    assert _main(capsys, "jobs", "list", tmp_path / "missing.toml")[0] == 2
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from shared_data import small_mnist_config
+from shared_data import requires, small_mnist_config
 from small_configs import make_config
 from torch import nn
 
@@ -291,6 +291,10 @@ def test_a_bad_model_is_one_clear_line():
         small_mnist_config("hyper_representation", model="LeNet")
     with pytest.raises(config.ConfigError, match="problem.dropout: the derived oracles"):
         small_mnist_config("hyper_representation", derived_oracles=True, dropout=0.5)
+
+
+@requires("mnist")  # the model is imported when the problem is built, after its data are read
+def test_a_model_that_cannot_be_imported_is_one_clear_line():
     p = small_mnist_config("loss_tuning", model="no_such_module_here:Net").problem
     with pytest.raises(config.ConfigError, match="problem.model: cannot import module 'no_such_module_here'"):
         build_problem(p, 0, range(0))

@@ -10,6 +10,7 @@ file and a client file truncated, zeroed, overwritten with random bytes or bit-f
 offsets must either read exactly like the undamaged file or give one usage error, each in seconds.
 """
 
+import atexit
 import inspect
 import io
 import json
@@ -20,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,11 +48,37 @@ def _one_line_error(res) -> str:
     return f"exit {res.returncode}, {len(lines)} lines: {res.stderr[-300:]!r}"
 
 
+_TEMPLATES: dict = {}  # key -> (folder, what make returned): runs made once per session
+
+
+def _staged(key, make):
+    """What ``make(folder)`` returns for a run it makes in ``folder``: made once per key, then copied
+    afresh into that same folder for every case that asks (a case damages its copy). The copy keeps
+    the absolute paths that the run's config and checkpoint name, so it resumes like the original;
+    the cases run one after another."""
+    if key not in _TEMPLATES:
+        base = Path(tempfile.mkdtemp(prefix="fednest-reliability-"))
+        atexit.register(shutil.rmtree, base, True)
+        (base / "run").mkdir()
+        _TEMPLATES[key] = (base, make(base / "run"))
+        shutil.copytree(base / "run", base / "template", symlinks=True)
+    base, result = _TEMPLATES[key]
+    shutil.rmtree(base / "run")
+    shutil.copytree(base / "template", base / "run", symlinks=True)
+    return result
+
+
 def _finished_run(tmp, iterations=6, **kw):
-    cfg = _cli_config(tmp, iterations=iterations, every=2)
-    res = run_cli("run", cfg, "-q", **kw)
-    assert res.returncode == 0, res.stderr
-    return cfg, tmp / "out.h5"
+    """(config, output) of a finished 1-rank run of 6 iterations, checkpoints every 2 (a fresh copy;
+    ``tmp`` is not used: the copy lives in a folder of its own, :func:`_staged`)."""
+
+    def make(folder):
+        cfg = _cli_config(folder, iterations=iterations, every=2)
+        res = run_cli("run", cfg, "-q", **kw)
+        assert res.returncode == 0, res.stderr
+        return cfg, folder / "out.h5"
+
+    return _staged(("finished", iterations, tuple(sorted(kw.items()))), make)
 
 
 def _damage(path: Path, kind: str, offset: int, rnd=None) -> None:
@@ -202,6 +230,73 @@ def bad_input(*args, ranks=1, text=None, name="bad.toml"):
         return _one_line_error(run_cli("run", cfg, "-q", *args, ranks=ranks, timeout=LIMIT))
 
     return case
+
+
+def output_named(name: bytes, *how: str):
+    """`run` with the output named ``name`` (bytes, as a shell passes them), by --output or, with ``how``,
+    --set ("open quote": after a quote that opens a TOML string and never closes it)."""
+
+    def case(tmp):
+        cfg = _cli_config(tmp, iterations=2)
+        out = os.fsencode(tmp) + b"/" + name
+        quote = b'"' if how == ("open quote",) else b""
+        arg = ["--output", out] if not how else ["--set", b"run.output=" + quote + out]
+        res = run_cli_bytes("run", cfg, "-q", *arg)
+        if res.returncode != 0:
+            lines = [line for line in res.stderr.splitlines() if line.strip()]
+            written = sorted(p.name for p in tmp.iterdir() if p.name != cfg.name)
+            head = b"fednest-mpi: error:"
+            one = res.returncode == 2 and len(lines) == 1 and lines[0].startswith(head)
+            return (ONE_LINE if one else f"exit {res.returncode}: {res.stderr[-300:]!r}") + f", written: {written}"
+        there = os.path.isfile(out) and res.stdout == b"output: " + out + b"\n"
+        return f"exit 0, the run file at exactly that path: {there}"
+
+    return case
+
+
+def run_cli_bytes(*args):
+    """:func:`run_cli` with argv and output as bytes."""
+    cmd = [
+        os.fsencode(sys.executable),
+        b"-m",
+        b"fednest_mpi",
+        *(a if isinstance(a, bytes) else os.fsencode(a) for a in args),
+    ]
+    env = {**os.environ, "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, timeout=LIMIT, env=env)
+
+
+def edited_row(out):
+    with h5py.File(out, "r+") as f:
+        f["iterations/outer_objective"][3] += 1e-9
+
+
+def resume_after_edit(tmp):
+    cfg, out = _finished_run(tmp)
+    edited_row(out)
+    res = run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT)
+    return _one_line_error(res) + (", names row 3" if "row 3 of /iterations" in res.stderr else "")
+
+
+def config_is(make):
+    def case(tmp):
+        path = tmp / "c.toml"
+        make(path)
+        res = run_cli("run", path, "-q", timeout=LIMIT)
+        what = res.stderr.split("' ")[-1].split(";")[0] if res.returncode == 2 else ""
+        return _one_line_error(res) + (f", says it {what}" if what else "")
+
+    return case
+
+
+def rank_failure_log(tmp):
+    cfg = _cli_config(tmp, iterations=10, every=3)
+    res = run_cli("run", cfg, "-q", ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:5:raise"}, timeout=LIMIT)
+    ours = [line for line in res.stderr.splitlines() if line.startswith("fednest-mpi:")]
+    log = tmp / "out.h5.failed" / "traceback-rank00001.log"
+    named = len(ours) == 1 and f"(traceback: {log})" in ours[0] and "Traceback" not in res.stderr
+    logged = log.is_file() and "Traceback (most recent call last)" in log.read_text()
+    return f"exit {res.returncode}, {len(ours)} line(s) naming the log: {named}, traceback in the log: {logged}"
 
 
 def resume_without_clients(tmp):
@@ -399,12 +494,17 @@ def deleted_mid_run(what):
 
 
 def _fedbioacc_run(tmp, ranks=2, seed=None):
-    """A finished 2-rank FedBiOAcc run (per-client state: client checkpoint files r0 and r1)."""
-    cfg = _cli_config(tmp, iterations=6, every=2)
-    sets = ["--set", "algorithm.name=fedbioacc"] + (["--set", f"seed={seed}"] if seed is not None else [])
-    res = run_cli("run", cfg, "-q", *sets, ranks=ranks)
-    assert res.returncode == 0, res.stderr
-    return cfg, tmp / "out.h5.ckpt"
+    """A finished 2-rank FedBiOAcc run (per-client state: client checkpoint files r0 and r1): its
+    config and checkpoint folder (a fresh copy, :func:`_staged`; ``tmp`` is not used)."""
+
+    def make(folder):
+        cfg = _cli_config(folder, iterations=6, every=2)
+        sets = ["--set", "algorithm.name=fedbioacc"] + (["--set", f"seed={seed}"] if seed is not None else [])
+        res = run_cli("run", cfg, "-q", *sets, ranks=ranks)
+        assert res.returncode == 0, res.stderr
+        return cfg, folder / "out.h5.ckpt"
+
+    return _staged(("fedbioacc", ranks, seed), make)
 
 
 def damaged_checkpoint(damage):
@@ -436,9 +536,7 @@ def _swap(folder, tmp):
 
 
 def _foreign(folder, tmp):
-    other = tmp / "other"
-    other.mkdir()
-    _, theirs = _fedbioacc_run(other, seed=6)
+    _, theirs = _fedbioacc_run(tmp, seed=6)
     shutil.copy(_client(theirs, 0), _client(folder, 0))
 
 
@@ -677,6 +775,46 @@ CASES = [
         ONE_LINE,
     ),
     ("a config with only `[problem]`", bad_input(text=b'[problem]\nname = "quadratic"\n'), ONE_LINE),
+    (
+        '`--output` named with a non-BMP character, quotes and spaces (`🚀 it\'s "a".h5`)',
+        output_named('🚀 it\'s "a".h5'.encode()),
+        "exit 0, the run file at exactly that path: True",
+    ),
+    (
+        "`--set run.output=` a name with bytes that are no UTF-8 (`a\\xff\\xfe.h5`)",
+        output_named(b"a\xff\xfe.h5", "--set"),
+        "exit 0, the run file at exactly that path: True",
+    ),
+    (
+        "`--output` a name of 255 bytes (its `.lock`, `.ckpt` and temporary names are longer)",
+        output_named(b"n" * 255),
+        "exit 2, one line, written: []",
+    ),
+    (
+        "`--set run.output='\"...'` (a quote that opens no TOML string)",
+        output_named(b"unterminated.h5", "open quote"),
+        "exit 2, one line, written: []",
+    ),
+    (
+        "a symbolic link loop as the config file",
+        config_is(lambda p: os.symlink(p.name, p)),
+        ONE_LINE + ", says it is a symbolic link loop (following its links leads back to one of them)",
+    ),
+    (
+        "a FIFO as the config file",
+        config_is(os.mkfifo),
+        ONE_LINE + ", says it is a FIFO (named pipe), which would block the read for ever",
+    ),
+    (
+        "a row of `/iterations` edited (h5py) before the last checkpoint, then `run --resume`",
+        resume_after_edit,
+        ONE_LINE + ", names row 3",
+    ),
+    (
+        "an exception on rank 1 of 2",
+        rank_failure_log,
+        "exit 1, 1 line(s) naming the log: True, traceback in the log: True",
+    ),
 ]
 
 

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
 SWEEP = """
@@ -47,6 +49,7 @@ def install_wheel(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.mark.packaging  # make test-examples runs it, with the other wheel builds
 def test_jobs_render_works_from_an_installed_wheel_outside_the_tree(tmp_path):
     target = install_wheel(tmp_path)
     work = tmp_path / "work"

@@ -18,6 +18,7 @@ from fednest_mpi.config.registries import NAMED_SECTIONS, section_fields
 from fednest_mpi.config.run_params import SECTIONS, RunConfig
 from fednest_mpi.config.validation import validate_relations
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.pathkind import not_a_file
 from fednest_mpi.text import did_you_mean
 
 
@@ -95,27 +96,34 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {text!r}: empty field name in {keypath!r}")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
+    except tomllib.TOMLDecodeError as exc:
+        if raw.lstrip()[:1] in ("\"", "'"):  # meant as a TOML string: never kept as a bare word, quotes and all
+            raise ConfigError(
+                f"--set {keypath}: {raw!r} starts with a quote but is not one TOML string ({exc}); "
+                "close the quotes, or pass the value without them"
+                + (" (or use --output PATH)" if keypath.strip() == "run.output" else "")
+            ) from None
+        value = raw  # a bare word: the string as the shell passed it (any bytes, any characters)
     except RecursionError:
         raise ConfigError(f"--set {keypath}: the value is nested too deeply") from None
     _check_values(Path("--set"), {keypath: value})
     return keys, value
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Return a copy of ``data`` with every ``--set`` override applied. An override that names a problem or
-    an algorithm leaves the fields of ``data``'s problem (algorithm) that the named one lacks behind
-    (:func:`section_fields`)."""
+def apply_overrides(data: dict, overrides: list[str], values: Mapping[str, Any] | None = None) -> dict:
+    """Return a copy of ``data`` with every ``--set`` override applied, then every ``values`` entry
+    (``{"run.output": path}``: a value as it is, never parsed, so that a path holding any characters or
+    bytes stays that path). An override that names a problem or an algorithm leaves the fields of
+    ``data``'s problem (algorithm) that the named one lacks behind (:func:`section_fields`)."""
     data = json.loads(json.dumps(data))
+    parsed = [(*parse_override(text), text) for text in overrides]
+    parsed += [(dotted.split("."), value, dotted) for dotted, value in (values or {}).items()]
     named: dict[str, dict] = {}
-    for text in overrides:
-        keys, value = parse_override(text)
+    for keys, value, _ in parsed:
         if len(keys) == 2 and keys[0] in NAMED_SECTIONS and keys[1] == "name":
             named[keys[0]] = {"name": value}
     data = _named_sections(data, named)
-    for text in overrides:
-        keys, value = parse_override(text)
+    for keys, value, text in parsed:
         node = data
         for k in keys[:-1]:
             node = node.setdefault(k, {})
@@ -179,13 +187,10 @@ def _check_values(p: Path, data: dict) -> None:
 
 def _read_one(p: Path) -> dict:
     """The plain data of one config file (its ``base`` not followed)."""
-    if p.is_dir():
+    instead = not_a_file(p)  # a folder, a FIFO (which would block the read), a device, a link loop, nothing
+    if instead is not None:
         raise ConfigError(
-            f"config file {str(p)!r} is a folder; pass the path of a TOML file, such as configs/quadratic.toml"
-        )
-    if not p.is_file():
-        raise ConfigError(
-            f"config file {str(p)!r} does not exist; pass the path of a TOML file such as configs/quadratic.toml"
+            f"config file {str(p)!r} {instead}; pass the path of a TOML file, such as configs/quadratic.toml"
         )
     try:
         text = p.read_text(encoding="utf-8")
@@ -245,9 +250,10 @@ def read_file(path: str | Path) -> dict:
 REQUIRED = ("problem", "algorithm")  # sections a config file must name (every field within has a default)
 
 
-def load(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a TOML (or JSON) config (and its ``base`` chain), apply overrides, validate."""
-    data = apply_overrides(read_file(path) if path is not None else {}, list(overrides))
+def load(path: str | Path | None, overrides: Sequence[str] = (), values: Mapping[str, Any] | None = None) -> RunConfig:
+    """Read a TOML (or JSON) config (and its ``base`` chain), apply the ``--set`` overrides and then
+    ``values`` (:func:`apply_overrides`), validate."""
+    data = apply_overrides(read_file(path) if path is not None else {}, list(overrides), values)
     cfg = from_dict(data)  # its errors first: they name a field
     missing = [name for name in REQUIRED if path is not None and name not in data]
     if missing:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fednest_mpi.config import DATASETS
 from fednest_mpi.errors import DataError
+from fednest_mpi.pathkind import not_a_file
 
 ENV_VAR = "FEDNEST_DATA"
 MD5SUMS = "MD5SUMS"
@@ -51,21 +52,30 @@ def resolve_data_dir(explicit: str | os.PathLike | None, dataset: str) -> Path:
         )
     root = Path(base).expanduser()
     if not root.is_dir():
+        what = not_a_file(root) or "is a file, not a folder"
         raise DataError(
-            f"data directory '{root}' (from {source}) does not exist or is not a folder; "
-            f"fix {source}, or run `fednest-mpi download {dataset} --dest {root}`"
+            f"data directory '{root}' (from {source}) {what}; "
+            f"fix {source}, or run `fednest-mpi download {dataset} --dest DIR` and point {source} at DIR"
         )
     sub = root / DATASETS[dataset].folder
     return sub if sub.is_dir() else root
 
 
 def find_file(data_dir: Path, name: str, dataset: str) -> Path:
-    """``data_dir/NAME.gz`` if it exists, else ``data_dir/NAME``; :class:`DataError` if neither."""
+    """``data_dir/NAME.gz`` if it is a file, else ``data_dir/NAME``; :class:`DataError` if neither, naming
+    what is there instead (a folder, a FIFO, a device, a symbolic link loop) when something is."""
     data_dir = Path(data_dir)
-    for candidate in (data_dir / f"{name}.gz", data_dir / name):
-        if candidate.is_file():
+    candidates = (data_dir / f"{name}.gz", data_dir / name)
+    for candidate in candidates:
+        if not_a_file(candidate) is None:
             return candidate
     root = data_dir.parent if data_dir.name == DATASETS[dataset].folder else data_dir
+    for candidate in candidates:
+        if os.path.lexists(candidate):
+            raise DataError(
+                f"{DATASETS[dataset].title} file '{candidate}' {not_a_file(candidate)}; replace it with the data "
+                f"file, or run `fednest-mpi download {dataset} --dest {root}`"
+            )
     raise DataError(
         f"{DATASETS[dataset].title} file '{data_dir / name}.gz' not found in data directory '{data_dir}' "
         f"(looked for {name}.gz or {name}); set {ENV_VAR} or problem.data_dir, "

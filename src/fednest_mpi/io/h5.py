@@ -17,6 +17,7 @@ goes on.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import shlex
@@ -124,13 +125,65 @@ def _pseudo_file_system(folder: Path) -> str:
     return kind if kind in _PSEUDO else ""
 
 
+def derived_paths(output: str | Path, checkpoint_dir: str | Path | None = None) -> dict[str, Path]:
+    """Every path a run writing ``output`` makes from it (what each is -> the path; a temporary name
+    stands for all of its kind), ``checkpoint_dir`` defaulting to the output with ``.ckpt`` appended."""
+    from fednest_mpi.io.schema import client_dir
+
+    folder = Path(checkpoint_dir) if checkpoint_dir else Path(str(output) + ".ckpt")
+    return {
+        "the output": Path(output),
+        "its lock file": lock.lock_path(output),
+        "its temporary file": atomic.temp_name(output),
+        "its failure folder": failure.folder_of(output),
+        "its client-file folder": client_dir(output),
+        "its checkpoint folder": folder,
+        "the checkpoint folder's lock file": lock.lock_path(folder),
+    }
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_names(output: str | Path, checkpoint_dir: str | Path | None = None) -> None:
+    """Refuse an output path whose bytes or derived names (:func:`derived_paths`) the file system cannot
+    take -- a NUL byte, a character with no bytes (a lone surrogate), a name over NAME_MAX bytes -- so
+    that a run never fails on them after it started. No I/O beyond stat."""
+    over = []  # (bytes over the limit, field, what, path, its name's bytes, the limit)
+    for what, p in derived_paths(output, checkpoint_dir).items():
+        field = "run.checkpoint_dir" if "checkpoint" in what and checkpoint_dir else "run.output"
+        if "\0" in str(p):
+            raise UsageError(f"{field}: {str(p)!r} holds a NUL byte; give a path without it")
+        try:
+            name = os.fsencode(p.name)
+        except UnicodeEncodeError as exc:
+            raise UsageError(
+                f"{field}: {str(p)!r} holds {exc.object[exc.start:exc.end]!r}, a character no file name can hold "
+                "(a lone surrogate, e.g. from a JSON escape); give the path as it is on disk"
+            ) from None
+        limit = _name_max(p.parent)
+        if len(name) > limit:
+            over.append((len(name) - limit, field, what, p, len(name), limit))
+    if over:  # the worst one: shortening by its excess fits every name
+        excess, field, what, p, size, limit = max(over, key=lambda item: item[0])
+        raise UsageError(
+            f"{field}: {what} would be named {p.name[:40]!r}... ({size} bytes), over the {limit} bytes a file "
+            f"name may have here; shorten the last name of {field} by at least {excess} bytes"
+        )
+
+
 def check_output_path(path: str | Path, overwrite: bool) -> None:
-    """Refuse an existing output unless ``overwrite``; refuse an unwritable or full directory. No I/O beyond stat."""
+    """Refuse a path whose derived names cannot exist (:func:`check_names`), an existing output unless
+    ``overwrite``, an unwritable or full directory. No I/O beyond stat."""
     p = Path(path)
-    if len(p.name.encode()) > 255:
-        raise UsageError(f"run.output: the file name {p.name[:40]!r}... is over 255 bytes; choose a shorter name")
-    if "\0" in str(path):
-        raise UsageError(f"run.output: {str(path)!r} holds a NUL byte; give a path without it")
+    check_names(path)
     if str(path).endswith("/") or p.is_dir():
         raise UsageError(
             f"run.output: {str(path)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}"
@@ -148,9 +201,24 @@ def check_output_path(path: str | Path, overwrite: bool) -> None:
     check_directory(p.parent, "run.output")
 
 
-def check_resumable_output(path: str | Path, rows: int) -> None:
+def row_digests(columns, rows: range) -> list[int]:
+    """A 64-bit BLAKE2b digest of each row ``rows`` of /iterations, over every column (by name) as
+    stored (int64 or float64 bytes): what a checkpoint records of the rows it covers, so that a row
+    changed since is found at ``--resume`` (:func:`check_resumable_output`)."""
+    names = sorted(columns)
+    out = []
+    for i in rows:
+        h = hashlib.blake2b(digest_size=8)
+        for name in names:
+            h.update(name.encode() + b"\0" + np.ascontiguousarray(columns[name][i : i + 1]).tobytes())
+        out.append(int.from_bytes(h.digest(), "little", signed=True))
+    return out
+
+
+def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
     """Refuse to resume into ``path`` unless it is a readable run file holding at least ``rows``
-    iterations, with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`)."""
+    iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`),
+    with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`)."""
     from fednest_mpi.io.clients import check_client_files  # clients imports this module
 
     p = Path(path)
@@ -169,6 +237,15 @@ def check_resumable_output(path: str | Path, rows: int) -> None:
         raise UsageError(
             f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
             "checkpoint: it is not this checkpoint's output; run without --resume to start again"
+        )
+    recorded = [int(d) for d in digests]
+    found = row_digests(data, range(min(len(recorded), rows)))
+    changed = [i for i, (a, b) in enumerate(zip(found, recorded)) if a != b]
+    if changed:
+        more = f" (and {len(changed) - 1} more row(s))" if len(changed) > 1 else ""
+        raise UsageError(
+            f"--resume: row {changed[0]} of /{GROUP} in {str(p)!r} (iteration {int(data[SCALE][changed[0]])}){more} "
+            "was changed since the checkpoint recorded it; restore the file, or run without --resume to start again"
         )
     check_client_files(p, rows, unclosed="read", what="--resume: ")
     check_directory(p.parent, "run.output")
@@ -251,6 +328,7 @@ class RunWriter:
             if name in kept:
                 d.resize((keep_rows,))
                 d[:] = kept[name]
+        self._digests = row_digests({name: group[name][:] for name in self.columns}, range(keep_rows or 0))
         group[SCALE].make_scale(SCALE)
         for name in self.columns:
             if name != SCALE:
@@ -271,14 +349,20 @@ class RunWriter:
         with failure.guard():
             self._append(row)
 
+    def row_digests(self, rows: int) -> list[int]:
+        """The :func:`row_digests` of the first ``rows`` rows written (a checkpoint's record of them)."""
+        return self._digests[:rows]
+
     def _append(self, row: dict[str, float]) -> None:
         group = self.file[GROUP]
+        stored = {name: np.asarray([row.get(name, np.nan)], dtype=group[name].dtype) for name in self.columns}
         # the scale is extended last, so a concurrent reader never sees an iteration without its values
         for name in [c for c in self.columns if c != SCALE] + [SCALE]:
             d = group[name]
             n = d.shape[0]
             d.resize((n + 1,))
-            d[n] = row.get(name, np.nan)
+            d[n] = stored[name][0]
+        self._digests += row_digests(stored, range(1))
         for name in self.columns:
             group[name].flush()
         self.file.flush()

@@ -27,7 +27,6 @@ import ctypes
 import os
 import select
 import signal
-import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from pathlib import Path
 import h5py
 
 from fednest_mpi.errors import UsageError
+from fednest_mpi.pathkind import not_a_file
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: errors HDF5 and h5py raise on a damaged file (checksums, bad addresses, undecodable attributes)
@@ -55,11 +55,11 @@ class Header:
 def read_header(path: str | Path, what: str = "file") -> Header:
     """Check the HDF5 header of ``path`` without HDF5; UsageError naming the problem."""
     p = Path(path)
+    instead = not_a_file(p)  # a FIFO would block the open for ever
+    if instead is not None:
+        raise UsageError(f"{what} {str(p)!r} {instead}; restore the file or name another")
     try:
-        st = p.stat()
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open for ever
-            raise UsageError(f"{what} {str(p)!r} is not a regular file (a FIFO, device or folder); restore the file")
-        size = st.st_size
+        size = p.stat().st_size
         with open(p, "rb") as f:
             head = f.read(48)
     except OSError as exc:

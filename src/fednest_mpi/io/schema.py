@@ -17,6 +17,10 @@ GROUP = "iterations"
 HIGHER_IS_BETTER = "higher_is_better"  # bool attribute of a metric column that declares its direction
 COLUMN_INFO = "columns"  # read_run's attrs: column -> {description, units[, higher_is_better]} (not a file attribute)
 PRIMARY_METRIC = "primary_metric"  # root attribute: the problem's primary metric
+METRICS = "metrics"  # root attribute: JSON list of the metrics the problem declares (BilevelProblem.metric_info)
+#: the headline metrics, where a problem declares them: after its primary metric, what ``report`` shows by
+#: default and the progress lines show
+DEFAULT_METRICS = ("x_error", "outer_objective", "hypergradient_norm", "test_accuracy", "test_loss")
 SCALE = "iteration"  # /iterations/iteration: the dimension scale of every per-iteration axis
 
 # -- /clients: clients x iterations, joined from the per-rank files by virtual datasets --------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fednest_mpi.errors import UsageError
+from fednest_mpi.io.schema import DEFAULT_METRICS, METRICS, PRIMARY_METRIC
 from fednest_mpi.post.load import (
     check_columns,
     common_primary_metrics,
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 #: Metrics shown by :func:`report` by default, those of them that a run has.
-DEFAULT_METRICS = ("x_error", "outer_objective", "hypergradient_norm", "test_accuracy", "test_loss")
+
 
 
 def format_number(value) -> str:
@@ -199,15 +200,18 @@ def report(
     final ``comm_rounds`` and ``comm_bytes`` (per rank). Tables wider than ``width`` characters are
     split into blocks that each start with the run name (the group's values).
 
-    ``metrics`` defaults to the runs' primary metrics and then those of :data:`DEFAULT_METRICS` that the
-    runs record (a run lacking one shows '-'); metrics named explicitly must be recorded by every run.
+    ``metrics`` defaults to the runs' primary metrics, then every metric their problems declare (the
+    ``metrics`` attribute), then those of :data:`DEFAULT_METRICS` that the runs record (a run lacking
+    one shows '-'); metrics named explicitly must be recorded by every run.
     """
     runs = read_runs(paths)
     if isinstance(metrics, str):
         metrics = [metrics]
     if metrics is None:
-        primary = [r.attrs["primary_metric"] for r in runs if "primary_metric" in r.attrs]
-        metrics = [m for m in dict.fromkeys([*primary, *DEFAULT_METRICS]) if any(m in r.data for r in runs)]
+        primary = [r.attrs[PRIMARY_METRIC] for r in runs if PRIMARY_METRIC in r.attrs]
+        declared = [m for r in runs for m in json.loads(r.attrs.get(METRICS, "[]"))]
+        candidates = dict.fromkeys([*primary, *declared, *DEFAULT_METRICS])
+        metrics = [m for m in candidates if any(m in r.data for r in runs)]
     else:
         metrics = list(metrics)
         if not metrics:
