@@ -41,21 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fednest-mpi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser(
-        "run",
-        help="run a simulation (under mpiexec for several ranks)",
-        epilog=EPILOG_RUN,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument("config", help="TOML config file (see docs/config.md)")
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override a config field, e.g. --set algorithm.outer_lr=0.05 (repeatable)",
-    )
+    run = _config_command(sub, "run", "run a simulation (under mpiexec for several ranks)", EPILOG_RUN)
     run.add_argument("--output", "-o", help="HDF5 output path (run.output)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output file (run.overwrite)")
     run.add_argument("--quiet", "-q", action="store_true", help="warnings only")
@@ -231,16 +217,27 @@ run (why). Exit codes: 0 every check ran and agreed, 2 a mistake in the config o
 """
 
 
-def _check_parser(sub) -> None:
-    chk = sub.add_parser(
-        "check",
-        help="check a config's plugins: their contract, and the same bits at 1 and 2 ranks and any chunk size",
-        epilog=EPILOG_CHECK,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def _config_command(sub, name: str, help_text: str, epilog: str):
+    """The subcommand ``name`` that reads a config file and its ``--set`` overrides (``run``, ``check``)."""
+    parser = sub.add_parser(name, help=help_text, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="TOML config file (see docs/config.md)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config field, e.g. --set algorithm.outer_lr=0.05 (repeatable)",
     )
-    chk.add_argument("config", help="TOML config file")
-    chk.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="as for run"
+    return parser
+
+
+def _check_parser(sub) -> None:
+    chk = _config_command(
+        sub,
+        "check",
+        "check a config's plugins: their contract, and the same bits at 1 and 2 ranks and any chunk size",
+        EPILOG_CHECK,
     )
     chk.add_argument("--iterations", type=int, default=3, help="outer iterations of each run (default 3)")
     chk.add_argument("--ranks", type=int, default=2, help="ranks of the run compared with one rank (default 2)")
