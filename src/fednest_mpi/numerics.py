@@ -135,7 +135,8 @@ def _set_mkl(wanted: str | None) -> bool:
 
 
 def prepare_at_import() -> None:
-    """Called by ``import fednest_mpi``: when the program imported torch first, put the MKL setting of the
+    """Called by ``import fednest_mpi`` and by :mod:`fednest_mpi.problems` (the first of the package to load
+    torch, so an oracle evaluated outside a run is covered too): when torch is loaded, put the MKL setting of the
     default mode (or of ``FEDNEST_NUMERICS``) in force now, before the program's first torch computation can fix
     MKL's mode (the environment is untouched). Without torch loaded nothing is loaded here (reading a config
     needs no torch): every run puts its mode in force before its first computation (:func:`establish`).

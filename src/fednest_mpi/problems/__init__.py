@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fednest_mpi import config
+from fednest_mpi import config, numerics
 from fednest_mpi.problems.base import ORACLES, BilevelProblem
 from fednest_mpi.problems.compositional import CompositionalProblem
 from fednest_mpi.problems.fairness import FairnessProblem
@@ -14,6 +14,9 @@ from fednest_mpi.problems.minimax import MinimaxProblem
 from fednest_mpi.problems.quadratic import QuadraticProblem
 from fednest_mpi.problems.synthetic import SyntheticProblem
 from fednest_mpi.registry import import_class
+
+# torch is loaded now: strict MKL before any oracle computes, also when no run is started (numerics)
+numerics.prepare_at_import()
 
 __all__ = [
     "ORACLES",
