@@ -32,6 +32,9 @@ def main(argv: list[str]) -> int:
         a = cfg.algorithm
         if a.name != "fednest" or a.clients_per_round >= cfg.problem.n_clients:
             continue
+        if a.inner_rounds != 1:  # the authors_code preset's T = 10: the closed form is for T = 1
+            print(f"| {path}: T = {a.inner_rounds}, no closed form (T = 1 only) | | | | |")
+            continue
         var_y, var_x = fednest_sampling_floor(build_problem(cfg.problem, cfg.seed, range(cfg.problem.n_clients)), a)
         tail = df[df.iteration >= start]
         print(
