@@ -8,7 +8,7 @@
 #   -P PRESET      paper (default: every value the paper's text and appendix state, the rest ours) or
 #                  authors_code (the authors' published scripts where they differ); the sweep file's
 #                  [presets.*] tables (jobs/sweeps/figNN.toml) say which values each sets
-#   -n RANKS       MPI ranks per run (default 2)
+#   -n RANKS       MPI ranks per run (default 2; fig3a: 1, its non-federated run has one client)
 #   -k ITERATIONS  outer iterations per run (default: the sweep's config, 500 / 300); e.g. -k 40; the
 #                  table then shows the figure's iterations below ITERATIONS and ITERATIONS itself
 #   -j PARALLEL    runs at once (default 1); mind RANKS x PARALLEL <= cores
@@ -26,7 +26,7 @@
 # optionally PLOT_ARGS (more fednest-mpi plot arguments, e.g. --hline) and AXES (default "iteration comm_rounds").
 
 set -euo pipefail
-RANKS=2 ITERATIONS="" PARALLEL=1 PLOT_ONLY=0 FIG_DIR=figs RUN_DIR="" PRESET=paper SITE=""
+RANKS=${DEFAULT_RANKS:-2} ITERATIONS="" PARALLEL=1 PLOT_ONLY=0 FIG_DIR=figs RUN_DIR="" PRESET=paper SITE=""
 while getopts "P:n:k:j:pr:o:s:h" opt; do
     case $opt in
         P) PRESET=$OPTARG ;;

@@ -160,6 +160,14 @@ def _parser() -> argparse.ArgumentParser:
         default="best",
         help="legend inside the axes where it covers least (default), right of them, below them, or none",
     )
+    plot.add_argument(
+        "--constant",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="draw the runs with this config value as a constant, a black dashed line at their final value "
+        "(a baseline, e.g. --constant problem.tune_loss=false: Fig. 3's untuned accuracy; repeatable: all must hold)",
+    )
     plot.add_argument("--size", metavar="WxH", help="figure size in inches, e.g. 3.5x2.6 (default: 6.4x4.4 per plot)")
     plot.add_argument("--dpi", type=float, default=150, help="resolution of a .png (default %(default)s)")
     rec = sub.add_parser(
@@ -362,6 +370,7 @@ def _analyse(args) -> int:
                 labels=_labels(args.labels),
                 legend=args.legend,
                 dpi=args.dpi,
+                constant=args.constant,
             )
             print(f"output: {args.output}")
     except UsageError as exc:

@@ -74,9 +74,9 @@ def test_a_shortened_figure_is_tabulated_at_the_iterations_it_reaches(tmp_path):
     done = subprocess.run(["bash", str(script), "-p", "-k", "5", "-r", str(runs), "-o", str(figs)],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    head, _, *rows = (figs / "fig2a_table.md").read_text().splitlines()
+    head, _, *rows = (figs / "fig2a_paper_table.md").read_text().splitlines()
     assert [c.strip() for c in head.split("|")][3:-2] == ["5"]
     assert len(rows) == 4 and all(row.split("|")[3].strip() != "-" for row in rows)
-    assert (figs / "fig2a_iteration.png").stat().st_size > 5000
+    assert (figs / "fig2a_paper_iteration.png").stat().st_size > 5000
     bad = subprocess.run(["bash", str(script), "-r", str(runs)], capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "-r RUN_DIR goes with -p" in bad.stderr

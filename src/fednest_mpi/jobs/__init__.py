@@ -9,8 +9,8 @@ Three kinds of files, all TOML except the templates:
 * a **sweep** file (``jobs/sweeps/*.toml``, :func:`load_sweep`): a base config, fixed ``[set]``
   overrides, a ``[grid]`` (cartesian product) and a ``[zip]`` (lock-step lists) of config
   fields, the ``[resources]`` of one run, optionally a ``[scaling]`` study over rank counts, and
-  named ``[presets.NAME]`` (:func:`apply_preset`): each a ``description`` and its own ``set`` /
-  ``grid`` / ``zip`` laid over the file's, e.g. a figure under the paper's stated settings and
+  named ``[presets.NAME]`` (:func:`apply_preset`): each a ``description``, optionally its own base
+  ``config``, and its own ``set`` / ``grid`` / ``zip`` laid over the file's, e.g. a figure under the paper's stated settings and
   under the authors' published scripts (``jobs/sweeps/fig*.toml``: ``paper``, ``authors_code``).
 * the **templates** (package data in ``templates/`` beside this module, or a folder passed as
   ``templates=``): ``slurm_run.sbatch``, ``slurm_array.sbatch`` and
@@ -438,7 +438,7 @@ _SWEEP_FIELDS = (
     "scaling",
     "presets",
 )
-_PRESET_FIELDS = ("description", "set", "grid", "zip")
+_PRESET_FIELDS = ("description", "config", "set", "grid", "zip")
 _SCALING_FIELDS = ("kind", "ranks", "per_rank")
 _RESERVED = ("run.output", "run.overwrite")
 
@@ -548,7 +548,8 @@ def _presets(pre: str, data: Mapping) -> dict[str, dict]:
 
 def apply_preset(data: Mapping, preset: str, where: str = "sweep") -> dict:
     """The parsed sweep file ``data`` with its preset ``preset`` laid over it (plain data for
-    :func:`sweep_from_dict`): every field the preset names (in its ``set``, ``grid`` or ``zip``)
+    :func:`sweep_from_dict`): the preset's ``config``, if it names one, replaces the base config;
+    every field the preset names (in its ``set``, ``grid`` or ``zip``)
     leaves the file's ``set``, ``grid`` and ``zip`` and takes the preset's value or list; the
     preset's ``zip`` lists join the file's remaining ones (all of one length). The runs go to
     ``output_dir/PRESET`` and the sweep is named ``NAME_PRESET``."""
@@ -566,6 +567,8 @@ def apply_preset(data: Mapping, preset: str, where: str = "sweep") -> dict:
     for t in ("set", "grid", "zip"):
         kept = {k: v for k, v in _flatten(pre + t, data.get(t, {})).items() if k not in named}
         out[t] = kept | tables[t]
+    if "config" in over:
+        out["config"] = over["config"]
     out["output_dir"] = f"{data.get('output_dir', 'runs')}/{preset}"
     if "name" in data:
         out["name"] = f"{data['name']}_{preset}"
