@@ -63,7 +63,13 @@ def test_hyperrep_presets_split_as_the_paper_and_as_the_authors_code():
     # paper section 4.1: 300 train / 300 validation per client for both partitions; 5 epochs of batch 64
     for _, cfg in _runs("fig2a", "paper"):
         p, a = cfg.problem, cfg.algorithm
-        assert (p.val_fraction, a.inner_local_steps, p.batch_size, a.neumann_steps, a.inner_rounds) == (0.5, 25, 64, 5, 1)
+        assert (p.val_fraction, a.inner_local_steps, p.batch_size, a.neumann_steps, a.inner_rounds) == (
+            0.5,
+            25,
+            64,
+            5,
+            1,
+        )
         assert (a.outer_local_steps, a.clients_per_round, p.n_clients, p.dropout) == (1, 10, 100, 0.0)
     # the authors' scripts: iid 300 / 300, non-iid 480 / 120, Dropout(0.5)
     split = {cfg.problem.partition: (cfg.problem.val_fraction, cfg.algorithm.inner_local_steps)
@@ -112,6 +118,11 @@ def test_fig4_runs_lfednest_with_the_minimax_estimator_and_the_notebook_preset()
         assert (c.problem.outer_regularization, a.clients_per_round, c.problem.n_clients) == (0.1, 50, 1000)
         assert (a.outer_iterations, a.inner_lr, a.outer_lr) == (200, 0.001, 0.001)
         if a.name != "fedavg_s":
-            assert (a.hypergradient, a.inner_rounds, a.inner_local_steps, a.outer_local_steps) == ("direct", 10, 50, 500)
+            assert (a.hypergradient, a.inner_rounds, a.inner_local_steps, a.outer_local_steps) == (
+                "direct",
+                10,
+                50,
+                500,
+            )
         else:
             assert a.inner_local_steps == 500

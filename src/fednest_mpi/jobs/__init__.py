@@ -10,8 +10,9 @@ Three kinds of files, all TOML except the templates:
   overrides, a ``[grid]`` (cartesian product) and a ``[zip]`` (lock-step lists) of config
   fields, the ``[resources]`` of one run, optionally a ``[scaling]`` study over rank counts, and
   named ``[presets.NAME]`` (:func:`apply_preset`): each a ``description``, optionally its own base
-  ``config``, and its own ``set`` / ``grid`` / ``zip`` laid over the file's, e.g. a figure under the paper's stated settings and
-  under the authors' published scripts (``jobs/sweeps/fig*.toml``: ``paper``, ``authors_code``).
+  ``config``, and its own ``set`` / ``grid`` / ``zip`` laid over the file's, e.g. a figure under the
+  paper's stated settings and under the authors' published scripts (``jobs/sweeps/fig*.toml``:
+  ``paper``, ``authors_code``).
 * the **templates** (package data in ``templates/`` beside this module, or a folder passed as
   ``templates=``): ``slurm_run.sbatch``, ``slurm_array.sbatch`` and
   ``mpirun_local.sh``, with ``{{placeholders}}`` (a :class:`string.Template` whose delimiter
@@ -539,7 +540,9 @@ def _presets(pre: str, data: Mapping) -> dict[str, dict]:
     """The ``[presets.NAME]`` tables of a parsed sweep file, checked for their keys."""
     presets = data.get("presets", {})
     if not isinstance(presets, dict) or not all(isinstance(v, dict) for v in presets.values()):
-        raise UsageError(f'{pre}presets: expected tables [presets.NAME] with set / grid / zip, e.g. [presets.paper.set]')
+        raise UsageError(
+            f"{pre}presets: expected tables [presets.NAME] with set / grid / zip, e.g. [presets.paper.set]"
+        )
     for name, table in presets.items():
         _word(f"{pre}presets.{name}", name)
         _check_keys(f"{pre}presets.{name}.", table, _PRESET_FIELDS)
@@ -897,8 +900,8 @@ def render_all(
     templates: str | Path | None = None,
     preset: str = "",
 ) -> list[Path]:
-    """Write everything for one sweep (with ``preset``: that preset of it, :func:`apply_preset`) on one site (a built-in site's name or a site file) into
-    ``out_dir`` and return the paths:
+    """Write everything for one sweep (with ``preset``: that preset of it, :func:`apply_preset`) on one
+    site (a built-in site's name or a site file) into ``out_dir`` and return the paths:
 
     * ``NAME.tasks`` -- one line per run (:func:`write_tasks_file`),
     * ``NAME.array.sbatch`` -- the job array (``sbatch out_dir/NAME.array.sbatch``),
