@@ -126,3 +126,13 @@ def test_fig4_runs_lfednest_with_the_minimax_estimator_and_the_notebook_preset()
             )
         else:
             assert a.inner_local_steps == 500
+
+
+def test_the_authors_fedihgp_defect_is_an_opt_in_preset_only():
+    """Default estimator everywhere; the 1/k-weighted FedIHGP only under fig2a's -P authors_estimator."""
+    for figure in FIGURES:
+        for preset in PRESETS:
+            assert {c.algorithm.hypergradient_estimator for _, c in _runs(figure, preset)
+                    if hasattr(c.algorithm, "hypergradient_estimator")} <= {"neumann"}  # fmt: skip
+    opt_in = {(c.algorithm.name, c.algorithm.hypergradient_estimator) for _, c in _runs("fig2a", "authors_estimator")}
+    assert opt_in == {("fednest", "authors_neumann"), ("lfednest", "neumann")}
