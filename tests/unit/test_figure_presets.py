@@ -92,7 +92,7 @@ def test_losstuning_presets_and_the_non_federated_baseline():
     for preset in PRESETS:
         runs = _runs("fig3a", preset)
         pooled = [c for _, c in runs if c.problem.n_clients == 1]
-        assert len(pooled) == 6 and all(c.algorithm.clients_per_round == 1 and c.problem.tune_loss for c in pooled)
+        assert len(pooled) == 3 and all(c.algorithm.clients_per_round == 1 and c.problem.tune_loss for c in pooled)
         untuned = [c for _, c in runs if not c.problem.tune_loss]
         assert len(untuned) == 6 and all(c.problem.n_clients == 100 for c in untuned)
     for _, cfg in _runs("fig3a", "paper"):  # section 4.2: 80 / 20, 784-200-100-10; appendix H: batch 64, N 5, T 1
