@@ -18,7 +18,8 @@
 #   -o FIG_DIR     where the figures and the table go (default figs); -r and -o are relative to
 #                  the repository root
 #   -s SITE        run on a cluster instead: render the sweep for SITE (a site file, jobs/sites/*.toml),
-#                  submit it as a SLURM job array and, after it, a job that draws it (this script with -p)
+#                  submit it as a SLURM job array and, after it, a job that draws it (this script with -p);
+#                  the sweep's full length (no -k)
 # Needs FEDNEST_DATA (the folder holding mnist/) and the project's virtual environment.
 # Runs go to runs/NAME/PRESET; writes FIG_DIR/NAME_PRESET_iteration.png, FIG_DIR/NAME_PRESET_comm_rounds.png
 # and FIG_DIR/NAME_PRESET_table.md.
@@ -46,6 +47,7 @@ for v in "$RANKS" "$PARALLEL" ${ITERATIONS:+"$ITERATIONS"}; do
 done
 if [ -n "$RUN_DIR" ] && [ "$PLOT_ONLY" -eq 0 ]; then echo "$0: -r RUN_DIR goes with -p (the sweep writes to runs/$FIGURE/$PRESET)" >&2; exit 2; fi
 if [ -n "$SITE" ] && [ "$PLOT_ONLY" -eq 1 ]; then echo "$0: -s SITE submits the runs; -p only draws them: give one of the two" >&2; exit 2; fi
+if [ -n "$SITE" ] && [ -n "$ITERATIONS" ]; then echo "$0: -s SITE runs the sweep's full length; -k shortens local runs only: drop -k" >&2; exit 2; fi
 RUN_DIR=${RUN_DIR:-runs/$FIGURE/$PRESET}
 NAME=${FIGURE}_$PRESET
 SCRIPT="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
@@ -58,7 +60,7 @@ if [ -n "$SITE" ]; then  # the cluster: the sweep as a job array, then this scri
     fednest-mpi jobs render "jobs/sweeps/$FIGURE.toml" --preset "$PRESET" --site "$SITE" --out-dir "runs/jobs/$NAME" > /dev/null
     ARRAY=$(sbatch --parsable "runs/jobs/$NAME/$NAME.array.sbatch")
     DRAW=$(sbatch --parsable --dependency="afterany:${ARRAY%%;*}" --job-name="$NAME-plot" --output="runs/jobs/$NAME/logs/plot.out" \
-        --wrap "bash $SCRIPT -P $PRESET -p -o $FIG_DIR ${ITERATIONS:+-k $ITERATIONS}")
+        --wrap "bash $SCRIPT -P $PRESET -p -o $FIG_DIR")
     echo "submitted: runs ${ARRAY%%;*} (array), drawing $DRAW after them; output: $FIG_DIR/${NAME}_*"
     exit 0
 fi
