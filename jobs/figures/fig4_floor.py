@@ -30,7 +30,14 @@ def main(argv: list[str]) -> int:
         df = load_run(path)
         cfg = config.from_dict(df.attrs["config"])
         a = cfg.algorithm
-        if a.name != "fednest" or a.clients_per_round >= cfg.problem.n_clients:
+        if (
+            a.name != "fednest"
+            or a.clients_per_round >= cfg.problem.n_clients
+            or cfg.heterogeneity.local_work != "full"
+        ):
+            continue  # the closed form: FedNest, |S| < M, every client the same local steps
+        if a.inner_rounds != 1:  # the authors_code preset's T = 10: the closed form is for T = 1
+            print(f"| {path}: T = {a.inner_rounds}, no closed form (T = 1 only) | | | | |")
             continue
         var_y, var_x = fednest_sampling_floor(build_problem(cfg.problem, cfg.seed, range(cfg.problem.n_clients)), a)
         tail = df[df.iteration >= start]

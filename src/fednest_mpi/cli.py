@@ -145,6 +145,14 @@ def _parser() -> argparse.ArgumentParser:
         default="best",
         help="legend inside the axes where it covers least (default), right of them, below them, or none",
     )
+    plot.add_argument(
+        "--constant",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="draw the runs with this config value as a constant, a black dashed line at their final value "
+        "(a baseline, e.g. --constant problem.tune_loss=false: Fig. 3's untuned accuracy; repeatable: all must hold)",
+    )
     plot.add_argument("--size", metavar="WxH", help="figure size in inches, e.g. 3.5x2.6 (default: 6.4x4.4 per plot)")
     plot.add_argument("--dpi", type=float, default=150, help="resolution of a .png (default %(default)s)")
     rec = sub.add_parser(
@@ -187,9 +195,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     ren.add_argument("--no-check", dest="check", action="store_false", help="do not validate every task's config first")
     lst = jsub.add_parser(
-        "list", help="print the runs of a sweep", epilog="example: fednest-mpi jobs list jobs/sweeps/weak_scaling.toml"
+        "list", help="print the runs of a sweep", epilog="example: fednest-mpi jobs list jobs/sweeps/fig4.toml -P paper"
     )
     lst.add_argument("sweep", help="sweep file (jobs/sweeps/*.toml)")
+    for p in (ren, lst):
+        p.add_argument(
+            "--preset",
+            "-P",
+            default="",
+            help="a named [presets.NAME] of the sweep file laid over it (figures: paper, authors_code); "
+            "its runs go to OUTPUT_DIR/NAME (default: none, the file as written)",
+        )
     dl = sub.add_parser(
         "download",
         help="fetch MNIST, Fashion-MNIST or UCI Adult (needs internet), checking checksums",
@@ -387,6 +403,7 @@ def _analyse(args) -> int:
                 labels=_labels(args.labels),
                 legend=args.legend,
                 dpi=args.dpi,
+                constant=args.constant,
             )
             print(f"output: {args.output}")
     except UsageError as exc:
@@ -422,10 +439,16 @@ def _jobs(args) -> int:
 
     try:
         if args.jobs_command == "list":
-            print(jobs.describe(jobs.expand(jobs.load_sweep(args.sweep))), end="")
+            print(jobs.describe(jobs.expand(jobs.load_sweep(args.sweep, args.preset))), end="")
             return 0
         paths = jobs.render_all(
-            args.sweep, args.site, args.out_dir, workdir=args.workdir, launcher=args.launcher, check=args.check
+            args.sweep,
+            args.site,
+            args.out_dir,
+            workdir=args.workdir,
+            launcher=args.launcher,
+            check=args.check,
+            preset=args.preset,
         )
     except UsageError as exc:
         print(f"fednest-mpi: error: {exc}", file=sys.stderr)

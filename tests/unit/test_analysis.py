@@ -561,3 +561,18 @@ def test_every_built_in_algorithm_has_its_papers_name():
 
     builtin = [n for n in config.ALGORITHMS.names() if ":" not in n and n not in config.ALGORITHMS.entry_points()]
     assert set(builtin) <= set(ALGORITHM_LABELS), set(builtin) - set(ALGORITHM_LABELS)
+
+
+def test_constant_runs_are_drawn_as_a_dashed_line_at_their_final_value(runs):
+    """``plot(constant=[FIELD=VALUE])`` (Fig. 3's untuned baseline): the matching group is one black dashed
+    horizontal line at the mean over its runs of each one's last value; the other groups stay curves."""
+    fig = post.plot(runs, metric="x_error", group_by="algorithm.name", constant=["algorithm.name=lfednest"])
+    ax = fig.axes[0]
+    finals = [read_run(p)[1]["x_error"][-1] for p in runs if "lfednest" in str(p)]
+    flat = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(flat) == 1 and flat[0].get_color() == "k"
+    assert list(flat[0].get_ydata()) == pytest.approx([np.mean(finals)] * 2)
+    assert any(len(line.get_xdata()) > 2 for line in ax.get_lines())  # FedNest is still a curve
+    assert _texts(fig)["legend"] == ["FedNest", "LFedNest (final value)"]
+    with pytest.raises(UsageError, match=r"constant: expected FIELD=VALUE"):
+        post.plot(runs, metric="x_error", constant=["lfednest"])

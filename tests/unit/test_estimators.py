@@ -112,6 +112,22 @@ def test_local_neumann_converges_to_the_mean_of_local_inverses_in_one_round(smal
     assert float((local - exact).norm()) > 1e-2 * float(exact.norm())
 
 
+@pytest.mark.parametrize("n_steps", [1, 5])
+def test_authors_neumann_is_their_published_1_over_k_local_series_not_an_inverse(small_config, n_steps):
+    """The opt-in ``authors_neumann`` (their global_batch FedIHGP, reference notes section 1.4):
+    eta [v + sum_{k=1..N} (1/k) mean_i (I - eta G_i)^k v] with the global v and each client's own G_i."""
+    prob, fed, alg, x, y, v, exact = _at_a_point(small_config, "authors_neumann", neumann_steps=n_steps)
+    p, rounds, _ = _estimate(fed, alg, 1, x, y)
+    assert rounds == 2
+    G, eta = prob._data["G"], alg.cfg.neumann_scale
+    eye = torch.eye(G.shape[1], dtype=G.dtype)
+    terms = [torch.linalg.matrix_power(eye - eta * G, k).mean(0) @ v / k for k in range(1, n_steps + 1)]
+    torch.testing.assert_close(p, eta * (v + sum(terms)), rtol=1e-12, atol=1e-14)
+    correct, _, _ = _estimate(*_at_a_point(small_config, "neumann", neumann_steps=n_steps)[1:3], 1, x, y)
+    if n_steps > 1:  # the 1/k weights shrink the series: further from H^-1 v than the correct one
+        assert float((p - exact).norm()) > float((correct - exact).norm())
+
+
 def _local_gradient_descent_fixed_point(prob, b, eta, steps):
     """The fixed point of v -> mean_i [v_i after `steps` steps of v_i <- v_i - eta (G_i v_i - b_i)]."""
     G = prob._data["G"]
@@ -164,7 +180,13 @@ def test_warm_start_state_is_checkpointed_and_restored(small_config):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-ROUNDS = {"neumann": lambda n: 1 + n, "local_neumann": lambda n: 1, "cg": lambda n: 1 + n, "warm_start": lambda n: 1}
+ROUNDS = {
+    "neumann": lambda n: 1 + n,
+    "local_neumann": lambda n: 1,
+    "cg": lambda n: 1 + n,
+    "warm_start": lambda n: 1,
+    "authors_neumann": lambda n: 2,
+}
 
 
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))

@@ -191,3 +191,38 @@ def test_runs_on_the_mnist_problems_with_client_state_by_id(name, problem):
     assert len({tuple(r[:5].tolist()) for r in moved}) == len(moved)  # each its own inner variable
     torch.testing.assert_close(y, rows.mean(0))
     assert np.isfinite(prob.evaluate(x, y)["test_accuracy"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sampled_clients_resume_their_stale_rows(small_config, name):
+    """Client sampling (beyond the paper): a round reads and writes the rows of its members only, so
+    a client outside S keeps its y^(m) (y_{t-1}^(m), omega^(m)) bitwise, and a returning client's round
+    starts from its stored, stale rows (FedBiOAcc: its first STORM difference at its old y_{t-1}^(m))."""
+    from fednest_mpi.algorithms.fednest import P
+
+    cfg = _config(small_config, name=name, clients_per_round=4, sync_period=2)
+    prob, _, alg = _setup(cfg)
+    n = cfg.problem.n_clients
+    ids = np.arange(n)
+    x, y = _run(alg, prob, 1, 3, *prob.initial_point())
+    members = alg.sample_clients(P.OUTER_CLIENTS, 4).ids
+    returning = [i for i in members if alg.store.seen(np.array([i]))[0]]
+    outside = np.setdiff1d(ids, members)
+    assert returning and outside.size  # the seed gives both kinds
+    names = list(alg.store.initial)
+    before = {k: alg.store.get(k, ids).clone() for k in names}
+    x_ref, _, _ = alg.step(4, x, y)
+    for k in names:  # the rows of clients outside S stayed as they were
+        torch.testing.assert_close(alg.store.get(k, outside), before[k][outside], rtol=0, atol=0)
+        assert not torch.equal(alg.store.get(k, members), before[k][members])
+
+    def rerun(client, row):  # round 4 again from the state after round 3, one stored row changed
+        prob2, _, alg2 = _setup(cfg)
+        _run(alg2, prob2, 1, 3, *prob2.initial_point())
+        stale = alg2.store.get(row, np.array([client]))
+        alg2.store.put(np.array([client]), **{row: stale + 1.0})
+        return alg2.step(4, x, y)[0]
+
+    row = "y_prev" if name == "fedbioacc" else "y"
+    assert torch.equal(rerun(int(outside[0]), row), x_ref)  # a non-member's row is not read
+    assert not torch.equal(rerun(int(returning[0]), row), x_ref)  # a returning member's stale row is

@@ -74,9 +74,33 @@ def test_a_shortened_figure_is_tabulated_at_the_iterations_it_reaches(tmp_path):
     done = subprocess.run(["bash", str(script), "-p", "-k", "5", "-r", str(runs), "-o", str(figs)],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    head, _, *rows = (figs / "fig2a_table.md").read_text().splitlines()
+    head, _, *rows = (figs / "fig2a_paper_table.md").read_text().splitlines()
     assert [c.strip() for c in head.split("|")][3:-2] == ["5"]
     assert len(rows) == 4 and all(row.split("|")[3].strip() != "-" for row in rows)
-    assert (figs / "fig2a_iteration.png").stat().st_size > 5000
+    assert (figs / "fig2a_paper_iteration.png").stat().st_size > 5000
     bad = subprocess.run(["bash", str(script), "-r", str(runs)], capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "-r RUN_DIR goes with -p" in bad.stderr
+
+
+def test_a_figure_goes_to_a_cluster_as_an_array_and_a_plot_job_after_it(tmp_path):
+    """`fig2c.sh -P authors_code -s SITE`: the preset's array script is submitted, then `fig2c.sh -p` with
+    `--dependency=afterany` on it; `-k` with `-s` is refused (the cluster runs the full length)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch.calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho 4242\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    (bin_dir / "fednest-mpi").write_text(f'#!/bin/sh\nexec {sys.executable} -m fednest_mpi "$@"\n')
+    (bin_dir / "fednest-mpi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": str(tmp_path)}
+    script = FIGURES / "fig2c.sh"
+    done = subprocess.run(["bash", str(script), "-P", "authors_code", "-s", "example-cluster"],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    array, plot = calls.read_text().splitlines()
+    assert array == "--parsable runs/jobs/fig2c_authors_code/fig2c_authors_code.array.sbatch"
+    assert "--dependency=afterany:4242" in plot and plot.endswith(f"bash {script} -P authors_code -p -o figs")
+    bad = subprocess.run(["bash", str(script), "-s", "example-cluster", "-k", "5"],
+                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert bad.returncode == 2 and "drop -k" in bad.stderr
+    unknown = subprocess.run(["bash", str(script), "-P", "paperr", "-p"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 2 and "no preset 'paperr'" in unknown.stderr

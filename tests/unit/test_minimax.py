@@ -32,13 +32,14 @@ STEPS = {  # the step sizes and local steps of the Figure 4 runs
 }
 
 
-def _config(n_clients=100, s=1.0, dim=3, seed=4, **algorithm):
+def _config(n_clients=100, s=1.0, dim=3, seed=4, heterogeneity=None, **algorithm):
     algo = {"outer_iterations": 40, "clients_per_round": n_clients, **STEPS}
     return config.from_dict(
         {
             "seed": seed,
             "problem": {"name": "minimax", "n_clients": n_clients, "dim": dim, "heterogeneity": s},
             "algorithm": config.algorithm_fields(algorithm.get("name", "fednest"), algo | algorithm),
+            "heterogeneity": heterogeneity or {},
         }
     )
 
@@ -200,3 +201,33 @@ def test_config_rejects_minimax_only_choices_on_other_problems(small_config):
         small_config(algorithm={"hypergradient": "direct"})
     with pytest.raises(ConfigError, match="algorithm.name: 'fedavg_s'"):
         small_config(algorithm={"name": "fedavg_s"})
+
+
+DRIFT = {"local_work": "uniform", "local_work_min": 0.1}  # client i: tau_i ~ U{1..10} local steps (Fig. 4 preset)
+FIG4 = {  # jobs/sweeps/fig4.toml: LFedNest with Algorithm 5's minimax line, as FedNest's eq. (9)
+    "fednest": {"name": "fednest", "hypergradient": "direct"},
+    "lfednest": {"name": "lfednest", "hypergradient": "direct"},
+    "fedavg_s": {"name": "fedavg_s"},
+}
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_fig4_client_drift_puts_fednest_ahead_of_lfednest_and_lfednest_below_fedavg_s(seed):
+    """Figure 4's two messages at full participation. Without drift (equal local work) LFedNest's local
+    steps average to FedNest's (every client's Hessians are I and lambda I): the two runs coincide. With
+    tau_i ~ U{1..10} LFedNest's average weights b_i by 1 - (1 - beta)^tau_i and stalls at an s^2-sized
+    error, while FedNest's SVRG steps share one target and still converge linearly; FedAvg-S (simultaneous
+    steps, client-specific 2x2 maps) stalls higher than LFedNest."""
+
+    def final(name, s=1.0, drift=True):
+        cfg = _config(s=s, seed=seed, outer_iterations=60, heterogeneity=DRIFT if drift else None, **FIG4[name])
+        return np.array(simulate(cfg, MPI.COMM_SELF).history["x_sq_error"])
+
+    same_f, same_l = final("fednest", drift=False), final("lfednest", drift=False)
+    np.testing.assert_allclose(same_l[:25], same_f[:25], rtol=1e-6)  # no drift: the same iterates
+    fednest, lfednest, fedavg_s = final("fednest"), final("lfednest"), final("fedavg_s")
+    assert fednest[-1] < 1e-20 * fednest[0]  # linear convergence despite drift
+    assert lfednest[-1] > 1e-12 and abs(lfednest[-1] / lfednest[-10] - 1) < 1e-3  # a plateau
+    assert lfednest[-1] < 0.8 * fedavg_s[-1]  # "LFedNest slightly outperforms FedAvg-S"
+    ratio = final("lfednest", s=10.0)[-1] / lfednest[-1]
+    assert ratio == pytest.approx(100.0, rel=1e-3)  # the drift bias is proportional to s (error to s^2)

@@ -70,3 +70,13 @@ def test_base_cycle_of_two(tmp_path):
     (tmp_path / "b.toml").write_text('base = "a.toml"\n')
     with pytest.raises(ConfigError, match="leads back to itself"):
         config.load(tmp_path / "a.toml")
+
+
+def test_fedbio_configs_update_every_client_every_round_as_the_paper():
+    """FedBiO / FedBiOAcc (Li, Huang & Huang, Algorithms 2 and 3) update all M clients at every step;
+    client sampling is an opt-in (--set algorithm.clients_per_round=...)."""
+    loaded = {p: config.load(p) for p in SHIPPED if p.parent.name == "fedbio"}
+    fedbio = {p: c for p, c in loaded.items() if c.algorithm.name in ("fedbio", "fedbioacc")}
+    assert len(fedbio) >= 6
+    sampled = [str(p) for p, c in fedbio.items() if c.algorithm.clients_per_round != c.problem.n_clients]
+    assert not sampled, sampled

@@ -236,6 +236,44 @@ class LocalNeumann(Estimator):
         return p
 
 
+class AuthorsNeumann(Estimator):
+    """The authors' published FedIHGP (``--hvp_method global_batch``; ``../shared/notes/fednest-reference.md``
+    section 1.4), a defect kept as an opt-in so that a run can show how much of their published curves it
+    explains (``hypergradient_estimator = "authors_neumann"``; never a default): with v = mean_S0 nabla_y f_i,
+
+        p = eta [v + sum_{k=1..N} (1/k) mean_{i in S0} (I - eta nabla^2_yy g_i)^k v]
+
+    -- each client multiplies v by its **own** (I - eta H_i), and the k-th term is weighted 1/k (their list of
+    partial sums is never reset). It is not an estimate of H^{-1} v: for small eta H and N = 5 it is about
+    3.3 eta v where the Neumann series of Alg. 3 gives about 6 eta v. Rounds: 2 (v, then the mean of the
+    clients' sums; the authors' code counts N + 1, but its N middle rounds carry nothing a client needs)."""
+
+    name = "authors_neumann"
+
+    @classmethod
+    def rounds(cls, cfg) -> int:
+        return 2
+
+    def estimate(self, k, x, y, S):
+        alg, cfg = self.alg, self.alg.cfg
+        S0 = self.clients(k, 0, S)
+        v = self.outer_gradient(k, x, y, S0)
+
+        def rows(piece):
+            ids, m = piece.local_ids, piece.local_ids.size
+            X, Y = alg._rows(x, m), alg._rows(y, m)
+            r = p = alg._rows(v, m)
+            for j in range(1, cfg.neumann_steps + 1):
+                r = r - cfg.neumann_scale * alg.problem.hvp_yy_inner(
+                    ids, X, Y, r, Sample(alg.key(P.HVP_SAMPLE, k, -1), j)
+                )
+                p = p + r / j
+            return [cfg.neumann_scale * p]
+
+        (p,) = alg.fed.mean_over(S0, rows)
+        return p
+
+
 class ConjugateGradient(Estimator):
     """Conjugate gradient on H p = v with H = mean_S0 nabla^2_yy g_i(x, y), v = mean_S0 nabla_y f_i, from
     p_0 = 0 (Hestenes & Stiefel 1952): one round for v, then one aggregated product H d per iteration,
@@ -310,5 +348,5 @@ class WarmStart(Estimator):
 
 #: The estimators by ``algorithm.hypergradient_estimator``; the config field's choices are these names.
 ESTIMATORS: dict[str, type[Estimator]] = {
-    cls.name: cls for cls in (FedIHGP, LocalNeumann, ConjugateGradient, WarmStart)
+    cls.name: cls for cls in (FedIHGP, LocalNeumann, ConjugateGradient, WarmStart, AuthorsNeumann)
 }

@@ -33,10 +33,19 @@ alpha_t proportional to (u + t)^(-1/3)), the momentum weights a_t = min(1, a_1 (
 b_t likewise (MRBO's c alpha_t^2 with c = a_1 / alpha_1^2; ``momentum_outer`` = a_1,
 ``momentum_inner`` = b_1), and where in the local iteration the averaging falls (above).
 
-Client sampling (the paper has none): a round's participants S (``clients_per_round``) start from
-the averaged x (and x_{t-1}, nu) and from their own stored y^(m), y_{t-1}^(m), omega^(m); a
-client that skipped rounds resumes with its stored state. The state lives on the rank that hosts
-the client (:class:`ClientStore`), so results do not depend on the number of ranks.
+Client sampling (the paper has none: Algorithms 2 and 3 update all M clients at every step, which is
+``clients_per_round = n_clients``, the shipped configs' choice): a round's participants S
+(``clients_per_round``) start from the averaged x (and x_{t-1}, nu) and from their own stored y^(m),
+y_{t-1}^(m), omega^(m). A client outside S runs nothing and its rows stay as they were, so a client
+that skipped rounds resumes with **stale** state: its y^(m) was last moved for the x of its last
+round, and in FedBiOAcc the first STORM differences of its round pair the current averages with its
+old rows -- nu's difference Phi^(m)(x_t, y_t) - Phi^(m)(x̄_{t-1}, y_{t-1}^(m)) and omega's
+grad_y g^(m)(x_t, y_t) - grad_y g^(m)(x̄_{t-1}, y_{t-1}^(m)), with x̄_{t-1} the server's x_{t-1} of
+the previous round and y_{t-1}^(m) the client's y from the next-to-last iteration of its own last
+round, however long ago. A client's first round starts omega^(m) as its fresh gradient (weight 1).
+With ``clients_per_round = n_clients`` none of this arises. The state lives on the rank that hosts
+the client (:class:`ClientStore`), so results do not depend on the number of ranks
+(tests/unit/test_fedbio.py checks the stale rows).
 
 System heterogeneity (:mod:`fednest_mpi.heterogeneity`): a member that does not answer a round runs no
 local iteration and keeps its stored state, as a client outside S does; a round nobody answered leaves x

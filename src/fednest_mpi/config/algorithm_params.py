@@ -92,8 +92,10 @@ def _hypergradient_estimator():
         "FedOut's estimate of [nabla^2_yy g]^-1 nabla_y f (algorithms/estimators.py): neumann (FedIHGP, Alg. 3: "
         "1 + N rounds), local_neumann (each client's own series, Alg. 5, averaged: 1 round), cg (conjugate "
         "gradient, one aggregated Hessian-vector product per iteration: 1 + at most N rounds), warm_start (v kept "
-        "across iterations, N local steps on 1/2 v^T H v - v^T grad_y f: 1 round)",
-        choices=("neumann", "local_neumann", "cg", "warm_start"),
+        "across iterations, N local steps on 1/2 v^T H v - v^T grad_y f: 1 round), authors_neumann (NOT an "
+        "inverse: the authors' published FedIHGP, eta [v + sum_{k=1..N} (1/k) mean_i (I - eta H_i)^k v], its 1/k "
+        "weights and local Hessian powers kept to show how much of their curves they explain: 2 rounds)",
+        choices=("neumann", "local_neumann", "cg", "warm_start", "authors_neumann"),
     )
 
 
@@ -137,7 +139,7 @@ def _check_randomized_neumann(params) -> None:
     if params.ihgp_mode == "randomized" and params.neumann_steps < 1:
         raise ConfigError("algorithm.neumann_steps: the randomized FedIHGP draws N' from {0..N-1}, so N must be >= 1")
     estimator = getattr(params, "hypergradient_estimator", "neumann")
-    if params.ihgp_mode == "randomized" and estimator in ("cg", "warm_start"):
+    if params.ihgp_mode == "randomized" and estimator in ("cg", "warm_start", "authors_neumann"):
         raise ConfigError(
             f"algorithm.ihgp_mode: 'randomized' truncates a Neumann series, which hypergradient_estimator = "
             f"{estimator!r} does not use; set ihgp_mode = 'truncated' or hypergradient_estimator = 'neumann'"

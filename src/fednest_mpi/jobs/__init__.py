@@ -8,7 +8,11 @@ Three kinds of files, all TOML except the templates:
   data in ``sites/`` beside this module and are named by their stem; any other site is a path.
 * a **sweep** file (``jobs/sweeps/*.toml``, :func:`load_sweep`): a base config, fixed ``[set]``
   overrides, a ``[grid]`` (cartesian product) and a ``[zip]`` (lock-step lists) of config
-  fields, the ``[resources]`` of one run, optionally a ``[scaling]`` study over rank counts.
+  fields, the ``[resources]`` of one run, optionally a ``[scaling]`` study over rank counts, and
+  named ``[presets.NAME]`` (:func:`apply_preset`): each a ``description``, optionally its own base
+  ``config``, and its own ``set`` / ``grid`` / ``zip`` laid over the file's, e.g. a figure under the
+  paper's stated settings and under the authors' published scripts (``jobs/sweeps/fig*.toml``:
+  ``paper``, ``authors_code``).
 * the **templates** (package data in ``templates/`` beside this module, or a folder passed as
   ``templates=``): ``slurm_run.sbatch``, ``slurm_array.sbatch`` and
   ``mpirun_local.sh``, with ``{{placeholders}}`` (a :class:`string.Template` whose delimiter
@@ -417,6 +421,8 @@ class Sweep:
     scaling: Scaling | None = None
     description: str = ""
     path: str = ""
+    preset: str = ""  #: the preset laid over the file (:func:`apply_preset`); empty: none
+    presets: Mapping[str, str] = field(default_factory=dict)  #: the file's presets: name -> description
 
 
 _SWEEP_FIELDS = (
@@ -431,7 +437,9 @@ _SWEEP_FIELDS = (
     "zip",
     "resources",
     "scaling",
+    "presets",
 )
+_PRESET_FIELDS = ("description", "config", "set", "grid", "zip")
 _SCALING_FIELDS = ("kind", "ranks", "per_rank")
 _RESERVED = ("run.output", "run.overwrite")
 
@@ -451,6 +459,7 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
     if "config" not in data:
         raise UsageError(f'{pre}config: missing; name the base config, e.g. config = "configs/quadratic.toml"')
     kw: dict[str, Any] = {"name": name, "config": _string(pre + "config", data["config"], empty=False)}
+    kw["presets"] = {k: str(v.get("description", "")) for k, v in _presets(pre, data).items()}
     if "name" in data:
         kw["name"] = _label(_string(pre + "name", data["name"], empty=False))
     for key in ("description", "output_dir", "name_pattern"):
@@ -527,10 +536,57 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
     return sweep
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep file (``jobs/sweeps/*.toml``); the name defaults to the file's stem."""
+def _presets(pre: str, data: Mapping) -> dict[str, dict]:
+    """The ``[presets.NAME]`` tables of a parsed sweep file, checked for their keys."""
+    presets = data.get("presets", {})
+    if not isinstance(presets, dict) or not all(isinstance(v, dict) for v in presets.values()):
+        raise UsageError(
+            f"{pre}presets: expected tables [presets.NAME] with set / grid / zip, e.g. [presets.paper.set]"
+        )
+    for name, table in presets.items():
+        _word(f"{pre}presets.{name}", name)
+        _check_keys(f"{pre}presets.{name}.", table, _PRESET_FIELDS)
+    return presets
+
+
+def apply_preset(data: Mapping, preset: str, where: str = "sweep") -> dict:
+    """The parsed sweep file ``data`` with its preset ``preset`` laid over it (plain data for
+    :func:`sweep_from_dict`): the preset's ``config``, if it names one, replaces the base config;
+    every field the preset names (in its ``set``, ``grid`` or ``zip``)
+    leaves the file's ``set``, ``grid`` and ``zip`` and takes the preset's value or list; the
+    preset's ``zip`` lists join the file's remaining ones (all of one length). The runs go to
+    ``output_dir/PRESET`` and the sweep is named ``NAME_PRESET``."""
+    pre = f"{where}: "
+    presets = _presets(pre, data)
+    if preset not in presets:
+        known = ", ".join(presets) or "none"
+        raise UsageError(
+            f"{pre}presets: no preset {preset!r} in this sweep (its presets: {known})" + did_you_mean(preset, presets)
+        )
+    over = presets[preset]
+    tables = {t: _flatten(f"{pre}presets.{preset}.{t}", over.get(t, {})) for t in ("set", "grid", "zip")}
+    named = {key for table in tables.values() for key in table}
+    out = {k: v for k, v in data.items() if k not in ("set", "grid", "zip")}
+    for t in ("set", "grid", "zip"):
+        kept = {k: v for k, v in _flatten(pre + t, data.get(t, {})).items() if k not in named}
+        out[t] = kept | tables[t]
+    if "config" in over:
+        out["config"] = over["config"]
+    out["output_dir"] = f"{data.get('output_dir', 'runs')}/{preset}"
+    if "name" in data:
+        out["name"] = f"{data['name']}_{preset}"
+    return out
+
+
+def load_sweep(path: str | Path, preset: str = "") -> Sweep:
+    """Read and validate a sweep file (``jobs/sweeps/*.toml``); the name defaults to the file's stem.
+    With ``preset``, that ``[presets.NAME]`` of the file laid over it (:func:`apply_preset`)."""
     data = _read_toml(path, "sweep")
-    return dataclasses.replace(sweep_from_dict(data, str(path), name=_label(Path(path).stem)), path=str(path))
+    stem = _label(Path(path).stem)
+    if preset:
+        data, stem = apply_preset(data, preset, str(path)), f"{stem}_{preset}"
+    sweep = sweep_from_dict(data, str(path), name=stem)
+    return dataclasses.replace(sweep, path=str(path), preset=preset)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -842,9 +898,10 @@ def render_all(
     launcher: str | None = None,
     check: bool = True,
     templates: str | Path | None = None,
+    preset: str = "",
 ) -> list[Path]:
-    """Write everything for one sweep on one site (a built-in site's name or a site file) into
-    ``out_dir`` and return the paths:
+    """Write everything for one sweep (with ``preset``: that preset of it, :func:`apply_preset`) on one
+    site (a built-in site's name or a site file) into ``out_dir`` and return the paths:
 
     * ``NAME.tasks`` -- one line per run (:func:`write_tasks_file`),
     * ``NAME.array.sbatch`` -- the job array (``sbatch out_dir/NAME.array.sbatch``),
@@ -858,7 +915,7 @@ def render_all(
     directory), where every script changes directory first. With ``check`` every task's config
     is validated first, so a typo in a field name is reported here and nothing is written.
     """
-    sweep, machine = load_sweep(sweep_path), load_site(site)
+    sweep, machine = load_sweep(sweep_path, preset), load_site(site)
     if launcher is not None and launcher not in LAUNCHERS:
         raise UsageError(
             f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS)

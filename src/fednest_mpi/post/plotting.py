@@ -16,7 +16,15 @@ import numpy as np
 
 from fednest_mpi.errors import UsageError
 from fednest_mpi.post.labels import axis_label, group_label, problem_label
-from fednest_mpi.post.load import Run, check_columns, common_primary_metrics, differences, group_values, read_runs
+from fednest_mpi.post.load import (
+    Run,
+    check_columns,
+    check_group_by,
+    common_primary_metrics,
+    differences,
+    group_values,
+    read_runs,
+)
 from fednest_mpi.post.stats import finite, group_mean_sd, running_mean
 
 if TYPE_CHECKING:
@@ -87,6 +95,25 @@ def _how(runs: Sequence[Run], fields: list[str], groups, smooth: int) -> tuple[s
     return how, per_entry
 
 
+def _constant_runs(runs, items: Sequence[str]):
+    """A predicate: is this run drawn as a constant (``plot(constant=...)``)? Checks every ``FIELD=VALUE``."""
+    wanted = []
+    for item in items:
+        field, sep, value = item.partition("=")
+        if not sep or not field:
+            raise UsageError(f"constant: expected FIELD=VALUE, e.g. problem.tune_loss=false, got {item!r}")
+        check_group_by(runs, field)
+        wanted.append((field, value.strip().lower()))
+    return lambda r: bool(wanted) and all(str(r.config[f]).lower() == v for f, v in wanted)
+
+
+def _constant_line(ax, arrays, label: str) -> None:
+    """A black dashed line at the mean over ``arrays`` of each one's last finite value."""
+    finals = [finite(a)[-1] for a in arrays if finite(a).size]
+    if finals:
+        ax.axhline(float(np.mean(finals)), color="k", ls="--", lw=1.5, label=f"{label} (final value)")
+
+
 def plot(
     paths,
     out=None,
@@ -104,6 +131,7 @@ def plot(
     labels: Mapping[str, str] | None = None,
     legend: str = "best",
     dpi: float = 150,
+    constant: Sequence[str] = (),
 ) -> Figure:
     """Draw ``metric`` against ``x_axis`` for several runs and return the matplotlib Figure (edit it, or
     save it with ``fig.savefig(path)``); with ``out`` it is also written there (.png, .pdf or .svg, by
@@ -134,6 +162,10 @@ def plot(
     legend : ``best`` (inside the axes, where it covers least), ``right`` or ``below`` the axes (for
         small figures and many lines), or ``none``.
     dpi : resolution of a PNG.
+    constant : ``FIELD=VALUE`` items (``problem.tune_loss=false``): the runs whose config has that value
+        (every one of them, for several items) are drawn as a constant, a black dashed horizontal line at
+        their final value (mean over the line's runs of each run's last finite value, after ``smooth``):
+        a baseline such as the paper's Fig. 3 untuned accuracy.
     """
     from matplotlib.figure import Figure  # no pyplot: no global state, no display; savefig picks Agg/PDF by suffix
 
@@ -156,6 +188,7 @@ def plot(
     check_columns(runs, metrics, "metric")
     fields, groups = group_values(runs, group_by)
     labels = dict(labels or {})
+    is_constant = _constant_runs(runs, constant)
 
     ncols = min(len(metrics), 2)
     nrows = math.ceil(len(metrics) / ncols)
@@ -187,9 +220,15 @@ def plot(
             for r, (color, style) in zip(runs, styles):
                 x, y = np.asarray(r.data[x_axis], dtype=float), series[id(r)][m]
                 ok = np.isfinite(y)
+                if is_constant(r):
+                    _constant_line(ax, [y], labels.get(r.name, r.name))
+                    continue
                 ax.plot(x[ok], y[ok], color=color, ls=style, lw=1.5, label=labels.get(r.name, r.name))
         else:
             for (values, members), (color, style) in zip(groups, styles):
+                if all(is_constant(r) for r in members):
+                    _constant_line(ax, [series[id(r)][m] for r in members], group_label(fields, values, labels))
+                    continue
                 stats = group_mean_sd([series[id(r)] for r in members], m, x_axis)
                 ok = np.isfinite(stats.mean)
                 label = group_label(fields, values, labels)
