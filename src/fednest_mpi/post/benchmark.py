@@ -52,6 +52,7 @@ __all__ = [
     "TaskRow",
     "benchmark_table",
     "chosen_rows",
+    "follow_up_sweeps",
     "grid_edges",
     "read_benchmark_file",
     "task_rows",
@@ -140,8 +141,9 @@ def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
             )
         tolerance = task.get("tie_tolerance", 0.0)
         if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
-            raise UsageError(f"{where}: tie_tolerance: expected a number >= 0 (0: ties at relative 1e-9 only), "
-                             f"got {tolerance!r}")
+            raise UsageError(
+                f"{where}: tie_tolerance: expected a number >= 0 (0: ties at relative 1e-9 only), got {tolerance!r}"
+            )
         runs = Path(task["runs"])
         out.append(
             BenchmarkTask(
@@ -298,9 +300,14 @@ def chosen_rows(rows: Sequence[TaskRow], task: BenchmarkTask) -> set[int]:
 
         reach = [i for i in pool if _mean(rows[i].tuning.rounds_to_target) < math.inf]
         if reach:
-            stages = [(rounds, 0.0), (lambda i: _mean(rows[i].tuning.bytes_to_target), 0.0), (metric, task.tie_tolerance)]
+            stages = [
+                (rounds, 0.0),
+                (lambda i: _mean(rows[i].tuning.bytes_to_target), 0.0),
+                (metric, task.tie_tolerance),
+            ]
             pool = reach
         else:
+
             def missed(i: int) -> float:
                 return float(sum(not math.isfinite(x) for x in rows[i].tuning.rounds_to_target))
 
@@ -311,17 +318,100 @@ def chosen_rows(rows: Sequence[TaskRow], task: BenchmarkTask) -> set[int]:
     return chosen
 
 
-def grid_edges(rows: Sequence[TaskRow], index: int) -> list[str]:
+def grid_edges(rows: Sequence[TaskRow], index: int) -> dict[str, str]:
     """The fields of row ``index``'s setting (numbers) whose value is the smallest or the largest that its
-    algorithm's rows tried: the grid does not bracket that value. As 'FIELD smallest' / 'FIELD largest'."""
+    algorithm's rows tried, each with 'smallest' or 'largest': the grid does not bracket that value."""
     row = rows[index]
-    out = []
+    out = {}
     for key, value in row.setting.items():
         if _order(value)[0]:
             continue
         tried = {r.setting[key] for r in rows if r.algorithm == row.algorithm and not _order(r.setting.get(key))[0]}
         if len(tried) > 1 and value in (min(tried), max(tried)):
-            out.append(f"{key.rsplit('.', 1)[-1]} {'smallest' if value == min(tried) else 'largest'}")
+            out[key] = "smallest" if value == min(tried) else "largest"
+    return out
+
+
+def _edges_text(edges: dict[str, str]) -> str:
+    return "edge of grid: " + ", ".join(f"{k.rsplit('.', 1)[-1]} {side}" for k, side in edges.items())
+
+
+def _beyond(tried: Sequence[float], value: float) -> float:
+    """The next value past ``value``, an end of the sorted ``tried``, at the grid's ratio (or step) there."""
+    low = value == tried[0]
+    inner = tried[1] if low else tried[-2]
+    if value > 0 and inner > 0:
+        nxt = value * (value / inner)
+    else:
+        nxt = value + (value - inner)
+    return float(f"{nxt:.12g}")
+
+
+def _toml(value) -> str:
+    return json.dumps(value)  # numbers, strings and booleans of a setting read the same in TOML
+
+
+def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict, what: str) -> str:
+    pattern = "_".join([row.algorithm, *(f"{k.rsplit('.', 1)[-1]}{{{k}}}" for k in row.setting), "seed{seed}"])
+    lines = [
+        f"# Written by fednest-mpi report --benchmark --follow-up (docs/benchmarks.md): task {task.name}, "
+        f"{row.algorithm}: {what}",
+        f'description = "benchmark {task.name}: {row.algorithm}, {what}"',
+        f"config = {_toml(str(config_file.resolve()))}",
+        f"output_dir = {_toml(str(task.runs.resolve()))}",
+        f"name_pattern = {_toml(pattern)}",
+        "overwrite = true",
+        "",
+        "[grid]",
+        *(f"{key} = [{', '.join(_toml(v) for v in values)}]" for key, values in grid.items()),
+        "",
+        "[resources]",
+        'time = "00:10:00"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) -> list[Path]:
+    """The sweep files that carry the tuning protocol of docs/benchmarks.md on from the runs of the benchmark
+    file ``path`` (tasks whose runs folder does not exist yet are skipped), written to ``folder``; none when
+    it is complete. For each algorithm with a chosen row: with ``extend``, where a tuned value is at an edge
+    of the grid (:func:`grid_edges`), the next value beyond it (the grid's ratio there) with every value
+    tried of the other tuned fields, on the tuning seeds; otherwise the chosen setting on the reported seeds
+    it has not run. Each sweep runs the chosen row's own config (written beside it as JSON)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for task in read_benchmark_file(path):
+        if not task.runs.exists():
+            continue
+        rows = task_rows(task)
+        for i in sorted(chosen_rows(rows, task)):
+            row = rows[i]
+            stem = f"{task.name}_{row.algorithm}"
+            config_file = folder / f"{stem}.json"
+            edges = grid_edges(rows, i) if extend else {}
+            if edges:
+                key = next(iter(edges))
+                tried = sorted({r.setting[key] for r in rows if r.algorithm == row.algorithm})
+                grid = {
+                    k: sorted({r.setting[k] for r in rows if r.algorithm == row.algorithm}, key=_order)
+                    for k in row.setting
+                }
+                grid[key] = [_beyond(tried, row.setting[key])]
+                what = f"{key} extended past the edge of its grid to {grid[key][0]}, tuning seeds"
+                grid["seed"] = list(task.tune_seeds)
+                sweep = folder / f"{stem}_extend.toml"
+            else:
+                missing = [s for s in task.report_seeds if s not in {r.config.get("seed", 0) for r in row.report.runs}]
+                if not missing:
+                    continue
+                grid = {k: [v] for k, v in row.setting.items()}
+                grid["seed"] = missing
+                what = "the chosen setting on the reported seeds"
+                sweep = folder / f"{stem}_report.toml"
+            _write_config(row.tuning.runs[0], config_file)
+            sweep.write_text(_sweep_text(task, row, config_file, grid, what), encoding="utf-8")
+            out.append(sweep)
     return out
 
 
@@ -341,15 +431,21 @@ def _at_budget(values: Sequence[float]) -> str:
     return cell if n_ran in (0, len(values)) else f"{cell} ({n_ran}/{len(values)})"
 
 
-def _config_file(row: TaskRow, task: BenchmarkTask, folder: Path) -> Path:
-    """The config of the row's first reported run (seed 0's, say), as JSON: ``--set seed=S`` gives the others."""
-    stem = "_".join([task.name, row.algorithm, *(f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in row.setting.items())])
-    path = folder / f"{stem.replace('/', '-').replace(' ', '')}.json"
-    cfg = json.loads(json.dumps((row.report.runs or row.tuning.runs)[0].attrs.get("config", {})))
+def _write_config(run: Run, path: Path) -> Path:
+    """The config of ``run`` as JSON at ``path``, without its output paths: ``--set seed=S`` gives the others."""
+    cfg = json.loads(json.dumps(run.attrs.get("config", {})))
     cfg.get("run", {}).pop("output", None)
     cfg.get("run", {}).pop("checkpoint_dir", None)
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
+
+
+def _config_file(row: TaskRow, task: BenchmarkTask, folder: Path) -> Path:
+    """The config of the row's first reported run (seed 0's, say; else its first tuning run), as JSON."""
+    stem = "_".join([task.name, row.algorithm, *(f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in row.setting.items())])
+    return _write_config(
+        (row.report.runs or row.tuning.runs)[0], folder / f"{stem.replace('/', '-').replace(' ', '')}.json"
+    )
 
 
 def _setting_text(row: TaskRow) -> str:
@@ -393,7 +489,7 @@ def benchmark_table(
             setting = _setting_text(row)
             if i in chosen and len(row.setting):
                 edges = grid_edges(rows, i)
-                notes[i] = f"edge of grid: {', '.join(edges)}" if edges else ""
+                notes[i] = _edges_text(edges) if edges else ""
                 setting = f"**{setting}** (chosen{'; ' + notes[i] if edges else ''})"
             link = "-"
             if folder is not None:
