@@ -464,7 +464,12 @@ def benchmark_table(
     folder = Path(configs_dir) if configs_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
+    if not any(task.runs.exists() for task in tasks):
+        task_rows(tasks[0])  # the error that names the sweep to run
     for task in tasks:
+        if not task.runs.exists():
+            lines += [f"### {task.name}", "", f"Not run here yet: `bash jobs/benchmarks/run.sh {task.name}`.", ""]
+            continue
         rows = task_rows(task)
         tune, report = (", ".join(map(str, s)) for s in (task.tune_seeds, task.report_seeds))
         at = f"{task.metric} at {task.budget_rounds}"
