@@ -405,3 +405,28 @@ def test_a_bad_seed_split_or_tolerance_is_one_usage_error(tmp_path, extra, messa
     path.write_text('[[task]]\nname = "q"\nruns = "r"\nmetric = "x_error"\ntarget = 1\nbudget_rounds = 5\n' + extra)
     with pytest.raises(UsageError, match=re.escape(message)):
         post.read_benchmark_file(path)
+
+
+def test_a_report_sweep_of_real_runs_reruns_the_chosen_config_into_its_row(tmp_path):
+    """Real runs: the report sweep's tasks (the chosen row's JSON config, --set seed=S) give run files that
+    join the chosen row, so the protocol ends with its numbers on the reported seeds."""
+    from fednest_mpi import jobs
+
+    runs = tmp_path / "q"
+    runs.mkdir()
+    for seed in (100, 101, 102):
+        for lr in (0.05, 0.2):
+            _write_run(runs / f"lfednest_lr{lr}_s{seed}.h5", seed, name="lfednest", outer_lr=lr)
+    path = tmp_path / "b.toml"
+    path.write_text(
+        f'[[task]]\nname = "q"\nruns = "{runs}"\nmetric = "x_error"\ntarget = {TARGET}\nbudget_rounds = 20\n'
+    )
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f", extend=False)
+    for task in jobs.expand(jobs.load_sweep(sweep)):
+        cfg = config.load(task.config, [*task.overrides, f"run.output={json.dumps(task.output)}"])
+        write_run(task.output, cfg)
+    (task,) = post.read_benchmark_file(path)
+    rows = post.benchmark.task_rows(task)
+    (chosen,) = post.benchmark.chosen_rows(rows, task)
+    assert len(rows) == 2 and [r.config["seed"] for r in rows[chosen].report.runs] == [0, 1, 2]
+    assert post.benchmark.follow_up_sweeps(path, tmp_path / "g", extend=False) == []
