@@ -4,7 +4,7 @@
 # then write the table. Usage: bash jobs/benchmarks/run.sh [-j N] TASK ...   (TASK: a folder of jobs/benchmarks/)
 # Example: bash jobs/benchmarks/run.sh -j 2 quadratic quadratic_uneven
 # The tasks of jobs/benchmarks/table.toml give docs/benchmarks/table.md, those of mnist.toml docs/benchmarks/mnist.md,
-# each once every task of its file has runs. SLURM: docs/benchmarks.md, "On a cluster".
+# each once some task of its file has runs (the others are named with their command). SLURM: docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 FEDNEST=${FEDNEST:-.venv/bin/fednest-mpi}
@@ -39,7 +39,7 @@ for table in jobs/benchmarks/table.toml jobs/benchmarks/mnist.toml; do
         mv "$out.tmp" "$out"
         echo "output: $out"
     else
-        rm -f "$out.tmp"   # some task of the file has no runs here yet
+        rm -f "$out.tmp"   # no task of the file has runs here yet
     fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
