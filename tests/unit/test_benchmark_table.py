@@ -430,3 +430,15 @@ def test_a_report_sweep_of_real_runs_reruns_the_chosen_config_into_its_row(tmp_p
     (chosen,) = post.benchmark.chosen_rows(rows, task)
     assert len(rows) == 2 and [r.config["seed"] for r in rows[chosen].report.runs] == [0, 1, 2]
     assert post.benchmark.follow_up_sweeps(path, tmp_path / "g", extend=False) == []
+
+
+def test_report_follow_up_prints_the_sweeps_it_writes(tmp_path, capsys):
+    path = _curve_runs(
+        tmp_path / "r", {0.1: _both([1.0, 1e-5, 1e-6, 1e-7, 1e-8]), 0.2: _both([1.0, 1e-2, 1e-3, 1e-5, 1e-6])}
+    )
+    assert cli.main(["report", "--benchmark", str(path), "--follow-up", str(tmp_path / "f")]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "f" / "t_fedmsa_extend.toml")]  # 0.1: the smallest
+    assert cli.main(["report", "--benchmark", str(path), "--follow-up", str(tmp_path / "g"), "--no-extend"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "g" / "t_fedmsa_report.toml")]
+    assert cli.main(["report", str(path), "--follow-up", str(tmp_path / "h")]) == 2
+    assert "--follow-up" in capsys.readouterr().err
