@@ -285,8 +285,8 @@ def _data(args) -> int:
 def _run(args) -> int:
     from fednest_mpi import config as configuration
     from fednest_mpi.comm import world  # starts MPI (after the thread-level setting)
-    from fednest_mpi.logs import setup_logging
     from fednest_mpi.errors import RunFailed
+    from fednest_mpi.logs import setup_logging
     from fednest_mpi.session import Session, report_failure, report_usage_error
 
     comm = world()
