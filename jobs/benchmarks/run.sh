@@ -1,28 +1,47 @@
 #!/usr/bin/env bash
-# The benchmark table (docs/benchmarks.md): render and run every sweep of the named tasks on this machine,
+# The benchmark table (docs/benchmarks.md): render and run every tuning sweep of the named tasks on this machine,
+# carry the tuning protocol on (grids extended past an edge, then the chosen settings on the reported seeds),
 # then write the table. Usage: bash jobs/benchmarks/run.sh [-j N] TASK ...   (TASK: a folder of jobs/benchmarks/)
-# Example: bash jobs/benchmarks/run.sh -j 2 quadratic
-# On a SLURM site: fednest-mpi jobs render jobs/benchmarks/TASK/ALG.toml --site jobs/sites/YOURS.toml, sbatch
-# the .array.sbatch of each, then the report line at the end of this script.
+# Example: bash jobs/benchmarks/run.sh -j 2 quadratic quadratic_uneven
+# The tasks of jobs/benchmarks/table.toml give docs/benchmarks/table.md, those of mnist.toml docs/benchmarks/mnist.md,
+# each once some task of its file has runs (the others are named with their command). SLURM: docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 FEDNEST=${FEDNEST:-.venv/bin/fednest-mpi}
+EXTENSIONS=${EXTENSIONS:-2}   # at most this many grid extensions per algorithm and task
 jobs=1
 failed=()
 if [ "${1:-}" = "-j" ]; then jobs=$2; shift 2; fi
-if [ $# -eq 0 ] || [ "${1:-}" = "-h" ]; then sed -n '2,6p' "$0"; exit 2; fi
+if [ $# -eq 0 ] || [ "${1:-}" = "-h" ]; then sed -n '2,7p' "$0"; exit 2; fi
+run_sweep() {   # run_sweep SWEEP_FILE OUT_DIR: render for this machine and run; a failed run is noted, not fatal
+    local name
+    name=$(basename "$1" .toml)
+    "$FEDNEST" jobs render "$1" --site local -o "$2/$name" > /dev/null
+    echo "== $name"
+    # a run that diverges (a grid value too large) exits 1: a result of the tuning grid, not a reason to stop
+    bash "$2/$name/$name.local.sh" -j "$jobs" || failed+=("$name")
+}
 for task in "$@"; do
     [ -d "jobs/benchmarks/$task" ] || { echo "run.sh: no task $task (the folders of jobs/benchmarks/)" >&2; exit 2; }
-    for sweep in jobs/benchmarks/"$task"/*.toml; do
-        name=$(basename "$sweep" .toml)
-        "$FEDNEST" jobs render "$sweep" --site local -o "runs/jobs/benchmarks/$task/$name" > /dev/null
-        echo "== $task / $name"
-        # a run that diverges (a grid value too large) exits 1: a result of the tuning grid, not a reason to stop
-        bash "runs/jobs/benchmarks/$task/$name/$name.local.sh" -j "$jobs" || failed+=("$task/$name")
-    done
+    for sweep in jobs/benchmarks/"$task"/*.toml; do run_sweep "$sweep" "runs/jobs/benchmarks/$task"; done
 done
-"$FEDNEST" report --benchmark jobs/benchmarks/table.toml --configs-dir docs/benchmarks/configs > docs/benchmarks/table.md
-echo "output: docs/benchmarks/table.md"
+for table in jobs/benchmarks/table.toml jobs/benchmarks/mnist.toml; do
+    for pass in $(seq 0 "$EXTENSIONS"); do   # extend the grids at most EXTENSIONS times, then report the chosen
+        flag=$([ "$pass" -lt "$EXTENSIONS" ] && echo "" || echo "--no-extend")
+        dir=runs/jobs/benchmarks/follow-up/$(basename "$table" .toml)/$pass
+        rm -rf "$dir"
+        sweeps=$("$FEDNEST" report --benchmark "$table" --follow-up "$dir" $flag)
+        for sweep in $sweeps; do run_sweep "$sweep" "$dir"; done
+        [ -n "$sweeps" ] || break
+    done
+    out=docs/benchmarks/$(basename "$table" .toml).md
+    if "$FEDNEST" report --benchmark "$table" --configs-dir docs/benchmarks/configs > "$out.tmp" 2> /dev/null; then
+        mv "$out.tmp" "$out"
+        echo "output: $out"
+    else
+        rm -f "$out.tmp"   # no task of the file has runs here yet
+    fi
+done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "run.sh: sweeps with failed runs (see their logs under runs/jobs/benchmarks/): ${failed[*]}" >&2
     exit 1

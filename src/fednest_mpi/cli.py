@@ -71,6 +71,17 @@ def _parser() -> argparse.ArgumentParser:
         help="with --benchmark: write each row's config there as JSON and link it from the table",
     )
     rep.add_argument(
+        "--follow-up",
+        metavar="DIR",
+        help="with --benchmark: instead of the table, write to DIR the sweeps that carry the tuning protocol on "
+        "(a grid extended past an edge, the chosen setting on the reported seeds) and print their paths",
+    )
+    rep.add_argument(
+        "--no-extend",
+        action="store_true",
+        help="with --follow-up: no grid extension, only the chosen settings on the reported seeds",
+    )
+    rep.add_argument(
         "--metric",
         "-m",
         dest="metrics",
@@ -374,12 +385,16 @@ def _analyse(args) -> int:
         if args.command == "report" and args.benchmark:
             if args.runs:
                 raise UsageError("--benchmark reads the runs its file names; drop the run files from the command")
-            base = Path(args.configs_dir).parent if args.configs_dir else None
-            print(post.benchmark_table(args.benchmark, args.configs_dir, link_base=base), end="")
+            if args.follow_up:
+                for sweep in post.benchmark.follow_up_sweeps(args.benchmark, args.follow_up, not args.no_extend):
+                    print(sweep)
+            else:
+                base = Path(args.configs_dir).parent if args.configs_dir else None
+                print(post.benchmark_table(args.benchmark, args.configs_dir, link_base=base), end="")
         elif args.command == "report" and not args.runs:
             raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
-        elif args.command == "report" and args.configs_dir:
-            raise UsageError("--configs-dir goes with --benchmark FILE")
+        elif args.command == "report" and (args.configs_dir or args.follow_up or args.no_extend):
+            raise UsageError("--configs-dir, --follow-up and --no-extend go with --benchmark FILE")
         elif args.command == "report" and args.at:
             metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
             print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))

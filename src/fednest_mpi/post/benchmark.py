@@ -1,8 +1,8 @@
 """The benchmark table (docs/benchmarks.md): algorithms side by side on the field's tasks, in communication
-rounds and bytes, over seeds.
+rounds and bytes, over seeds, each algorithm tuned by one protocol.
 
 A *benchmark file* (TOML, e.g. ``jobs/benchmarks/table.toml``) lists the tasks; each names the folder of
-its run files (one sweep per task), the metric, the target and the budget of rounds::
+its run files (one sweep per algorithm and task), the metric, the target and the budget of rounds::
 
     [[task]]
     name = "quadratic"                       # the row label of the task
@@ -11,15 +11,21 @@ its run files (one sweep per task), the metric, the target and the budget of rou
     metric = "x_error"                       # a recorded column; its direction is what the run files declare
     target = 1e-6                            # "reached" = first iteration at or beyond it
     budget_rounds = 300                      # the value at the last iteration within this many rounds
+    tune_seeds = [100, 101, 102]             # (default) the seeds that choose each algorithm's setting
+    report_seeds = [0, 1, 2]                 # (default) the seeds the table reports; none in tune_seeds
+    tie_tolerance = 0.0                      # (default) metric values this close tie (besides relative 1e-9)
 
 For every task the runs are grouped by ``algorithm.name`` and by every other config field (seeds
 aside) that differs between the runs of one algorithm (a tuning grid shows one row per setting).
-Each row gives mean ± sd over its runs (seeds) of: the rounds and bytes at which the metric first
-reaches the target (over the runs that reach it, with their count), and the metric at the budget
-(the last iteration within it; a run that stopped short of the budget, e.g. diverged, has none: the cell
-counts the runs that have one, '-' if none);
-and the configs of the row written as JSON files beside the table, so each cell links the config
-that produced it (``fednest-mpi run CONFIG.json --set seed=S``).
+Each row gives, on the tuning seeds and, separately, on the reported seeds, mean ± sd of: the rounds
+and bytes at which the metric first reaches the target (over the runs that reach it, with their
+count), and the metric at the budget (the last iteration within it; a run that stopped short of the
+budget, e.g. diverged, has none: the cell counts the runs that have one, '-' if none); runs on
+other seeds are not read. Each algorithm's setting is chosen on the tuning seeds only
+(:func:`chosen_rows`, the rule of docs/benchmarks.md) and marked "edge of grid" where a tuned value
+is the smallest or largest tried (:func:`grid_edges`). The configs of the rows are written as JSON
+files beside the table, so each cell links the config that produced it (``fednest-mpi run
+CONFIG.json --set seed=S``).
 """
 
 from __future__ import annotations
@@ -40,10 +46,28 @@ from fednest_mpi.post.stats import higher_is_better
 from fednest_mpi.post.tables import format_mean_sd, format_number
 from fednest_mpi.text import format_bytes
 
-__all__ = ["BenchmarkTask", "TaskRow", "benchmark_table", "read_benchmark_file", "task_rows"]
+__all__ = [
+    "BenchmarkTask",
+    "Numbers",
+    "TaskRow",
+    "benchmark_table",
+    "chosen_rows",
+    "follow_up_sweeps",
+    "grid_edges",
+    "read_benchmark_file",
+    "task_rows",
+    "ties",
+]
 
 #: what may differ between the runs (seeds) of one row
 SEED_FIELDS = ("seed", "run.output", "run.checkpoint_dir", "run.overwrite", "mpi_size")
+
+
+#: the seeds that choose each algorithm's setting, and the seeds the table reports (docs/benchmarks.md)
+TUNE_SEEDS = (100, 101, 102)
+REPORT_SEEDS = (0, 1, 2)
+#: two values tie when they differ by at most this fraction of the larger one (or the task's tie_tolerance)
+TIE_RTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,20 @@ class BenchmarkTask:
     metric: str
     target: float
     budget_rounds: int
+    tune_seeds: tuple[int, ...] = TUNE_SEEDS
+    report_seeds: tuple[int, ...] = REPORT_SEEDS
+    tie_tolerance: float = 0.0
+
+
+def _seeds(where: str, key: str, value) -> tuple[int, ...]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+        or len(set(value)) != len(value)
+    ):
+        raise UsageError(f"{where}: {key}: expected a list of distinct integer seeds such as [0, 1, 2], got {value!r}")
+    return tuple(value)
 
 
 def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
@@ -79,6 +117,7 @@ def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
         "target": (int, float),
         "budget_rounds": int,
     }
+    optional = ("tune_seeds", "report_seeds", "tie_tolerance")
     for i, task in enumerate(tasks):
         for key, kind in kinds.items():
             value = task.get(key)
@@ -86,10 +125,24 @@ def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
                 raise UsageError(
                     f"{p}: task {i + 1}: {key}: expected a {getattr(kind, '__name__', 'number')}, got {value!r}"
                 )
-        unknown = sorted(set(task) - set(kinds))
+        unknown = sorted(set(task) - set(kinds) - set(optional))
         if unknown:
             raise UsageError(
-                f"{p}: task {task['name']!r}: unknown field(s) {', '.join(unknown)}; known: {', '.join(kinds)}"
+                f"{p}: task {task['name']!r}: unknown field(s) {', '.join(unknown)}; known: "
+                f"{', '.join([*kinds, *optional])}"
+            )
+        where = f"{p}: task {task['name']!r}"
+        tune = _seeds(where, "tune_seeds", task.get("tune_seeds", list(TUNE_SEEDS)))
+        report = _seeds(where, "report_seeds", task.get("report_seeds", list(REPORT_SEEDS)))
+        if set(tune) & set(report):
+            raise UsageError(
+                f"{where}: tune_seeds and report_seeds share seed(s) {sorted(set(tune) & set(report))}; "
+                "tune on seeds the table does not report"
+            )
+        tolerance = task.get("tie_tolerance", 0.0)
+        if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
+            raise UsageError(
+                f"{where}: tie_tolerance: expected a number >= 0 (0: ties at relative 1e-9 only), got {tolerance!r}"
             )
         runs = Path(task["runs"])
         out.append(
@@ -99,45 +152,63 @@ def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
                 task["metric"],
                 float(task["target"]),
                 task["budget_rounds"],
+                tune,
+                report,
+                float(tolerance),
             )
         )
     return out
 
 
 @dataclass
+class Numbers:
+    """A row's runs on one set of seeds (in seed order) and their numbers, one per run."""
+
+    runs: list[Run]
+    rounds_to_target: list[float]  # NaN where the target is not reached
+    bytes_to_target: list[float]
+    value_at_budget: list[float]  # NaN where the run stopped short of the budget
+
+
+@dataclass
 class TaskRow:
-    """One row of a task: an algorithm (and setting) with its runs and their numbers."""
+    """One row of a task: an algorithm (and setting) with its runs on the tuning and on the reported seeds."""
 
     algorithm: str
     setting: dict  # the fields that set this row apart from the algorithm's other rows
-    runs: list[Run]
-    rounds_to_target: list[float]  # per run; NaN where the target is not reached
-    bytes_to_target: list[float]
-    value_at_budget: list[float]
+    tuning: Numbers  # the task's tune_seeds: what chooses the setting
+    report: Numbers  # the task's report_seeds: what the table reports
 
 
 def _reached(values: np.ndarray, target: float, up: bool) -> np.ndarray:
     return values >= target if up else values <= target
 
 
-def _numbers(run: Run, task: BenchmarkTask) -> tuple[float, float, float]:
-    values = np.asarray(run.data[task.metric], dtype=float)
-    rounds = np.asarray(run.data["comm_rounds"], dtype=float)
-    nbytes = np.asarray(run.data["comm_bytes"], dtype=float)
-    up = higher_is_better(task.metric, run.higher_is_better(task.metric))
-    hit = np.flatnonzero(_reached(values, task.target, up) & np.isfinite(values))
-    first = int(hit[0]) if hit.size else None
-    within = np.flatnonzero(rounds <= task.budget_rounds)
-    at_budget = float(values[within[-1]]) if within.size and rounds[-1] >= task.budget_rounds else math.nan
-    return (
-        float(rounds[first]) if first is not None else math.nan,
-        float(nbytes[first]) if first is not None else math.nan,
-        at_budget,
-    )
+def _numbers(runs: list[Run], task: BenchmarkTask) -> Numbers:
+    out = Numbers(sorted(runs, key=lambda r: r.config.get("seed", 0)), [], [], [])
+    for run in out.runs:
+        values = np.asarray(run.data[task.metric], dtype=float)
+        rounds = np.asarray(run.data["comm_rounds"], dtype=float)
+        nbytes = np.asarray(run.data["comm_bytes"], dtype=float)
+        up = higher_is_better(task.metric, run.higher_is_better(task.metric))
+        hit = np.flatnonzero(_reached(values, task.target, up) & np.isfinite(values))
+        within = np.flatnonzero(rounds <= task.budget_rounds)
+        ran = within.size and rounds[-1] >= task.budget_rounds
+        out.rounds_to_target.append(float(rounds[hit[0]]) if hit.size else math.nan)
+        out.bytes_to_target.append(float(nbytes[hit[0]]) if hit.size else math.nan)
+        out.value_at_budget.append(float(values[within[-1]]) if ran else math.nan)
+    return out
+
+
+def _order(value) -> tuple:
+    """Sort key of a setting's value: numbers by size, before anything else (by its JSON)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, json.dumps(value, sort_keys=True, default=str))
 
 
 def task_rows(task: BenchmarkTask) -> list[TaskRow]:
-    """The rows of one task, in the order of algorithm name then setting."""
+    """The rows of one task, in the order of algorithm name then setting (numbers by size)."""
     if not task.runs.exists():
         raise UsageError(
             f"task {task.name!r}: runs: {str(task.runs)!r} does not exist; run the task's sweep "
@@ -160,24 +231,194 @@ def task_rows(task: BenchmarkTask) -> list[TaskRow]:
         settings: dict[str, list[Run]] = {}
         for run in members:
             settings.setdefault(json.dumps([run.config.get(k) for k in varying], default=str), []).append(run)
-        for key in sorted(settings):
-            group = sorted(settings[key], key=lambda r: r.config.get("seed", 0))
-            numbers = [_numbers(r, task) for r in group]
-            rows.append(
-                TaskRow(
-                    algorithm,
-                    {k: group[0].config.get(k) for k in varying},
-                    group,
-                    [n[0] for n in numbers],
-                    [n[1] for n in numbers],
-                    [n[2] for n in numbers],
+        groups = sorted(settings.values(), key=lambda g: [_order(g[0].config.get(k)) for k in varying])
+        for group in groups:
+            tuning = [r for r in group if r.config.get("seed", 0) in task.tune_seeds]
+            report = [r for r in group if r.config.get("seed", 0) in task.report_seeds]
+            if tuning or report:
+                rows.append(
+                    TaskRow(
+                        algorithm,
+                        {k: group[0].config.get(k) for k in varying},
+                        _numbers(tuning, task),
+                        _numbers(report, task),
+                    )
                 )
-            )
     return rows
+
+
+def ties(a: float, b: float, tolerance: float = 0.0) -> bool:
+    """Whether ``a`` and ``b`` are equal at numerical precision: within ``tolerance`` (absolute) or within
+    :data:`TIE_RTOL` of the larger magnitude."""
+    return abs(a - b) <= max(tolerance, TIE_RTOL * max(abs(a), abs(b)))
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, or +inf unless every value is finite (a run without the number counts as the worst)."""
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()) if v.size and np.isfinite(v).all() else math.inf
+
+
+def _best(pool: list[int], score, tolerance: float) -> list[int]:
+    """The members of ``pool`` whose score (lower is better, +inf the worst) ties with the lowest."""
+    scores = {i: score(i) for i in pool}
+    low = min(scores.values())
+    if not math.isfinite(low):
+        return pool
+    return [i for i in pool if math.isfinite(scores[i]) and ties(scores[i], low, tolerance)]
+
+
+def chosen_rows(rows: Sequence[TaskRow], task: BenchmarkTask) -> set[int]:
+    """The index of each algorithm's chosen row, by the rule of docs/benchmarks.md on the tuning seeds only
+    (an algorithm without a row run on every tuning seed has none chosen):
+
+    1. the rows whose every tuning run reaches the target, by the fewest mean rounds to the target, ties
+       by the fewest mean bytes, ties by the best mean metric at the budget;
+    2. if no row reaches the target in every tuning run: the best mean metric at the budget (a run
+       without a value there, e.g. diverged, makes its row the worst), ties by the most runs that reach
+       the target, ties by their fewest mean rounds.
+
+    Two numbers tie when :func:`ties` says so (relative 1e-9, or the task's ``tie_tolerance`` for the
+    metric); rows still tied after every criterion go to the first in the table's order."""
+    by_algorithm: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_algorithm.setdefault(row.algorithm, []).append(i)
+    chosen = set()
+    for members in by_algorithm.values():
+        pool = [i for i in members if {r.config.get("seed", 0) for r in rows[i].tuning.runs} == set(task.tune_seeds)]
+        if not pool:
+            continue
+        up = higher_is_better(task.metric, rows[pool[0]].tuning.runs[0].higher_is_better(task.metric))
+
+        def metric(i: int) -> float:
+            value = _mean(rows[i].tuning.value_at_budget)
+            return -value if up and math.isfinite(value) else value
+
+        def rounds(i: int) -> float:
+            hit = [x for x in rows[i].tuning.rounds_to_target if math.isfinite(x)]
+            return float(np.mean(hit)) if hit else math.inf
+
+        reach = [i for i in pool if _mean(rows[i].tuning.rounds_to_target) < math.inf]
+        if reach:
+            stages = [
+                (rounds, 0.0),
+                (lambda i: _mean(rows[i].tuning.bytes_to_target), 0.0),
+                (metric, task.tie_tolerance),
+            ]
+            pool = reach
+        else:
+
+            def missed(i: int) -> float:
+                return float(sum(not math.isfinite(x) for x in rows[i].tuning.rounds_to_target))
+
+            stages = [(metric, task.tie_tolerance), (missed, 0.0), (rounds, 0.0)]
+        for score, tolerance in stages:
+            pool = _best(pool, score, tolerance)
+        chosen.add(pool[0])
+    return chosen
+
+
+def grid_edges(rows: Sequence[TaskRow], index: int) -> dict[str, str]:
+    """The fields of row ``index``'s setting (numbers) whose value is the smallest or the largest that its
+    algorithm's rows tried, each with 'smallest' or 'largest': the grid does not bracket that value."""
+    row = rows[index]
+    out = {}
+    for key, value in row.setting.items():
+        if _order(value)[0]:
+            continue
+        tried = {r.setting[key] for r in rows if r.algorithm == row.algorithm and not _order(r.setting.get(key))[0]}
+        if len(tried) > 1 and value in (min(tried), max(tried)):
+            out[key] = "smallest" if value == min(tried) else "largest"
+    return out
+
+
+def _edges_text(edges: dict[str, str]) -> str:
+    return "edge of grid: " + ", ".join(f"{k.rsplit('.', 1)[-1]} {side}" for k, side in edges.items())
+
+
+def _beyond(tried: Sequence[float], value: float) -> float:
+    """The next value past ``value``, an end of the sorted ``tried``, at the grid's ratio (or step) there."""
+    low = value == tried[0]
+    inner = tried[1] if low else tried[-2]
+    if value > 0 and inner > 0:
+        nxt = value * (value / inner)
+    else:
+        nxt = value + (value - inner)
+    return float(f"{nxt:.12g}")
+
+
+def _toml(value) -> str:
+    return json.dumps(value)  # numbers, strings and booleans of a setting read the same in TOML
+
+
+def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict, what: str) -> str:
+    pattern = "_".join([row.algorithm, *(f"{k.rsplit('.', 1)[-1]}{{{k}}}" for k in row.setting), "seed{seed}"])
+    lines = [
+        f"# Written by fednest-mpi report --benchmark --follow-up (docs/benchmarks.md): task {task.name}, "
+        f"{row.algorithm}: {what}",
+        f'description = "benchmark {task.name}: {row.algorithm}, {what}"',
+        f"config = {_toml(str(config_file.resolve()))}",
+        f"output_dir = {_toml(str(task.runs.resolve()))}",
+        f"name_pattern = {_toml(pattern)}",
+        "overwrite = true",
+        "",
+        "[grid]",
+        *(f"{key} = [{', '.join(_toml(v) for v in values)}]" for key, values in grid.items()),
+        "",
+        "[resources]",
+        'time = "00:10:00"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) -> list[Path]:
+    """The sweep files that carry the tuning protocol of docs/benchmarks.md on from the runs of the benchmark
+    file ``path`` (tasks whose runs folder does not exist yet are skipped), written to ``folder``; none when
+    it is complete. For each algorithm with a chosen row: with ``extend``, where a tuned value is at an edge
+    of the grid (:func:`grid_edges`), the next value beyond it (the grid's ratio there) with every value
+    tried of the other tuned fields, on the tuning seeds; otherwise the chosen setting on the reported seeds
+    it has not run. Each sweep runs the chosen row's own config (written beside it as JSON)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for task in read_benchmark_file(path):
+        if not task.runs.exists():
+            continue
+        rows = task_rows(task)
+        for i in sorted(chosen_rows(rows, task)):
+            row = rows[i]
+            stem = f"{task.name}_{row.algorithm}"
+            config_file = folder / f"{stem}.json"
+            edges = grid_edges(rows, i) if extend else {}
+            if edges:
+                key = next(iter(edges))
+                tried = sorted({r.setting[key] for r in rows if r.algorithm == row.algorithm})
+                grid = {
+                    k: sorted({r.setting[k] for r in rows if r.algorithm == row.algorithm}, key=_order)
+                    for k in row.setting
+                }
+                grid[key] = [_beyond(tried, row.setting[key])]
+                what = f"{key} extended past the edge of its grid to {grid[key][0]}, tuning seeds"
+                grid["seed"] = list(task.tune_seeds)
+                sweep = folder / f"{stem}_extend.toml"
+            else:
+                missing = [s for s in task.report_seeds if s not in {r.config.get("seed", 0) for r in row.report.runs}]
+                if not missing:
+                    continue
+                grid = {k: [v] for k, v in row.setting.items()}
+                grid["seed"] = missing
+                what = "the chosen setting on the reported seeds"
+                sweep = folder / f"{stem}_report.toml"
+            _write_config(row.tuning.runs[0], config_file)
+            sweep.write_text(_sweep_text(task, row, config_file, grid, what), encoding="utf-8")
+            out.append(sweep)
+    return out
 
 
 def _reach(values: Sequence[float], fmt=format_number) -> str:
     n_hit = sum(math.isfinite(x) for x in values)
+    if not values:
+        return "-"
     if not n_hit:
         return f"not reached (0/{len(values)})"
     return f"{format_mean_sd(values, fmt)} ({n_hit}/{len(values)})"
@@ -190,74 +431,104 @@ def _at_budget(values: Sequence[float]) -> str:
     return cell if n_ran in (0, len(values)) else f"{cell} ({n_ran}/{len(values)})"
 
 
-def _config_file(row: TaskRow, task: BenchmarkTask, folder: Path) -> Path:
-    """The config of the row's first run (seed 0's, say), as JSON: ``--set seed=S`` gives the others."""
-    stem = "_".join([task.name, row.algorithm, *(f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in row.setting.items())])
-    path = folder / f"{stem.replace('/', '-').replace(' ', '')}.json"
-    cfg = json.loads(json.dumps(row.runs[0].attrs.get("config", {})))
+def _write_config(run: Run, path: Path) -> Path:
+    """The config of ``run`` as JSON at ``path``, without its output paths: ``--set seed=S`` gives the others."""
+    cfg = json.loads(json.dumps(run.attrs.get("config", {})))
     cfg.get("run", {}).pop("output", None)
     cfg.get("run", {}).pop("checkpoint_dir", None)
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
 
 
-def chosen_rows(rows: Sequence[TaskRow], task: BenchmarkTask) -> set[int]:
-    """The index of each algorithm's chosen row (the rule of docs/benchmarks.md): the best mean metric at the
-    budget (max where the runs declare higher is better, else min); ties, then rows without a value at the
-    budget, by the fewest mean rounds to the target."""
-    chosen: dict[str, tuple[tuple[float, float], int]] = {}
-    for i, row in enumerate(rows):
-        at = np.asarray(row.value_at_budget, dtype=float)
-        up = higher_is_better(task.metric, row.runs[0].higher_is_better(task.metric))
-        value = float(np.mean(at)) if at.size and np.isfinite(at).all() else math.inf
-        rounds = np.asarray(row.rounds_to_target, dtype=float)
-        key = (
-            -value if up and math.isfinite(value) else value,
-            float(np.mean(rounds)) if np.isfinite(rounds).all() else math.inf,
-        )
-        if row.algorithm not in chosen or key < chosen[row.algorithm][0]:
-            chosen[row.algorithm] = (key, i)
-    return {i for _, i in chosen.values()}
+def _config_file(row: TaskRow, task: BenchmarkTask, folder: Path) -> Path:
+    """The config of the row's first reported run (seed 0's, say; else its first tuning run), as JSON."""
+    stem = "_".join([task.name, row.algorithm, *(f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in row.setting.items())])
+    return _write_config(
+        (row.report.runs or row.tuning.runs)[0], folder / f"{stem.replace('/', '-').replace(' ', '')}.json"
+    )
+
+
+def _setting_text(row: TaskRow) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.setting.items()) or "-"
 
 
 def benchmark_table(
     path: str | Path, configs_dir: str | Path | None = None, link_base: str | Path | None = None
 ) -> str:
     """The Markdown table of the benchmark file ``path``: one section per task, one row per algorithm
-    (and setting). With ``configs_dir``, each row's config is written there as JSON and linked (relative
-    to ``link_base``, the folder of the Markdown file that will hold the table)."""
+    (and setting), then each algorithm's chosen row. With ``configs_dir``, each row's config is written
+    there as JSON and linked (relative to ``link_base``, the folder of the Markdown file that will hold
+    the table)."""
     tasks = read_benchmark_file(path)
     lines: list[str] = []
     folder = Path(configs_dir) if configs_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
+    if not any(task.runs.exists() for task in tasks):
+        task_rows(tasks[0])  # the error that names the sweep to run
     for task in tasks:
+        if not task.runs.exists():
+            lines += [f"### {task.name}", "", f"Not run here yet: `bash jobs/benchmarks/run.sh {task.name}`.", ""]
+            continue
         rows = task_rows(task)
-        seeds = sorted({int(r.config.get("seed", 0)) for row in rows for r in row.runs})
+        tune, report = (", ".join(map(str, s)) for s in (task.tune_seeds, task.report_seeds))
+        at = f"{task.metric} at {task.budget_rounds}"
+        tie = f"an absolute {format_number(task.tie_tolerance)} or relative" if task.tie_tolerance else "relative"
         lines += [
             f"### {task.name}",
             "",
             f"{task.metric}: target {format_number(task.target)}, budget {task.budget_rounds} rounds; "
-            f"mean ± sd over seeds {', '.join(map(str, seeds))} (runs in `{os.path.relpath(task.runs)}`); "
-            "(chosen): each algorithm's setting by the rule of docs/benchmarks.md.",
+            f"runs in `{os.path.relpath(task.runs)}`. Each algorithm's setting is chosen on seeds {tune} "
+            "(the `tuning` columns) by the rule of docs/benchmarks.md (rounds to target first; the metric at the "
+            f"budget among settings that miss it; ties within {tie} {TIE_RTOL:g} of the metric); the other "
+            f"columns report seeds {report}, mean ± sd. 'edge of grid': the chosen value is the smallest or "
+            "largest tried.",
             "",
-            "| algorithm | setting | runs | rounds to target | bytes to target (per rank) "
-            f"| {task.metric} at {task.budget_rounds} rounds | config |",
-            "|---|---|---|---|---|---|---|",
+            f"| algorithm | setting | tuning: rounds to target | tuning: {at} | rounds to target "
+            f"| bytes to target (per rank) | {at} rounds | config |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         chosen = chosen_rows(rows, task)
+        notes: dict[int, str] = {}
         for i, row in enumerate(rows):
-            setting = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.setting.items()) or "-"
+            setting = _setting_text(row)
             if i in chosen and len(row.setting):
-                setting = f"**{setting}** (chosen)"
+                edges = grid_edges(rows, i)
+                notes[i] = _edges_text(edges) if edges else ""
+                setting = f"**{setting}** (chosen{'; ' + notes[i] if edges else ''})"
             link = "-"
             if folder is not None:
                 cfg = _config_file(row, task, folder)
                 rel = cfg.relative_to(link_base) if link_base is not None else cfg
                 link = f"[json]({rel.as_posix()})"
             lines.append(
-                f"| {row.algorithm} | {setting} | {len(row.runs)} | {_reach(row.rounds_to_target)} "
-                f"| {_reach(row.bytes_to_target, format_bytes)} | {_at_budget(row.value_at_budget)} | {link} |"
+                f"| {row.algorithm} | {setting} | {_reach(row.tuning.rounds_to_target)} "
+                f"| {_at_budget(row.tuning.value_at_budget) if row.tuning.runs else '-'} "
+                f"| {_reach(row.report.rounds_to_target)} | {_reach(row.report.bytes_to_target, format_bytes)} "
+                f"| {_at_budget(row.report.value_at_budget) if row.report.runs else '-'} | {link} |"
+            )
+        lines += [
+            "",
+            f"Chosen rows of {task.name} (seeds {report}):",
+            "",
+            f"| algorithm | setting | rounds to target | bytes to target (per rank) | {at} rounds | note |",
+            "|---|---|---|---|---|---|",
+        ]
+        for algorithm in sorted({row.algorithm for row in rows}):
+            members = [i for i, row in enumerate(rows) if row.algorithm == algorithm]
+            picked = [i for i in members if i in chosen]
+            if len(members) == 1:
+                i, note = members[0], "one setting, not tuned"
+            elif picked:
+                i, note = picked[0], notes.get(picked[0], "") or "bracketed"
+            else:
+                lines.append(f"| {algorithm} | - | - | - | - | not chosen: no setting ran every tuning seed |")
+                continue
+            row = rows[i]
+            lines.append(
+                f"| {algorithm} | {_setting_text(row)} | {_reach(row.report.rounds_to_target)} "
+                f"| {_reach(row.report.bytes_to_target, format_bytes)} | {_at_budget(row.report.value_at_budget)} "
+                f"| {note} |"
             )
         lines.append("")
     return "\n".join(lines)
