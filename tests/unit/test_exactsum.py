@@ -99,3 +99,46 @@ def test_too_many_summands_for_the_exact_reduction_is_a_config_error():
     }
     with pytest.raises(ConfigError, match="federation.reduction: 'exact' adds at most"):
         config.from_dict(data)
+
+
+def _both_paths(monkeypatch, chunks, n_bins, weights=None):
+    """The BinnedSum of the row blocks ``chunks`` (added one after another) by the compiled kernel and by the
+    torch operations."""
+    if exactsum.kernel() is None:
+        pytest.skip("no C compiler here: the compiled exact-sum kernel cannot be built")
+    sums = []
+    for path in ("auto", "off"):
+        monkeypatch.setenv(exactsum.KERNEL_VARIABLE, path)
+        exactsum.kernel.cache_clear()
+        acc = exactsum.BinnedSum(chunks[0].shape[1], n_bins)
+        for i, chunk in enumerate(chunks):
+            acc.add(chunk, None if weights is None else weights[i])
+        sums.append(acc)
+    exactsum.kernel.cache_clear()
+    return sums
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_compiled_kernel_gives_the_bits_of_the_torch_operations(monkeypatch, dtype, weighted):
+    """Bins, tops and value bit for bit: magnitudes over 100 binades, zero and cancelling columns, a huge
+    summand arriving in a later chunk (the window moves up), rows strided inside a wider tensor."""
+    rows = _rows(dtype, n=41, d=300)
+    wide = torch.cat([rows, rows[:, :5]], dim=1)[:, :300]  # a view with row stride 305
+    chunks = [wide[8:41], wide[7:8], wide[:7]]  # row 5 (1e30) comes last
+    gen = torch.Generator().manual_seed(3)
+    weights = [torch.rand(c.shape[0], generator=gen, dtype=torch.float64) for c in chunks] if weighted else None
+    compiled, plain = _both_paths(monkeypatch, chunks, exactsum.bins_for(dtype), weights)
+    assert torch.equal(compiled.top, plain.top)
+    assert torch.equal(compiled.bins, plain.bins)
+    assert torch.equal(compiled.value(), plain.value())
+
+
+def test_compiled_kernel_marks_non_finite_columns_as_the_torch_operations(monkeypatch):
+    rows = _rows(torch.float64, n=6, d=20)
+    rows[2, 4], rows[3, 5], rows[1, 6] = float("inf"), float("nan"), -float("inf")
+    compiled, plain = _both_paths(monkeypatch, [rows[:3], rows[3:]], 3)
+    assert torch.equal(compiled.top, plain.top) and int(compiled.top[4]) == exactsum.TOP_MAX
+    finite = torch.isfinite(plain.value())
+    assert torch.equal(finite, torch.isfinite(compiled.value())) and not finite[4:7].any()
+    assert torch.equal(compiled.value()[finite], plain.value()[finite])
