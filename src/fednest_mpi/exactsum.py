@@ -115,7 +115,7 @@ def kernel() -> ctypes.CDLL | None:
                 cmd = [compiler, *_KERNEL_FLAGS, "-o", str(part), str(_KERNEL_SOURCE), "-lm"]
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
                 if done.returncode != 0:
-                    logger.info("exact sum: %s failed (%s), the torch operations compute it", compiler, done.stderr[-300:])
+                    logger.info("exact sum: %s failed (%s), torch computes it", compiler, done.stderr[-300:])
                     return None
                 os.replace(part, target)
             lib = ctypes.CDLL(str(target))
