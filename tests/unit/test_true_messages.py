@@ -39,7 +39,7 @@ def _strings(path: Path) -> list[str]:
 TEXT = "\n".join(t for p in sorted(SRC.rglob("*.py")) for t in _strings(p))
 # a command line the text tells the user to type: in backticks, or on a line of its own (help examples)
 COMMAND = re.compile(r"(?:`|^\s*(?:\S*mpiexec -n \d+ )?)fednest-mpi ([a-z][a-z-]*(?: [a-z][a-z-]*)?)([^`\n#]*)", re.M)
-FIELD = re.compile(r"\b(problem|algorithm|run|federation)\.([a-z_]+)\b")
+FIELD = re.compile(r"(?<!/)\b(problem|algorithm|run|federation)\.([a-z_]+)\b")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix=()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
