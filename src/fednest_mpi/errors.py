@@ -27,3 +27,8 @@ class RunFailed(Exception):
 
 class OutputLost(Exception):
     """A run's output file or client file was deleted or replaced while the run wrote it (exit code 1)."""
+
+
+class RanksDisagree(Exception):
+    """The ranks hold different iterates (``run.check_consistency``, :mod:`fednest_mpi.consistency`); every rank
+    raises it after the same iteration (exit code 1)."""

@@ -19,14 +19,14 @@ import numpy as np
 import torch
 
 from fednest_mpi import checkpoint as ckpt_io
-from fednest_mpi import contract, numerics, rng
+from fednest_mpi import consistency, contract, numerics, rng
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.algorithms.server import PREFIX as SERVER_STATE
 from fednest_mpi.algorithms.server import ServerOptimizer
 from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.callbacks import Callback, Callbacks
 from fednest_mpi.config import RunConfig
-from fednest_mpi.errors import ConfigError, DataError, OutputLost, UsageError
+from fednest_mpi.errors import ConfigError, DataError, OutputLost, RanksDisagree, UsageError
 from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
 from fednest_mpi.heterogeneity import SystemModel
 from fednest_mpi.io.schema import DEFAULT_METRICS
@@ -111,6 +111,16 @@ def agree_on_usage_error(comm, error: UsageError | None) -> None:
     agreed = cls(message)
     agreed.agreed = True  # type: ignore[attr-defined]  # every rank raises it: no abort needed (session)
     raise agreed
+
+
+def refuse_disagreement(comm, k: int, digest: int, every: int, agreed: int | None) -> None:
+    """Raise :class:`~fednest_mpi.errors.RanksDisagree` on every rank, naming the ranks whose ``digest`` of (x, y)
+    differs from rank 0's at iteration ``k`` (:func:`fednest_mpi.consistency.disagreement`).
+
+    **Collective** (one small allgather), called by every rank once the bookkeeping reduction showed that
+    the digests differ (:func:`fednest_mpi.consistency.agree`): the check's only collective of its own.
+    """
+    raise RanksDisagree(consistency.disagreement(k, comm.allgather(digest), every, agreed))
 
 
 def broadcast_usage_error(comm, error: UsageError | None, root: int = 0) -> None:
@@ -198,6 +208,7 @@ class Bookkeeping:
         "contract": 1,  # ranks whose plugin broke its contract in the step or the evaluation (contract.py)
         "training": 5,
         "training_slots": VARIABLE,  # per-client (f_i, g_i) with the ordered reduction, see training_sums
+        "consistency": VARIABLE,  # run.check_consistency: the digest of (x, y), fednest_mpi.consistency.moments
         "phases": None,
     }
 
@@ -368,6 +379,7 @@ class Simulation:
         metric_names = tuple(problem.metric_info())
         declared_rounds = self._declared_rounds()
         train_columns = list(self._training_columns())
+        check_every = cfg.run.check_consistency
 
         def record(k: int, alg_seconds: float, diag: dict, broken: contract.PluginError | None = None) -> bool:
             """Evaluate, agree on the contract (``broken``: the step's violation on this rank), health and stop
@@ -382,6 +394,8 @@ class Simulation:
             evaluated = metrics
             train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
             train, slots = training_sums(problem, fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
+            check_due = bool(check_every) and k % check_every == 0
+            digest = consistency.digest(x, y) if check_due else 0
             eval_seconds = time.perf_counter() - t0
             finite = all(math.isfinite(v) for v in metrics.values()) and bool(
                 torch.isfinite(x).all() and torch.isfinite(y).all()
@@ -401,10 +415,12 @@ class Simulation:
                         contract=[0.0 if broken is None else 1.0],
                         training=train,
                         training_slots=slots,
+                        consistency=consistency.moments(digest) if check_due else [],
                         phases=phases,
                     )
                 ),
                 training_slots=slots.size,
+                consistency=2 * consistency.PIECES if check_due else 0,
             )
             if slots.size:  # the exact and ordered reductions: the loss sums in client-id order
                 totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
@@ -421,6 +437,10 @@ class Simulation:
                 raise FloatingPointError(
                     f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
                 )
+            if check_due:  # before the row is recorded: the output keeps the iterations before
+                if not consistency.agree(totals["consistency"], fed.size):
+                    refuse_disagreement(fed.comm, k, digest, check_every, state.get("agreed"))
+                state["agreed"] = k
             hooks.call("on_evaluation", k, evaluated)
             row = {
                 "iteration": k,

@@ -23,7 +23,7 @@ import traceback as _traceback
 from pathlib import Path
 
 from fednest_mpi import __version__
-from fednest_mpi.errors import OutputLost, RunFailed, UsageError
+from fednest_mpi.errors import OutputLost, RanksDisagree, RunFailed, UsageError
 from fednest_mpi.io.schema import METRICS, PRIMARY_METRIC
 
 LOST_HINT = "its results are gone with it; start the run again (keep the output's folder in place while it runs)"
@@ -41,7 +41,7 @@ def report_failure(comm, exc: RunFailed) -> int:
     if comm.Get_rank() == 0:
         print(f"fednest-mpi: {exc}", file=sys.stderr)
         cause = exc.__cause__
-        if cause is not None and not isinstance(cause, (FloatingPointError, OutputLost)):
+        if cause is not None and not isinstance(cause, (FloatingPointError, OutputLost, RanksDisagree)):
             _traceback.print_exception(cause, file=sys.stderr)
     return 1
 
@@ -273,6 +273,10 @@ class Session:
             stop.disarm()
             close_files()
             raise RunFailed(f"run failed: {exc}; {LOST_HINT}") from exc
+        except RanksDisagree as exc:  # run.check_consistency: every rank learnt it in the same bookkeeping reduction
+            stop.disarm()
+            close_files()
+            raise RunFailed(f"run failed: {exc}; the output file holds the iterations before") from exc
         except BaseException as exc:  # noqa: BLE001 -- SystemExit, KeyboardInterrupt too: the job must end
             stop.disarm()
             message = failure_line(exc, rank, size, beat.k)

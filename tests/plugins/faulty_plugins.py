@@ -4,6 +4,7 @@ whose ``fault`` field names the mistake, made on the rank ``fault_rank`` (-1: ev
 Imported by name (``faulty_plugins:FaultyQuadratic``) from tests/plugins on ``sys.path`` or ``PYTHONPATH``.
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,8 @@ class FaultyQuadratic(QuadraticProblem):
 class FaultyFedNestParams(FedNestConfig):
     name: str = spec("faulty_fednest", "algorithm")
     fault: str = spec("", "the mistake (tests/plugins/faulty_plugins.py)")
+    fault_rank: int = spec(-1, "the rank that makes a fault of step (-1: every rank)", low=-1)
+    fault_at: int = spec(1, "the first iteration whose step makes it", low=1)
 
 
 @dataclass
@@ -96,6 +99,11 @@ class FaultyFedNest(FedNest):
 
     def step(self, k, x, y):
         x, y, diag = super().step(k, x, y)
+        if k >= self.cfg.fault_at and self.cfg.fault_rank in (-1, self.fed.rank):
+            if self.cfg.fault == "rank_x":  # rank-dependent: this rank's x moves by one part in 2**40
+                x = x * (1.0 + 2.0**-40)
+            if self.cfg.fault == "os_exit":  # the process ends at once: no exception, no file closed
+                os._exit(3)
         if self.cfg.fault == "x_shape":
             return x[:-1], y, diag
         if self.cfg.fault == "not_a_tuple":
