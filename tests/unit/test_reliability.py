@@ -36,6 +36,7 @@ from fednest_mpi.io.h5 import read_run
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reliability.md"
+PLUGINS = ROOT / "tests" / "plugins"
 LIMIT = 30.0  # seconds any case may take (the issue's bound)
 ONE_LINE = "exit 2, one line"
 STOPPED = "exit 0, 1 line(s), checkpoint of the iteration it names, no traceback or banner"
@@ -216,6 +217,54 @@ def failure_on(rank, kind="raise", k=5):
         return f"exit {res.returncode}, files closed, rows/clients/ranks: {sorted(parts)}"
 
     return case
+
+
+def _parts(out: Path) -> list[int]:
+    """The iterations held by each part of the run ``out`` (rows, /ranks columns, both client files), read in
+    plain HDF5 mode (a file not closed raises)."""
+    with h5py.File(out, "r") as f:
+        parts = {f["iterations/iteration"].shape[0], f["ranks/wait_seconds"].shape[1]}
+    for r in range(2):
+        with h5py.File(S.client_dir(out) / S.rank_file(r), "r") as g:
+            parts.add(g["clients/participation"].shape[1])
+    return sorted(parts)
+
+
+def _plugin_fault(tmp, fault, at, *sets):
+    """The 2-rank run of :func:`_cli_config` with the algorithm tests/plugins/faulty_plugins.py:FaultyFedNest, which
+    makes ``fault`` on rank 1 in every step from iteration ``at`` on."""
+    sets = (
+        'algorithm.name="faulty_plugins:FaultyFedNest"',
+        f'algorithm.fault="{fault}"',
+        "algorithm.fault_rank=1",
+        f"algorithm.fault_at={at}",
+        *sets,
+    )
+    cfg = _cli_config(tmp, iterations=10, every=3)
+    args = [a for s in sets for a in ("--set", s)]
+    return run_cli("run", cfg, "-q", *args, ranks=2, env={"PYTHONPATH": str(PLUGINS)}, timeout=LIMIT)
+
+
+def rank_dependent_x(tmp):
+    res = _plugin_fault(tmp, "rank_x", 3, "run.check_consistency=1")
+    ours = _our_lines(res.stderr)
+    named = len(ours) == 1 and "differ between ranks at iteration 3 (rank 1 differs from rank 0)" in ours[0]
+    return f"exit {res.returncode}, {len(ours)} line(s) naming iteration 3 and rank 1: {named}, files closed, " + (
+        f"rows/clients/ranks: {_parts(tmp / 'out.h5')}"
+    )
+
+
+def os_exit_then_recover(tmp):
+    res = _plugin_fault(tmp, "os_exit", 2)
+    out = tmp / "out.h5"
+    report = run_cli("report", out, timeout=LIMIT)
+    named = "fednest-mpi recover" in report.stderr
+    rec = run_cli("recover", out, timeout=LIMIT)
+    says = rec.stdout.startswith(f"recovered {out}: kept iterations 0..1 (2 rows")
+    return (
+        f"exit {res.returncode}, {len(_our_lines(res.stderr))} line(s); `report` names `fednest-mpi recover`: "
+        f"{named}; `recover`: exit {rec.returncode}, says what it kept: {says}, rows/clients/ranks: {_parts(out)}"
+    )
 
 
 def bad_input(*args, ranks=1, text=None, name="bad.toml"):
@@ -659,6 +708,17 @@ CASES = [
     ("exception on rank 0 of 2 in iteration 5", failure_on(0), "exit 1, files closed, rows/clients/ranks: [5]"),
     ("exception on rank 1 of 2 in iteration 1", failure_on(1, k=1), "exit 1, files closed, rows/clients/ranks: [1]"),
     ("NaN on rank 1 of 2 in iteration 6", failure_on(1, "nan", 6), "exit 1, files closed, rows/clients/ranks: [6]"),
+    (
+        "a plugin moves x on rank 1 of 2 from iteration 3, `run.check_consistency = 1`",
+        rank_dependent_x,
+        "exit 1, 1 line(s) naming iteration 3 and rank 1: True, files closed, rows/clients/ranks: [3]",
+    ),
+    (
+        "a plugin calls `os._exit(3)` on rank 1 of 2 in iteration 2, then `report` and `fednest-mpi recover`",
+        os_exit_then_recover,
+        "exit 3, 0 line(s); `report` names `fednest-mpi recover`: True; `recover`: exit 0, says what it kept: True, "
+        "rows/clients/ranks: [2]",
+    ),
     ("`seed = 2**64`", bad_input("--set", f"seed={2**64}"), ONE_LINE),
     ("`problem.n_clients = 2**70`", bad_input("--set", f"problem.n_clients={2**70}"), ONE_LINE),
     (
