@@ -25,11 +25,12 @@ PIECE_BITS = 16
 
 
 def digest(x: torch.Tensor, y: torch.Tensor) -> int:
-    """A 64-bit digest (BLAKE2b) of the bytes of ``x`` and ``y`` (moved to the CPU)."""
-    h = hashlib.blake2b(digest_size=8)
+    """A 64-bit digest of the bytes of ``x`` and ``y`` (moved to the CPU): the first 8 bytes of their SHA-1, not
+    for security (the fastest of hashlib's here: 4 ms for 8 MB, BLAKE2b 8 ms, on the 2-core AMD EPYC, loaded)."""
+    h = hashlib.sha1(usedforsecurity=False)
     for t in (x, y):
-        h.update(t.detach().contiguous().cpu().numpy().tobytes())
-    return int.from_bytes(h.digest(), "little")
+        h.update(t.detach().contiguous().cpu().numpy())  # the buffer itself, not a copy
+    return int.from_bytes(h.digest()[:8], "little")
 
 
 def moments(value: int) -> np.ndarray:
