@@ -63,6 +63,7 @@ RESUMABLE_CHANGES = frozenset(
         "run.checkpoint_every",
         "run.stop_timeout",
         "run.round_timeout",
+        "run.check_consistency",  # reads the iterates, changes none
     }
 )
 
@@ -355,8 +356,9 @@ def check_resumable(ckpt: Checkpoint, cfg) -> None:
         raise UsageError(
             "--resume: the config differs from the checkpoint's in "
             + "; ".join(diffs)
-            + ". Resume with the config of the interrupted run (only algorithm.outer_iterations and "
-            "the logging and checkpoint_every fields may change)"
+            + ". Resume with the config of the interrupted run (only "
+            + ", ".join(sorted(RESUMABLE_CHANGES))
+            + " may change)"
         )
     if ckpt.iteration > cfg.algorithm.outer_iterations:
         raise UsageError(

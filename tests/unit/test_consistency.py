@@ -5,10 +5,13 @@ import numpy as np
 import pytest
 import torch
 from histories import assert_histories_match
+from test_checkpoint import _cli_config
 
 from fednest_mpi import config, consistency
+from fednest_mpi.cli import main
 from fednest_mpi.comm import SerialComm
 from fednest_mpi.errors import ConfigError
+from fednest_mpi.io.h5 import read_run
 from fednest_mpi.runner import simulate
 
 
@@ -67,3 +70,21 @@ def test_a_checked_run_on_one_rank_is_the_unchecked_run(small_config):
     checked = simulate(small_config(run={"check_consistency": 1}), SerialComm())
     plain = simulate(small_config(), SerialComm())
     assert_histories_match(checked.history, plain.history)
+
+
+def test_a_resumed_run_may_turn_the_check_on(tmp_path, capsys):
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    more = ["--set", "algorithm.outer_iterations=6", "--set", "run.check_consistency=1"]
+    assert main(["run", str(cfg), "-q", "--resume", *more]) == 0, capsys.readouterr().err
+    assert read_run(tmp_path / "out.h5")[1]["iteration"].tolist() == list(range(7))
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.inner_lr=0.07"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith(
+            "Resume with the config of the interrupted run (only algorithm.outer_iterations, run.check_consistency, "
+            "run.checkpoint_every, run.log_every, run.overwrite, run.progress, run.round_timeout, run.stop_timeout "
+            "may change)"
+        )
+    )
