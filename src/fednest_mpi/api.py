@@ -39,7 +39,7 @@ from fednest_mpi.config import (
     spec,
 )
 from fednest_mpi.contract import PluginError, probe_problem
-from fednest_mpi.errors import ConfigError, DataError, RunFailed, UsageError
+from fednest_mpi.errors import ConfigError, DataError, RanksDisagree, RunFailed, UsageError
 from fednest_mpi.federation import Federation, Participants
 from fednest_mpi.io.h5 import read_run
 from fednest_mpi.problems import BilevelProblem, QuadraticProblem
@@ -105,6 +105,14 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "GROUPS",
     ),
     "running and reading": ("Session", "Simulation", "simulate", "Callback", "SerialComm", "world", "read_run"),
-    "errors and the boundary": ("UsageError", "ConfigError", "DataError", "PluginError", "RunFailed", "probe_problem"),
+    "errors and the boundary": (
+        "UsageError",
+        "ConfigError",
+        "DataError",
+        "PluginError",
+        "RunFailed",
+        "RanksDisagree",
+        "probe_problem",
+    ),
 }
 __all__ = [name for names in SECTIONS.values() for name in names]
