@@ -21,6 +21,7 @@ from fednest_mpi.runner import simulate
 from fednest_mpi.session import Session
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+ALGORITHM = "faulty_plugins:FaultyFedNest"
 TWO_RANKS = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="a disagreement needs 2 ranks")
 REASON = (
     "a plugin computed something rank-dependent (randomness outside the keyed streams sample.key / rng.key, data or "
@@ -32,13 +33,12 @@ REASON = (
 def plugin_path(monkeypatch):
     monkeypatch.syspath_prepend(str(PLUGINS))
     yield
-    for name in [n for n in config.ALGORITHMS if ":" in n]:
-        config.ALGORITHMS.pop(name, None)
+    config.ALGORITHMS.pop(ALGORITHM, None)  # registered by the config naming it; the other tests' plugins stay
 
 
 def _config(small_config, every, fault="", **run):
     return small_config(
-        algorithm={"name": "faulty_plugins:FaultyFedNest", "fault": fault, "fault_rank": 1, "fault_at": 3},
+        algorithm={"name": ALGORITHM, "fault": fault, "fault_rank": 1, "fault_at": 3},
         run={"check_consistency": every, **run},
     )
 
