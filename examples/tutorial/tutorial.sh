@@ -11,8 +11,8 @@ mpiexec -n 2 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterat
 
 # 3. reading the run file
 fednest-mpi report runs/tutorial/quadratic.h5 runs/tutorial/quadratic_2ranks.h5
-python examples/tutorial/read_run.py runs/tutorial/quadratic_2ranks.h5
 fednest-mpi plot runs/tutorial/quadratic.h5 -m x_error -x comm_rounds -o runs/tutorial/quadratic.png
+python examples/tutorial/read_run.py runs/tutorial/quadratic_2ranks.h5
 
 # 4. your own problem
 export PYTHONPATH=$PWD/examples/tutorial

@@ -31,7 +31,7 @@ class ShrinkageParams:
     name: str = spec("shrinkage", "problem kind")
     n_clients: int = spec(20, "number of clients M", low=1)
     dim: int = spec(10, "d: the length of x and of y", low=1)
-    heterogeneity: float = spec(0.5, "width h of the clients' uniform spread around the mean targets", low=0.0, high=1.0)
+    heterogeneity: float = spec(0.5, "width h of the clients' uniform spread around the mean", low=0.0, high=1.0)
 
 
 class Shrinkage(BilevelProblem):
