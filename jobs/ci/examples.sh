@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The examples as a user runs them (issue 24): the fednest-mpi wheel and each example's package installed
+# The examples as a user runs them: the fednest-mpi wheel and each example's package installed
 # into a fresh venv, every example run from a folder outside the source tree under mpiexec -n 2, and one
 # sweep over a plugin rendered and run by its workstation script.
 #   bash jobs/ci/examples.sh            (from the checkout; FEDNEST_DATA: the data folder, default ../shared/data)
