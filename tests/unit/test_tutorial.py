@@ -89,7 +89,15 @@ def test_the_tutorial_runs_and_prints_what_it_quotes(tmp_path):
     one, two = (read_run(runs / "tutorial" / name)[1] for name in ("quadratic.h5", "quadratic_2ranks.h5"))
     np.testing.assert_array_equal(one["x_error"], two["x_error"])  # "the two runs give the same bits"
     assert f"x_error={one['x_error'][-1]:.4g}" == "x_error=0.02031" and "x_error=0.02031" in TUTORIAL
-    rounds = [read_run(runs / "tutorial" / name)[1]["comm_rounds"][1] for name in ("clip.h5", "shrinkage.h5")]
+    shrinkage, clip = (read_run(runs / "tutorial" / name)[1] for name in ("shrinkage.h5", "clip.h5"))
+    measured = (
+        f"falls from {shrinkage['x_error'][0]:.4g} to {shrinkage['x_error'][10]:.1e} after 10 iterations and to "
+        f"{shrinkage['x_error'][20]:.1e} after 20",
+        f"falls to {clip['x_error'][20]:.1e} after 20 iterations and {clip['x_error'][30]:.1e} after 30",
+    )
+    for text in measured:
+        assert text in " ".join(TUTORIAL.split()), text
+    rounds = [clip["comm_rounds"][1], shrinkage["comm_rounds"][1]]
     assert rounds == [14, 15] and "14 rounds per iteration\ninstead of FedNest's 15" in TUTORIAL
     assert (runs / "tutorial" / "quadratic.png").stat().st_size > 0
     assert (runs / "jobs" / "tutorial_slurm" / "tutorial_sweep.array.sbatch").is_file()
