@@ -1,7 +1,7 @@
 """docs/tutorial.md runs as written: its shell commands are, in order, the commands of examples/tutorial/tutorial.sh,
 which this test runs from a fresh folder (every step of the tutorial, `mpiexec -n 2` included: 35-40 s on 2 cores);
 every line of its Python and TOML blocks is a line of a file of examples/tutorial/; and what it quotes of the output
-is what the script prints."""
+is what the script prints. The tutorial's problem: its oracles against autograd, its closed-form solution."""
 
 import os
 import re
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fednest_mpi.api import read_run
 
@@ -102,3 +103,39 @@ def test_the_tutorial_runs_and_prints_what_it_quotes(tmp_path):
     assert (runs / "tutorial" / "quadratic.png").stat().st_size > 0
     assert (runs / "jobs" / "tutorial_slurm" / "tutorial_sweep.array.sbatch").is_file()
     assert sorted(p.name for p in (runs / "tutorial" / "sweep").glob("*.h5")) == ["clip0.25.h5", "clip0.5.h5"]
+
+
+def test_the_tutorials_problem_has_the_oracles_and_the_solution_it_states():
+    sys.path.insert(0, str(FOLDER))
+    try:
+        from tutorial_shrinkage import Shrinkage
+    finally:
+        sys.path.remove(str(FOLDER))
+    cfg = Shrinkage.Params(n_clients=6, dim=4)
+    hosted, whole = Shrinkage(cfg, 3, range(2, 5)), Shrinkage(cfg, 3, range(6))
+    torch.testing.assert_close(hosted.a, whole.a[2:5], rtol=0, atol=0)  # a client's targets: the same on any rank
+    gen = torch.Generator().manual_seed(0)
+    ids = np.array([4, 2])
+    X, Y, V = (torch.randn(2, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    for b, i in enumerate(ids):
+        x, y = X[b].clone().requires_grad_(), Y[b].clone().requires_grad_()
+        f = 0.5 * ((y - whole.b[i]) ** 2).sum()
+        g = 0.5 * ((y - whole.a[i]) ** 2).sum() + 0.5 * (torch.exp(x) * y * y).sum()
+        (fy,) = torch.autograd.grad(f, y)
+        (gy,) = torch.autograd.grad(g, y, create_graph=True)
+        hvp, jvp = torch.autograd.grad(gy @ V[b], (y, x))
+        want = {"grad_y_outer": fy, "grad_y_inner": gy.detach(), "hvp_yy_inner": hvp, "jvp_xy_inner": jvp}
+        got = {
+            "grad_x_outer": hosted.grad_x_outer(ids, X, Y, None)[b],
+            "grad_y_outer": hosted.grad_y_outer(ids, X, Y, None)[b],
+            "grad_y_inner": hosted.grad_y_inner(ids, X, Y, None)[b],
+            "hvp_yy_inner": hosted.hvp_yy_inner(ids, X, Y, V, None)[b],
+            "jvp_xy_inner": hosted.jvp_xy_inner(ids, X, Y, V, None)[b],
+        }
+        assert not got["grad_x_outer"].any()
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-12, atol=1e-12, msg=name)
+    # y*(x*) = abar / (1 + exp(x*)) is bbar, the minimiser of the mean of the f_i
+    y_at_x_star = whole.a.mean(0) / (1 + torch.exp(whole.x_star))
+    torch.testing.assert_close(y_at_x_star, whole.b.mean(0), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(whole.y_star, whole.b.mean(0), rtol=0, atol=0)
