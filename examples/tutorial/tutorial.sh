@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every command of docs/tutorial.md, in the tutorial's order: tests/unit/test_tutorial.py runs this script and
 # checks that each command of the tutorial's shell blocks is one of its lines. From the repository root:
-#   source .venv/bin/activate && bash examples/tutorial/tutorial.sh        (36-40 s on 2 busy cores)
+#   source .venv/bin/activate && bash examples/tutorial/tutorial.sh        (36-48 s on 2 busy cores)
 set -euo pipefail
 export OMP_NUM_THREADS=1 MPI4PY_RC_THREAD_LEVEL=single
 

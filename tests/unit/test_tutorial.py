@@ -1,5 +1,5 @@
 """docs/tutorial.md runs as written: its shell commands are, in order, the commands of examples/tutorial/tutorial.sh,
-which this test runs from a fresh folder (every step of the tutorial, `mpiexec -n 2` included: 35-40 s on 2 cores);
+which this test runs from a fresh folder (every step of the tutorial, `mpiexec -n 2` included: 36-48 s on 2 busy cores);
 every line of its Python and TOML blocks is a line of a file of examples/tutorial/; and what it quotes of the output
 is what the script prints. The tutorial's problem: its oracles against autograd, its closed-form solution."""
 
