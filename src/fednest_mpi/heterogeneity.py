@@ -1,4 +1,4 @@
-"""System heterogeneity (issue 25): how much local work each client does, and which members of a round answer.
+"""System heterogeneity: how much local work each client does, and which members of a round answer.
 
 Two properties of the clients' devices, as pure functions of integer keys (:mod:`fednest_mpi.rng`), so that
 every rank computes the same answer for a client without communication, and a resumed run the same answer as

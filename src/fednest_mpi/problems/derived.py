@@ -259,8 +259,8 @@ def reverse_in_y(
     A client's loss depends on its own row only, so d(sum_j l_j)/dY_i = nabla l_i(Y_i), the rows of
     ``vmap(grad l)`` bit for bit, and d(sum_i <nabla l_i, V_i>)/dY_i = nabla^2 l_i V_i. One
     ``torch.func`` layer instead of two (vmap over grad, or over jvp of grad): on the head of a
-    network about 1.25x (gradient) and 1.5x (product) faster per call (docs/performance.md,
-    "Issue 24"). ``x``: the shared (d1,) vector (``x_dim=None``) or (B, d1) rows (``x_dim=0``)."""
+    network about 1.25x (gradient) and 1.5x (product) faster per call (docs/performance.md, the derived
+    oracles' measurements). ``x``: the shared (d1,) vector (``x_dim=None``) or (B, d1) rows (``x_dim=0``)."""
     with torch.enable_grad():
         rows = Y.detach().contiguous().requires_grad_()
         total = vmap(loss, in_dims=(x_dim, 0, 0), randomness="error")(x.detach(), rows, batch).sum()

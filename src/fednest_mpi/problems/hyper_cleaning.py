@@ -1,5 +1,5 @@
-"""Federated data hyper-cleaning on MNIST (Franceschi et al., ICML 2017; the federated setting of issue 25):
-FedNest's problem (1) with each client's g_i and f_i on its own training and clean validation splits.
+"""Federated data hyper-cleaning on MNIST (Franceschi et al., ICML 2017, federated: each client with its own partly
+corrupted training split and clean validation split): FedNest's problem (1) with each client's g_i and f_i on them.
 
 Written on the public problem API alone (docs/extending.md: a :class:`BilevelProblem` with its parameters as
 ``Params``) and registered the way a plugin is (:meth:`fednest_mpi.registry.Registry.provide`).

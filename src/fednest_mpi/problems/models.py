@@ -69,7 +69,7 @@ def cross_entropy(logits: torch.Tensor, one_hot: torch.Tensor) -> torch.Tensor:
     logsumexp(z) - <one_hot, z>. The same numbers as ``F.cross_entropy`` to rounding, in fewer and
     elementwise operations: under ``torch.func`` (vmap of grad, and forward over reverse) about 1.5x
     faster per call than the log-softmax / NLL pair, whose batching and double-backward rules cost
-    more than the arithmetic on 10 classes (docs/performance.md, "Issue 24")."""
+    more than the arithmetic on 10 classes (docs/performance.md, the derived oracles' measurements)."""
     return torch.logsumexp(logits, -1) - (one_hot * logits).sum(-1)
 
 

@@ -1,4 +1,5 @@
-"""Hyper-representation learning on Synthetic(alpha, beta) data (the scaling problem of issue 5).
+"""Hyper-representation learning on Synthetic(alpha, beta) data: the problem of the scaling benchmarks (10^4 - 10^6
+clients).
 
 The bilevel structure of the paper's MNIST experiment (section 4.1): x = representation layer
 d -> H, y = linear head H -> C, with the closed-form batched oracles of
