@@ -97,15 +97,33 @@ class Participants:
         return [Participants(ids=self.ids, local_slots=slots[lo : lo + size]) for lo in range(0, slots.size, size)]
 
 
-def dense(rows) -> torch.Tensor:
-    """The (B, d) tensor of a block of rows: ``rows`` itself, or a factored form's ``dense()`` (e.g.
-    :class:`~fednest_mpi.problems.shared_start.LowRankRows`)."""
-    return rows if isinstance(rows, torch.Tensor) else rows.dense()
+def dense(rows, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+    """The (hi - lo, d) tensor of rows lo..hi-1 of a block (all by default): a slice of ``rows`` itself, or a
+    factored form's ``dense(lo, hi)`` (e.g. :class:`~fednest_mpi.problems.shared_start.LowRankRows`)."""
+    return rows[lo:hi] if isinstance(rows, torch.Tensor) else rows.dense(lo, hi)
 
 
-def _dense_block(rows: list) -> torch.Tensor:
-    """The (B, sum d_k) concatenation of a piece's blocks of rows (factored forms made dense)."""
-    return torch.cat([dense(r) for r in rows], dim=1) if len(rows) > 1 else dense(rows[0])
+def _dense_block(rows: list, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+    """Rows lo..hi-1 of the (B, sum d_k) concatenation of a piece's blocks of rows (factored forms made dense)."""
+    return torch.cat([dense(r, lo, hi) for r in rows], dim=1) if len(rows) > 1 else dense(rows[0], lo, hi)
+
+
+#: bytes of dense rows the exact reduction forms at a time: the rows of a factored form (or of several
+#: blocks) are made dense and deposited tile by tile, so the copy stays in cache and never grows with |S|
+_EXACT_TILE_BYTES = 1 << 21
+
+
+def _add_exact(binned: exactsum.BinnedSum, rows: list, weights: torch.Tensor) -> None:
+    """Deposit ``weights[b] * row_b`` of a piece's rows into ``binned``, in tiles of whole rows (the sum is
+    exact, so the tiling changes no bit)."""
+    d = sum(int(r.shape[1]) for r in rows)
+    tile = max(1, _EXACT_TILE_BYTES // (d * torch.empty((), dtype=rows[0].dtype).element_size()))
+    n = int(weights.shape[0])
+    if n <= tile and len(rows) == 1 and isinstance(rows[0], torch.Tensor):
+        binned.add(rows[0], weights=weights)
+        return
+    for lo in range(0, n, tile):
+        binned.add(_dense_block(rows, lo, lo + tile), weights=weights[lo : lo + tile])
 
 
 def _weighted_sum(rows: list, w: torch.Tensor) -> torch.Tensor:
@@ -340,7 +358,7 @@ class Federation:
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
             if binned is not None:
                 if slots.numel():
-                    binned.add(_dense_block(rows), weights=w_t[slots])
+                    _add_exact(binned, rows, w_t[slots])
             elif self.reduction == "ordered":
                 assert buf is not None
                 buf[slots] = _dense_block(rows)

@@ -7,6 +7,7 @@ import torch
 from shared_data import requires, small_mnist_config
 from small_configs import small_synthetic
 
+from fednest_mpi import exactsum, federation
 from fednest_mpi.federation import dense
 from fednest_mpi.problems import build_problem
 from fednest_mpi.problems.base import Sample
@@ -39,7 +40,7 @@ def _plain_loop(weights, biases, data, steps, lr, decay):
 
 @pytest.mark.parametrize("widths", [(6, 3), (6, 5, 3), (7, 5, 4, 3)])
 @pytest.mark.parametrize("steps", [1, 4])
-def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps):
+def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps, monkeypatch):
     gen = torch.Generator().manual_seed(len(widths) * 10 + steps)
     C, b, lr, decay = 5, 3, 0.3, 0.1
     weights = [torch.randn(o, i, generator=gen, dtype=F64) for i, o in zip(widths[:-1], widths[1:])]
@@ -70,6 +71,13 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps):
     torch.testing.assert_close(rows.dense(), reference, rtol=1e-12, atol=1e-12)
     w = torch.rand(C, generator=gen, dtype=F64)
     torch.testing.assert_close(rows.weighted_sum(w), w @ reference, rtol=1e-12, atol=1e-12)
+    whole = rows.dense()
+    assert torch.equal(torch.cat([rows.dense(lo, lo + 2) for lo in range(0, C, 2)]), whole)
+    one_tile, by_rows = (exactsum.BinnedSum(whole.shape[1], exactsum.bins_for(F64)) for _ in range(2))
+    one_tile.add(whole, weights=w)
+    monkeypatch.setattr(federation, "_EXACT_TILE_BYTES", 1)  # one row per tile
+    federation._add_exact(by_rows, [rows], w)
+    assert torch.equal(by_rows.value(), one_tile.value())
 
 
 def _oracle_loop(prob, ids, X, Y0, steps, lr, key, anchor):

@@ -211,7 +211,7 @@ class BilevelProblem(ABC):
         with minibatches Sample(key, nu), as (B, d2) rows: SGD y <- y - lr nabla_y g_i(x, y_nu) --
         LFedInn (Alg. 6) / FedAvg -- or, with the ``anchor`` q (d2,), FedInn's SVRG steps (Alg. 4)
         y <- y - lr (nabla_y g_i(x, y_nu) - nabla_y g_i(x, y) + q). The rows may be a factored form
-        with ``dense()`` and ``weighted_sum(w)`` (:func:`fednest_mpi.federation.dense` gives the
+        with ``dense(lo, hi)`` and ``weighted_sum(w)`` (:func:`fednest_mpi.federation.dense` gives the
         tensor; :meth:`Federation.mean_over` averages it as it is). None when the problem has no
         fused form (the algorithm then calls :meth:`grad_y_inner` step by step). Counted as the
         inner gradient calls it replaces (one or two per step and client)."""

@@ -84,16 +84,19 @@ class LowRankRows:
             parts += [torch.addmm(W, scaled.T, H.flatten(0, 1), beta=float(w.sum())).reshape(-1), w @ b]
         return torch.cat(parts)
 
-    def dense(self) -> torch.Tensor:
-        """The (C, d) rows."""
-        C = self.biases[0].shape[0]
-        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+    def dense(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """The (hi - lo, d) rows of clients lo..hi-1 (all by default); each client's row is the same
+        product whatever the range, so a block formed in pieces has the bits of the whole."""
+        n = self.biases[0].shape[0]
+        hi = n if hi is None else min(hi, n)
+        C = hi - lo
+        out = torch.empty((C, self.shape[1]), dtype=self.dtype, device=self.device)
         at = 0
         for W, H, D, b in zip(self.shared, self.inputs, self.grads, self.biases):
             rows = out[:, at : at + W.numel()].view(C, *W.shape)
-            rows.copy_(W.expand(C, -1, -1)).baddbmm_(D.transpose(1, 2), H)
+            rows.copy_(W.expand(C, -1, -1)).baddbmm_(D[lo:hi].transpose(1, 2), H[lo:hi])
             at += W.numel()
-            out[:, at : at + W.shape[0]] = b
+            out[:, at : at + W.shape[0]] = b[lo:hi]
             at += W.shape[0]
         return out
 
