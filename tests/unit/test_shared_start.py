@@ -75,7 +75,8 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps, monkeypa
     assert torch.equal(torch.cat([rows.dense(lo, lo + 2) for lo in range(0, C, 2)]), whole)
     one_tile, by_rows = (exactsum.BinnedSum(whole.shape[1], exactsum.bins_for(F64)) for _ in range(2))
     one_tile.add(whole, weights=w)
-    monkeypatch.setattr(federation, "_EXACT_TILE_BYTES", 1)  # one row per tile
+    monkeypatch.setattr(federation, "_EXACT_TILE_BYTES", 1)  # two rows per tile
+    monkeypatch.setattr(federation, "_EXACT_TILE_ROWS", 2)
     federation._add_exact(by_rows, [rows], w)
     assert torch.equal(by_rows.value(), one_tile.value())
 
