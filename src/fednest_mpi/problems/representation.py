@@ -121,11 +121,12 @@ class FeatureStore:
         return None
 
     def missing(self, split, clients: np.ndarray) -> np.ndarray:
-        found = np.zeros(clients.size, dtype=bool)
-        for s, ids, _ in self.blocks:
-            if s == split:
-                found |= np.isin(clients, ids)
-        return clients[~found]
+        """The clients of ``clients`` in no block of ``split``: one membership test against the
+        blocks' ids together (one per block cost a sort each, ~7 % of a many-clients round)."""
+        held = [ids for s, ids, _ in self.blocks if s == split]
+        if not held:
+            return clients
+        return clients[~np.isin(clients, np.concatenate(held))]
 
     def add(self, split, clients: np.ndarray, counts: np.ndarray, features: torch.Tensor) -> None:
         """Keep a block of (B, width, H) features; rows at or beyond a client's count are zeroed."""
