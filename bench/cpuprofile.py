@@ -2,7 +2,8 @@
 
 Runs one warm-up outer iteration, then profiles 3 with ``cProfile.Profile(time.process_time)``
 (CPU time, so other jobs on the machine distort it less than wall time) and prints the CPU per
-iteration and the share of the main phases and kernels. 1 rank, no MPI. Example (docs/performance.md):
+iteration, the share of the main phases and kernels and the functions with the most own time. 1 rank, no MPI.
+Example (docs/performance.md):
 
     FEDNEST_DATA=../shared/data .venv/bin/python bench/cpuprofile.py configs/mnist/hyperrep/noniid/fednest.toml
 """
@@ -40,6 +41,7 @@ PHASES = [
     "argsort",
     "key",
 ]
+TOP = 15
 
 
 def main(argv: list[str]) -> int:
@@ -67,6 +69,10 @@ def main(argv: list[str]) -> int:
         own, cum = sum(v[2] for v in hits) / 3, sum(v[3] for v in hits) / 3
         if cum:
             print(f"{name:>16}: self {own:.3f} s, cumulative {cum:.3f} s ({100 * cum / total:.0f} %)")
+    print(f"the {TOP} functions with the most own CPU per outer iteration:")
+    for (path, line, name), v in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:TOP]:
+        where = name if path == "~" else f"{Path(path).name}:{line}({name})"
+        print(f"  {v[2] / 3:.3f} s  {v[1] // 3:>6} calls  {where}")
     return 0
 
 

@@ -121,16 +121,20 @@ class FeatureStore:
         return None
 
     def missing(self, split, clients: np.ndarray) -> np.ndarray:
-        found = np.zeros(clients.size, dtype=bool)
-        for s, ids, _ in self.blocks:
-            if s == split:
-                found |= np.isin(clients, ids)
-        return clients[~found]
+        """The clients of ``clients`` in no block of ``split``: one membership test against the
+        blocks' ids together (one per block cost a sort each, ~7 % of a many-clients round)."""
+        held = [ids for s, ids, _ in self.blocks if s == split]
+        if not held:
+            return clients
+        return clients[~np.isin(clients, np.concatenate(held))]
 
     def add(self, split, clients: np.ndarray, counts: np.ndarray, features: torch.Tensor) -> None:
-        """Keep a block of (B, width, H) features; rows at or beyond a client's count are zeroed."""
-        pad = torch.as_tensor(np.arange(features.shape[1])[None, :] >= counts[:, None], device=features.device)
-        self.blocks.append((split, clients.copy(), features.masked_fill_(pad[..., None], 0.0)))
+        """Keep a block of (B, width, H) features; rows at or beyond a client's count are zeroed (no
+        pass over the block when every client fills the width, e.g. Synthetic's fixed sizes)."""
+        pad = np.arange(features.shape[1])[None, :] >= counts[:, None]
+        if pad.any():
+            features.masked_fill_(torch.as_tensor(pad, device=features.device)[..., None], 0.0)
+        self.blocks.append((split, clients.copy(), features))
 
     def assemble(self, split, clients: np.ndarray, width: int, hidden: int, like: torch.Tensor) -> torch.Tensor:
         """(B, width, H): each client's rows from the newest block holding it, zero rows as padding;
