@@ -1,0 +1,29 @@
+"""``fednest-mpi recover RUN.h5``: close the files of a killed run at its last complete iteration."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fednest_mpi.errors import UsageError
+
+
+def add(sub) -> None:
+    rec = sub.add_parser(
+        "recover",
+        help="close the files of a killed run (SIGKILL, node loss) at its last complete iteration",
+        epilog="example:\n  fednest-mpi recover runs/q.h5   # then continue it with run ... --resume",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rec.add_argument("run", help="run file (.h5) of a run that was killed before it closed its files")
+
+
+def execute(args) -> int:
+    from fednest_mpi.io.recover import recover
+
+    try:
+        print(recover(args.run))
+    except UsageError as exc:
+        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
