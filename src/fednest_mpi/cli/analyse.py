@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from fednest_mpi.cli.common import usage_error
 from fednest_mpi.errors import UsageError
 
 
@@ -199,8 +199,7 @@ def execute(args) -> int:
             )
             print(f"output: {args.output}")
     except UsageError as exc:
-        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(exc)
     return 0
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import sys
 
-from fednest_mpi.cli.common import config_command
+from fednest_mpi.cli.common import config_command, usage_error
 from fednest_mpi.errors import UsageError
 
 EPILOG_CHECK = """\
@@ -36,5 +35,4 @@ def execute(args) -> int:
     try:
         return check(args.config, args.overrides, args.iterations, args.ranks, args.timeout)
     except UsageError as exc:
-        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(exc)

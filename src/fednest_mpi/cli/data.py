@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from fednest_mpi.cli.common import usage_error
 from fednest_mpi.errors import UsageError
 
 EPILOG_DATA = """\
@@ -50,6 +50,5 @@ def execute(args) -> int:
         path = convert_npz(args.input, args.output, n_classes=args.n_classes, overwrite=args.overwrite, **options)
         print(describe(path), end="")
     except UsageError as exc:
-        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(exc)
     return 0

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from fednest_mpi.cli.common import subcommand
 
 
 def add(sub) -> None:
     from fednest_mpi.config import DATASETS  # here, not at import: the stop signals are installed first
 
-    dl = sub.add_parser(
+    dl = subcommand(
+        sub,
         "download",
-        help="fetch MNIST, Fashion-MNIST or UCI Adult (needs internet), checking checksums",
-        epilog="example:\n  fednest-mpi download mnist --dest ~/data && export FEDNEST_DATA=~/data",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "fetch MNIST, Fashion-MNIST or UCI Adult (needs internet), checking checksums",
+        "example:\n  fednest-mpi download mnist --dest ~/data && export FEDNEST_DATA=~/data",
     )
     dl.add_argument("datasets", nargs="+", choices=tuple(DATASETS), help="data set(s) to fetch")
     dl.add_argument("--dest", "-d", help="data root (default: $FEDNEST_DATA); the files go to DEST/mnist, ...")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from fednest_mpi.cli.common import usage_error
 from fednest_mpi.errors import UsageError
 
 
@@ -72,8 +72,7 @@ def execute(args) -> int:
             preset=args.preset,
         )
     except UsageError as exc:
-        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(exc)
     print(*paths, sep="\n")
     print(f"submit: sbatch {paths[1]}\nworkstation: bash {paths[2]} [-j N] [TASK_ID ...]")
     return 0

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
-
+from fednest_mpi.cli.common import subcommand, usage_error
 from fednest_mpi.errors import UsageError
 
 
 def add(sub) -> None:
-    rec = sub.add_parser(
+    rec = subcommand(
+        sub,
         "recover",
-        help="close the files of a killed run (SIGKILL, node loss) at its last complete iteration",
-        epilog="example:\n  fednest-mpi recover runs/q.h5   # then continue it with run ... --resume",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "close the files of a killed run (SIGKILL, node loss) at its last complete iteration",
+        "example:\n  fednest-mpi recover runs/q.h5   # then continue it with run ... --resume",
     )
     rec.add_argument("run", help="run file (.h5) of a run that was killed before it closed its files")
 
@@ -24,6 +22,5 @@ def execute(args) -> int:
     try:
         print(recover(args.run))
     except UsageError as exc:
-        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(exc)
     return 0
