@@ -177,6 +177,23 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
     fixed = {_field_name(pre + "set.", k): v for k, v in _flatten(pre + "set", data.get("set", {})).items()}
     for _key, value in fixed.items():
         toml_value(value)  # representable
+    axes = _axes(pre, data)
+    kw.update(set=fixed, grid=axes["grid"], zip=axes["zip"])
+    if not isinstance(data.get("resources", {}), dict):
+        raise UsageError(f"{pre}resources: expected a table, got {data['resources']!r}")
+    kw["resources"] = resources_from_dict(data.get("resources", {}), f"{where}: resources")
+    if "scaling" in data:
+        kw["scaling"] = _scaling(pre, data["scaling"])
+    sweep = Sweep(**kw)
+    varying = list(sweep.grid) + list(sweep.zip) + list(sweep.scaling.per_rank if sweep.scaling else ())
+    for key in varying:
+        if varying.count(key) > 1 or key in sweep.set:
+            raise UsageError(f"{pre}{key}: given in more than one of set, grid, zip, scaling.per_rank; keep one")
+    return sweep
+
+
+def _axes(pre: str, data: Mapping) -> dict[str, dict[str, tuple]]:
+    """The ``[grid]`` and ``[zip]`` of a sweep: each field's non-empty list of values; the zip's of one length."""
     axes = {}
     for table in ("grid", "zip"):
         flat = _flatten(pre + table, data.get(table, {}))
@@ -193,52 +210,43 @@ def sweep_from_dict(data: Mapping, where: str = "sweep", name: str = "sweep") ->
     if len(lengths) > 1:
         sizes = ", ".join(f"{k}: {len(v)}" for k, v in axes["zip"].items())
         raise UsageError(f"{pre}zip: the lists must have the same length ({sizes})")
-    kw.update(set=fixed, grid=axes["grid"], zip=axes["zip"])
-    if not isinstance(data.get("resources", {}), dict):
-        raise UsageError(f"{pre}resources: expected a table, got {data['resources']!r}")
-    kw["resources"] = resources_from_dict(data.get("resources", {}), f"{where}: resources")
-    if "scaling" in data:
-        sc = data["scaling"]
-        if not isinstance(sc, dict):
-            raise UsageError(f"{pre}scaling: expected a table, got {sc!r}")
-        _check_keys(pre + "scaling.", sc, _SCALING_FIELDS)
-        kind = sc.get("kind")
-        if kind not in SCALING_KINDS:
-            raise UsageError(
-                f"{pre}scaling.kind: {kind!r} is not one of {', '.join(SCALING_KINDS)}"
-                + did_you_mean(str(kind), SCALING_KINDS)
-            )
-        ranks = sc.get("ranks")
-        if not isinstance(ranks, list) or not ranks:
-            raise UsageError(f"{pre}scaling.ranks: expected a non-empty list of rank counts, e.g. [1, 2, 4, 8]")
-        ranks = tuple(_int(f"{pre}scaling.ranks[{i}]", r, 1) for i, r in enumerate(ranks))
-        if len(set(ranks)) != len(ranks):
-            raise UsageError(f"{pre}scaling.ranks: {list(ranks)} repeats a rank count")
-        per_rank = {
-            _field_name(pre + "scaling.per_rank.", k): v
-            for k, v in _flatten(pre + "scaling.per_rank", sc.get("per_rank", {})).items()
-        }
-        for key, value in per_rank.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UsageError(
-                    f"{pre}scaling.per_rank.{key}: expected a number (the value for one rank), got {value!r}"
-                )
-        if kind == "weak" and not per_rank:
-            raise UsageError(
-                f"{pre}scaling.per_rank: weak scaling needs the fields that grow with the ranks, "
-                "e.g. [scaling.per_rank] algorithm.clients_per_round = 10"
-            )
-        if kind == "strong" and per_rank:
-            raise UsageError(
-                f'{pre}scaling.per_rank: strong scaling keeps the problem fixed; drop per_rank or use kind = "weak"'
-            )
-        kw["scaling"] = Scaling(kind=kind, ranks=ranks, per_rank=per_rank)
-    sweep = Sweep(**kw)
-    varying = list(sweep.grid) + list(sweep.zip) + list(sweep.scaling.per_rank if sweep.scaling else ())
-    for key in varying:
-        if varying.count(key) > 1 or key in sweep.set:
-            raise UsageError(f"{pre}{key}: given in more than one of set, grid, zip, scaling.per_rank; keep one")
-    return sweep
+    return axes
+
+
+def _scaling(pre: str, sc: Any) -> Scaling:
+    """A sweep's ``[scaling]``: its kind, rank counts and (weak scaling) the fields that grow with the ranks."""
+    if not isinstance(sc, dict):
+        raise UsageError(f"{pre}scaling: expected a table, got {sc!r}")
+    _check_keys(pre + "scaling.", sc, _SCALING_FIELDS)
+    kind = sc.get("kind")
+    if kind not in SCALING_KINDS:
+        raise UsageError(
+            f"{pre}scaling.kind: {kind!r} is not one of {', '.join(SCALING_KINDS)}"
+            + did_you_mean(str(kind), SCALING_KINDS)
+        )
+    ranks = sc.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise UsageError(f"{pre}scaling.ranks: expected a non-empty list of rank counts, e.g. [1, 2, 4, 8]")
+    ranks = tuple(_int(f"{pre}scaling.ranks[{i}]", r, 1) for i, r in enumerate(ranks))
+    if len(set(ranks)) != len(ranks):
+        raise UsageError(f"{pre}scaling.ranks: {list(ranks)} repeats a rank count")
+    per_rank = {
+        _field_name(pre + "scaling.per_rank.", k): v
+        for k, v in _flatten(pre + "scaling.per_rank", sc.get("per_rank", {})).items()
+    }
+    for key, value in per_rank.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{pre}scaling.per_rank.{key}: expected a number (the value for one rank), got {value!r}")
+    if kind == "weak" and not per_rank:
+        raise UsageError(
+            f"{pre}scaling.per_rank: weak scaling needs the fields that grow with the ranks, "
+            "e.g. [scaling.per_rank] algorithm.clients_per_round = 10"
+        )
+    if kind == "strong" and per_rank:
+        raise UsageError(
+            f'{pre}scaling.per_rank: strong scaling keeps the problem fixed; drop per_rank or use kind = "weak"'
+        )
+    return Scaling(kind=kind, ranks=ranks, per_rank=per_rank)
 
 
 def _presets(pre: str, data: Mapping) -> dict[str, dict]:
