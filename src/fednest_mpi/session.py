@@ -220,34 +220,47 @@ class Session:
 
     def _checked_run(self, stop) -> int:
         """Validation, locks, then :meth:`_simulate`."""
-        from fednest_mpi import checkpoint, failure, lock
+        resume, folder = self._validated()
+        locks = self._locked(resume, folder)
+        self._locks = locks
+        try:
+            return self._simulate(resume, folder, stop)
+        finally:
+            for held in reversed(locks):
+                held.release()
+
+    def _validated(self):
+        """The checkpoint to resume from (or None) and the checkpoint folder, once the config, the world and
+        the output's names and folders are checked: deterministic on every rank, before any collective."""
+        from fednest_mpi import checkpoint
         from fednest_mpi import config as configuration
-        from fednest_mpi.io.h5 import check_directory, check_names, check_output_path, check_resumable_output
+        from fednest_mpi.io.h5 import check_directory, check_names, check_output_path
+
+        cfg = self.cfg
+        resume = None
+        configuration.validate_world(cfg, self.comm.Get_size())
+        check_names(cfg.run.output, cfg.run.checkpoint_dir)  # every name the run makes, also for --resume
+        folder = checkpoint.folder_of(cfg)
+        if self.resume:
+            resume = checkpoint.load(folder)
+            checkpoint.check_resumable(resume, cfg)
+            check_directory(Path(cfg.run.output).parent, "run.output")
+        else:
+            check_output_path(cfg.run.output, cfg.run.overwrite)
+        check_directory(folder, "run.checkpoint_dir")
+        return resume, folder
+
+    def _locked(self, resume, folder) -> list:
+        """One writer per output: rank 0 locks the output and the checkpoint folder (and checks the files a
+        resume reads) and tells every rank, in the run's first collective; the locks held (rank 0's)."""
+        from fednest_mpi import checkpoint, failure, lock
+        from fednest_mpi.io.h5 import check_resumable_output
         from fednest_mpi.runner import broadcast_usage_error
 
-        cfg, comm = self.cfg, self.comm
-        rank, size = comm.Get_rank(), comm.Get_size()
-        # ---- validation: deterministic on every rank, before any collective
-        resume = None
-        try:
-            configuration.validate_world(cfg, size)
-            check_names(cfg.run.output, cfg.run.checkpoint_dir)  # every name the run makes, also for --resume
-            folder = checkpoint.folder_of(cfg)
-            if self.resume:
-                resume = checkpoint.load(folder)
-                checkpoint.check_resumable(resume, cfg)
-                check_directory(Path(cfg.run.output).parent, "run.output")
-            else:
-                check_output_path(cfg.run.output, cfg.run.overwrite)
-            check_directory(folder, "run.checkpoint_dir")
-        except UsageError:
-            raise
-
-        # ---- one writer per output: rank 0 locks the output and the checkpoint folder (and checks the
-        # files a resume reads) and tells every rank, in the run's first collective
+        cfg = self.cfg
         locks = []
         found = None
-        if rank == 0:
+        if self.comm.Get_rank() == 0:
             try:
                 # a stale lock (its writer provably gone) is taken over by --resume and --overwrite
                 targets = [(cfg.run.output, "run.output"), (folder, "run.checkpoint_dir")]
@@ -259,17 +272,12 @@ class Session:
             except UsageError as exc:
                 found = exc
         try:
-            broadcast_usage_error(comm, found)
+            broadcast_usage_error(self.comm, found)
         except UsageError:
             for held in locks:
                 held.release()
             raise
-        self._locks = locks
-        try:
-            return self._simulate(resume, folder, stop)
-        finally:
-            for held in reversed(locks):
-                held.release()
+        return locks
 
     def _simulate(self, resume, folder, stop) -> int:
         """The run itself (after validation and locking): a usage error while building agrees across
