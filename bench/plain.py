@@ -1,4 +1,4 @@
-"""The plain per-client PyTorch loop of a run config: issue 16's baseline, written the way a user
+"""The plain per-client PyTorch loop of a run config: the many-clients benchmark's baseline, written the way a user
 without a framework would write the same task.
 
 Per client, one after another: its own copy of the parameters (plain tensors with

@@ -361,171 +361,21 @@ class Simulation:
         step_wrapper : a public hook: ``step_wrapper(step)`` returns the callable run for each outer
             iteration in place of the algorithm's ``step(k, x, y)`` (bench/: per-step CPU and faults).
         """
-        cfg, fed, problem = self.cfg, self.fed, self.problem
-        hooks = Callbacks(callbacks)
-        fault_at, fault_kind = _fault(fed.rank)
-        n_oracles = len(ORACLES)
-        history: dict[str, list] = {}
-        if resume is None:
-            x, y = problem.initial_point()
-            k, base_counts, base_wall = 0, np.zeros(n_oracles), 0.0
-        else:
-            x, y = self._restore(resume, checkpoint_dir)
-            k, base_wall = resume.iteration, resume.wall_time
-            # rank 0 carries the saved totals, so the sum over ranks continues them
-            base_counts = resume.oracle_totals.numpy() if fed.rank == 0 else np.zeros(n_oracles)
-        start = time.perf_counter()
-        state: dict = {}
-        metric_names = tuple(problem.metric_info())
-        declared_rounds = self._declared_rounds()
-        train_columns = list(self._training_columns())
-        check_every = cfg.run.check_consistency
-
-        def record(k: int, alg_seconds: float, diag: dict, broken: contract.PluginError | None = None) -> bool:
-            """Evaluate, agree on the contract (``broken``: the step's violation on this rank), health and stop
-            requests, record; True when a stop was requested."""
-            t0 = time.perf_counter()
-            metrics: dict = {}
-            if broken is None:
-                metrics = problem.evaluate(x, y)
-                broken = contract.violation(contract.check_metrics, problem, metrics, metric_names)
-            if broken is not None:
-                metrics = {}
-            evaluated = metrics
-            train_due = bool(train_columns) and k % cfg.run.train_eval_every == 0
-            train, slots = training_sums(problem, fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
-            check_due = bool(check_every) and k % check_every == 0
-            digest = consistency.digest(x, y) if check_due else 0
-            eval_seconds = time.perf_counter() - t0
-            finite = all(math.isfinite(v) for v in metrics.values()) and bool(
-                torch.isfinite(x).all() and torch.isfinite(y).all()
-            )
-            # one bookkeeping reduction: oracle counts (sum), the health of every rank (count of failing
-            # ranks, sum of their ranks), stop requests and the training-set sums (or their client slots)
-            health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
-            phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
-            lost = series.lost() if series is not None else None
-            totals = Bookkeeping.unpack(
-                fed.bookkeeping_sum(
-                    Bookkeeping.pack(
-                        oracle_counts=problem.counts_vector() + base_counts,
-                        health=health,
-                        stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
-                        lost_files=[1.0 if lost else 0.0],
-                        contract=[0.0 if broken is None else 1.0],
-                        training=train,
-                        training_slots=slots,
-                        consistency=consistency.moments(digest) if check_due else [],
-                        phases=phases,
-                    )
-                ),
-                training_slots=slots.size,
-                consistency=2 * consistency.PIECES if check_due else 0,
-            )
-            if slots.size:  # the exact and ordered reductions: the loss sums in client-id order
-                totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
-            counts = totals["oracle_counts"]
-            (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
-            if n_stop > 0 and stop is not None:
-                stop.reached()
-            if totals["contract"][0] > 0:  # every rank raises the lowest failing rank's line
-                agree_on_usage_error(fed.comm, broken)
-            if totals["lost_files"][0] > 0:  # every rank learns it here and stops
-                raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
-            if n_bad > 0:
-                where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
-                raise FloatingPointError(
-                    f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
-                )
-            if check_due:  # before the row is recorded: the output keeps the iterations before
-                if not consistency.agree(totals["consistency"], fed.size):
-                    refuse_disagreement(fed.comm, k, digest, check_every, state.get("agreed"))
-                state["agreed"] = k
-            hooks.call("on_evaluation", k, evaluated)
-            row = {
-                "iteration": k,
-                "comm_rounds": fed.stats.rounds,
-                "comm_bytes": fed.stats.bytes,
-                "comm_seconds": fed.stats.seconds,
-                "wall_time": base_wall + time.perf_counter() - start,
-                "algorithm_time": alg_seconds,
-                "evaluation_time": eval_seconds,
-            }
-            row.update(diagnostic_values(type(self.algorithm), diag))
-            answered, dropped = fed.take_answer_counts()
-            if fed.system.drops:
-                row.update(clients_answered=answered, clients_dropped=dropped)
-            row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, counts)})
-            row.update(metrics)
-            if train_columns:
-                row.update(
-                    training_metrics(totals["training"], train_columns)
-                    if train_due
-                    else dict.fromkeys(train_columns, math.nan)
-                )
-            for name, value in row.items():
-                history.setdefault(name, []).append(value)
-            if series is not None:
-                series.after_bookkeeping(k, totals["phases"], x, y)
-            hooks.call("on_iteration", k, row)
-            state.update(counts=counts, wall=row["wall_time"])
-            return n_stop > 0
-
-        def save(k: int) -> None:
-            if checkpoint_dir is None:
-                return
-            saved = ckpt_io.Checkpoint(
-                iteration=k,
-                x=x,
-                y=y,
-                comm_rounds=fed.stats.rounds,
-                comm_bytes=fed.stats.bytes,
-                comm_seconds=fed.stats.seconds,
-                oracle_totals=torch.from_numpy(state["counts"].copy()),
-                wall_time=state["wall"],
-                output_rows=k + 1,
-                config_json=cfg.to_json(),
-                mpi_size=fed.size,
-                algorithm_state={**self.algorithm.checkpoint_state(), **self.server.state()},
-            )
-            digests = hooks.first("row_digests", k + 1)  # rank 0's recorder: what a resume checks the rows against
-            if digests is not None:
-                saved.row_digests = torch.tensor(digests, dtype=torch.int64)
-            ckpt_io.save(fed.comm, checkpoint_dir, saved, self.algorithm.client_states())
-            hooks.call("on_checkpoint", k, checkpoint_dir)
-
-        K, every = cfg.algorithm.outer_iterations, cfg.run.checkpoint_every
+        loop = RunLoop(self, callbacks, checkpoint_dir, stop, resume, series)
+        K, every = self.cfg.algorithm.outer_iterations, self.cfg.run.checkpoint_every
         step = self.algorithm.step if step_wrapper is None else step_wrapper(self.algorithm.step)
         halt = False
-        hooks.call("on_start", self, k)
+        loop.hooks.call("on_start", self, loop.k)
         if resume is None:
-            halt = record(0, 0.0, {})
-            save(0)
-        while k < K and not halt:
-            k += 1
-            if fault_at == k and fault_kind == "raise":
-                raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
-            if fault_at == k and fault_kind == "term":
-                os.kill(os.getpid(), signal.SIGTERM)
-            t0, rounds = time.perf_counter(), fed.stats.rounds
-            out = step(k, x, y)
-            broken = contract.violation(contract.check_step, self.algorithm, out, x, y) or contract.violation(
-                contract.check_rounds, self.algorithm, declared_rounds, fed.stats.rounds - rounds, k
-            )
-            diag = {}
-            if broken is None:
-                proposed, y, diag = out
-                x = self.server.step(x, proposed)
-            if fault_at == k and fault_kind == "nan":
-                x = torch.full_like(x, math.nan)
-            if fault_at == k and fault_kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            halt = record(k, time.perf_counter() - t0, diag, broken)
-            if halt or k == K or (every and k % every == 0):
-                save(k)
-        stopped_by = (stop.received or "a signal to another rank") if halt and k < K else None
-        result = RunResult(x=x, y=y, history=history, stopped_by=stopped_by)
-        hooks.call("on_end", result)
+            halt = loop.record(0, 0.0, {})
+            loop.save(0)
+        while loop.k < K and not halt:
+            halt = loop.iterate(step)
+            if halt or loop.k == K or (every and loop.k % every == 0):
+                loop.save(loop.k)
+        stopped_by = (stop.received or "a signal to another rank") if halt and loop.k < K else None
+        result = RunResult(x=loop.x, y=loop.y, history=loop.history, stopped_by=stopped_by)
+        loop.hooks.call("on_end", result)
         return result
 
     def _declared_rounds(self) -> int:
@@ -555,6 +405,192 @@ class Simulation:
             {name: (ids, rows.to(like.device)) for name, (ids, rows) in clients.items()},
         )
         return resume.x.to(like.device), resume.y.to(like.device)
+
+
+class RunLoop:
+    """One call of :meth:`Simulation.run` in progress: the iterates x and y, the iteration k, the totals carried
+    from a checkpoint and the history of the rows, with the steps of an outer iteration (the step, the
+    evaluation and the bookkeeping reduction that agrees on it, the row, the checkpoint)."""
+
+    def __init__(self, sim: Simulation, callbacks, checkpoint_dir, stop, resume: ckpt_io.Checkpoint | None, series):
+        self.sim, self.hooks = sim, Callbacks(callbacks)
+        self.checkpoint_dir, self.stop, self.series = checkpoint_dir, stop, series
+        self.fault = _fault(sim.fed.rank)
+        n_oracles = len(ORACLES)
+        self.history: dict[str, list] = {}
+        if resume is None:
+            self.x, self.y = sim.problem.initial_point()
+            self.k, self.base_counts, self.base_wall = 0, np.zeros(n_oracles), 0.0
+        else:
+            self.x, self.y = sim._restore(resume, checkpoint_dir)
+            self.k, self.base_wall = resume.iteration, resume.wall_time
+            # rank 0 carries the saved totals, so the sum over ranks continues them
+            self.base_counts = resume.oracle_totals.numpy() if sim.fed.rank == 0 else np.zeros(n_oracles)
+        self.start = time.perf_counter()
+        self.counts, self.wall = np.zeros(n_oracles), 0.0  # the last recorded row's totals (for a checkpoint)
+        self.agreed: int | None = None  # the last iteration at which the ranks' digests agreed
+        self.metric_names = tuple(sim.problem.metric_info())
+        self.declared_rounds = sim._declared_rounds()
+        self.train_columns = list(sim._training_columns())
+        self.check_every = sim.cfg.run.check_consistency
+
+    def iterate(self, step) -> bool:
+        """Outer iteration k + 1: ``step`` (the algorithm's, or the ``step_wrapper``'s), its contract, the server
+        optimiser's update of x and the record; True when a stop was requested."""
+        sim, fed = self.sim, self.sim.fed
+        self.k += 1
+        k, (fault_at, fault_kind) = self.k, self.fault
+        if fault_at == k and fault_kind == "raise":
+            raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
+        if fault_at == k and fault_kind == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        t0, rounds = time.perf_counter(), fed.stats.rounds
+        out = step(k, self.x, self.y)
+        broken = contract.violation(contract.check_step, sim.algorithm, out, self.x, self.y) or contract.violation(
+            contract.check_rounds, sim.algorithm, self.declared_rounds, fed.stats.rounds - rounds, k
+        )
+        diag = {}
+        if broken is None:
+            proposed, self.y, diag = out
+            self.x = sim.server.step(self.x, proposed)
+        if fault_at == k and fault_kind == "nan":
+            self.x = torch.full_like(self.x, math.nan)
+        if fault_at == k and fault_kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.record(k, time.perf_counter() - t0, diag, broken)
+
+    def record(self, k: int, alg_seconds: float, diag: dict, broken: contract.PluginError | None = None) -> bool:
+        """Evaluate, agree on the contract (``broken``: the step's violation on this rank), health and stop
+        requests, record; True when a stop was requested."""
+        sim, x, y = self.sim, self.x, self.y
+        t0 = time.perf_counter()
+        metrics: dict = {}
+        if broken is None:
+            metrics = sim.problem.evaluate(x, y)
+            broken = contract.violation(contract.check_metrics, sim.problem, metrics, self.metric_names)
+        if broken is not None:
+            metrics = {}
+        train_due = bool(self.train_columns) and k % sim.cfg.run.train_eval_every == 0
+        train, slots = training_sums(sim.problem, sim.fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
+        check_due = bool(self.check_every) and k % self.check_every == 0
+        digest = consistency.digest(x, y) if check_due else 0
+        eval_seconds = time.perf_counter() - t0
+        totals, lost = self._bookkeeping(k, alg_seconds, metrics, broken, train, slots, check_due, digest)
+        n_stop = self._agree(k, totals, broken, lost, check_due, digest)
+        self.hooks.call("on_evaluation", k, metrics)
+        row = self._row(k, alg_seconds, eval_seconds, diag, metrics, totals, train_due)
+        for name, value in row.items():
+            self.history.setdefault(name, []).append(value)
+        if self.series is not None:
+            self.series.after_bookkeeping(k, totals["phases"], x, y)
+        self.hooks.call("on_iteration", k, row)
+        self.counts, self.wall = totals["oracle_counts"], row["wall_time"]
+        return n_stop > 0
+
+    def _bookkeeping(self, k, alg_seconds, metrics, broken, train, slots, check_due, digest) -> tuple[dict, str | None]:
+        """The one bookkeeping reduction: oracle counts (sum), the health of every rank (count of failing
+        ranks, sum of their ranks), stop requests and the training-set sums (or their client slots); the totals
+        and this rank's lost file (or None)."""
+        fed, series, stop = self.sim.fed, self.series, self.stop
+        finite = all(math.isfinite(v) for v in metrics.values()) and bool(
+            torch.isfinite(self.x).all() and torch.isfinite(self.y).all()
+        )
+        health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
+        phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
+        lost = series.lost() if series is not None else None
+        totals = Bookkeeping.unpack(
+            fed.bookkeeping_sum(
+                Bookkeeping.pack(
+                    oracle_counts=self.sim.problem.counts_vector() + self.base_counts,
+                    health=health,
+                    stop_requests=[1.0 if stop is not None and stop.requested else 0.0],
+                    lost_files=[1.0 if lost else 0.0],
+                    contract=[0.0 if broken is None else 1.0],
+                    training=train,
+                    training_slots=slots,
+                    consistency=consistency.moments(digest) if check_due else [],
+                    phases=phases,
+                )
+            ),
+            training_slots=slots.size,
+            consistency=2 * consistency.PIECES if check_due else 0,
+        )
+        if slots.size:  # the exact and ordered reductions: the loss sums in client-id order
+            totals["training"][:2] = sum_in_client_order(totals["training_slots"].reshape(-1, 2))
+        return totals, lost
+
+    def _agree(self, k: int, totals: dict, broken, lost: str | None, check_due: bool, digest: int) -> float:
+        """Act on what the reduction told every rank alike: a stop request (its count returned), a broken
+        contract, a lost file, NaN/Inf, ranks whose digests differ."""
+        fed = self.sim.fed
+        (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
+        if n_stop > 0 and self.stop is not None:
+            self.stop.reached()
+        if totals["contract"][0] > 0:  # every rank raises the lowest failing rank's line
+            agree_on_usage_error(fed.comm, broken)
+        if totals["lost_files"][0] > 0:  # every rank learns it here and stops
+            raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
+        if n_bad > 0:
+            where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
+            raise FloatingPointError(
+                f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
+            )
+        if check_due:  # before the row is recorded: the output keeps the iterations before
+            if not consistency.agree(totals["consistency"], fed.size):
+                refuse_disagreement(fed.comm, k, digest, self.check_every, self.agreed)
+            self.agreed = k
+        return n_stop
+
+    def _row(self, k, alg_seconds, eval_seconds, diag, metrics, totals, train_due) -> dict:
+        """The row of iteration k (the run file's /iterations, the history)."""
+        fed = self.sim.fed
+        row = {
+            "iteration": k,
+            "comm_rounds": fed.stats.rounds,
+            "comm_bytes": fed.stats.bytes,
+            "comm_seconds": fed.stats.seconds,
+            "wall_time": self.base_wall + time.perf_counter() - self.start,
+            "algorithm_time": alg_seconds,
+            "evaluation_time": eval_seconds,
+        }
+        row.update(diagnostic_values(type(self.sim.algorithm), diag))
+        answered, dropped = fed.take_answer_counts()
+        if fed.system.drops:
+            row.update(clients_answered=answered, clients_dropped=dropped)
+        row.update({f"oracle_{name}": float(c) for name, c in zip(ORACLES, totals["oracle_counts"])})
+        row.update(metrics)
+        if self.train_columns:
+            row.update(
+                training_metrics(totals["training"], self.train_columns)
+                if train_due
+                else dict.fromkeys(self.train_columns, math.nan)
+            )
+        return row
+
+    def save(self, k: int) -> None:
+        """A checkpoint after iteration k (none without a checkpoint folder)."""
+        if self.checkpoint_dir is None:
+            return
+        sim, fed = self.sim, self.sim.fed
+        saved = ckpt_io.Checkpoint(
+            iteration=k,
+            x=self.x,
+            y=self.y,
+            comm_rounds=fed.stats.rounds,
+            comm_bytes=fed.stats.bytes,
+            comm_seconds=fed.stats.seconds,
+            oracle_totals=torch.from_numpy(self.counts.copy()),
+            wall_time=self.wall,
+            output_rows=k + 1,
+            config_json=sim.cfg.to_json(),
+            mpi_size=fed.size,
+            algorithm_state={**sim.algorithm.checkpoint_state(), **sim.server.state()},
+        )
+        digests = self.hooks.first("row_digests", k + 1)  # rank 0's recorder: what a resume checks the rows against
+        if digests is not None:
+            saved.row_digests = torch.tensor(digests, dtype=torch.int64)
+        ckpt_io.save(fed.comm, self.checkpoint_dir, saved, sim.algorithm.client_states())
+        self.hooks.call("on_checkpoint", k, self.checkpoint_dir)
 
 
 def simulate(cfg: RunConfig, comm, callbacks=(), **checkpointing) -> RunResult:

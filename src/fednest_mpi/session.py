@@ -21,10 +21,17 @@ import sys
 import threading
 import traceback as _traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fednest_mpi import __version__
 from fednest_mpi.errors import OutputLost, RanksDisagree, RunFailed, UsageError
 from fednest_mpi.io.schema import METRICS, PRIMARY_METRIC
+
+if TYPE_CHECKING:
+    from fednest_mpi.failure import Watch
+    from fednest_mpi.io.h5 import RunWriter
+    from fednest_mpi.runner import Progress
+    from fednest_mpi.series import RunSeries
 
 LOST_HINT = "its results are gone with it; start the run again (keep the output's folder in place while it runs)"
 
@@ -67,6 +74,94 @@ class Beat:
     def on_iteration(self, k: int, row: dict) -> None:
         self.k = k
         self.stop.beat(k)
+
+
+class RunFiles:
+    """One rank's files of a run (rank 0: the run file and the progress line; every rank: its client files)
+    and the ways the run ends at once, each closing them cut to the same iterations (:class:`failure.Watch`)."""
+
+    def __init__(self, session: Session, folder):
+        self.session, self.folder = session, folder
+        self.rank, self.size = session.comm.Get_rank(), session.comm.Get_size()
+        self.writer: RunWriter | None = None
+        self.progress: Progress | None = None
+        self.series: RunSeries | None = None
+        self.watch: Watch | None = None
+
+    def open(self, sim, resume) -> None:
+        """Create the files of ``sim`` (``resume``: keep the rows its checkpoint recorded) and, under MPI, the
+        watch that closes them when any rank fails."""
+        from fednest_mpi import failure
+        from fednest_mpi.io.h5 import RunWriter
+        from fednest_mpi.runner import Progress, headline_metrics
+        from fednest_mpi.series import RunSeries, series_layout
+
+        cfg = self.session.cfg
+        if self.rank == 0:
+            attrs = {
+                "mpi_size": self.size,
+                "seed": cfg.seed,
+                "problem": cfg.problem.name,
+                "algorithm": cfg.algorithm.name,
+                "config_json": cfg.to_json(),
+                "numerics": json.dumps(sim.numerics),
+                PRIMARY_METRIC: sim.primary_metric,
+                METRICS: json.dumps(list(sim.problem.metric_info())),
+            }
+            keep = resume.output_rows if resume else None
+            self.writer = RunWriter(
+                cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create
+            )
+            self.progress = Progress(
+                cfg.algorithm.outer_iterations,
+                cfg.run.progress,
+                cfg.run.log_every,
+                keys=(*headline_metrics(sim.problem), "comm_rounds"),
+                start=resume.iteration if resume else 0,
+            )
+        self.series = RunSeries(sim, self.writer, keep_rows=resume.output_rows if resume else None)
+        if self.size > 1:  # an exception on any rank: every rank closes its files before the abort
+            self.watch = failure.Watch(cfg.run.output, self.rank, self.size, self.close, on_end=self.on_end)
+
+    def close(self, rows=None):
+        """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept."""
+        kept = self.writer.close() if self.writer is not None else rows  # rank 0: the rows of the run file
+        if self.series is not None:
+            self.series.close(kept if kept is not None else self.series.completed)
+        return kept
+
+    def end_now(self, code: int, message: str) -> None:
+        """stop.StopRequests: end the run at once (a second signal, run.stop_timeout, the watchdog)."""
+        from fednest_mpi import failure
+
+        folder_note = f"; the files are closed; continue from the last checkpoint ({self.folder}) with --resume"
+        if self.watch is not None:
+            self.watch.end(code, message + folder_note)
+        elif failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
+            self.close()
+        self.session._exit_now(code, message + folder_note, self.printer())
+
+    def on_end(self, code: int, message: str) -> None:
+        """failure.Watch: another rank ended the run at once; this rank's files are closed."""
+        self.session._exit_now(code, message, self.printer())
+
+    def printer(self) -> bool:
+        """Who prints the line of a run ended at once: rank 0, or rank 1 when rank 0 could not close (stopped)."""
+        return self.rank == 0 or (self.rank == 1 and self.watch is not None and not self.watch.closed(0))
+
+    def shut(self) -> str | None:
+        """The end of the run, however it ended: the watch stopped, the files closed; what of the output was
+        lost (deleted after the last iteration's check), or None."""
+        if self.watch is not None:
+            self.watch.stop()
+        if self.progress is not None:
+            self.progress.close()
+        lost = self.series.lost() if self.series is not None else None
+        if self.series is not None:
+            self.series.close()
+        if self.writer is not None:
+            self.writer.close()
+        return lost
 
 
 class Session:
@@ -125,34 +220,47 @@ class Session:
 
     def _checked_run(self, stop) -> int:
         """Validation, locks, then :meth:`_simulate`."""
-        from fednest_mpi import checkpoint, failure, lock
+        resume, folder = self._validated()
+        locks = self._locked(resume, folder)
+        self._locks = locks
+        try:
+            return self._simulate(resume, folder, stop)
+        finally:
+            for held in reversed(locks):
+                held.release()
+
+    def _validated(self):
+        """The checkpoint to resume from (or None) and the checkpoint folder, once the config, the world and
+        the output's names and folders are checked: deterministic on every rank, before any collective."""
+        from fednest_mpi import checkpoint
         from fednest_mpi import config as configuration
-        from fednest_mpi.io.h5 import check_directory, check_names, check_output_path, check_resumable_output
+        from fednest_mpi.io.h5 import check_directory, check_names, check_output_path
+
+        cfg = self.cfg
+        resume = None
+        configuration.validate_world(cfg, self.comm.Get_size())
+        check_names(cfg.run.output, cfg.run.checkpoint_dir)  # every name the run makes, also for --resume
+        folder = checkpoint.folder_of(cfg)
+        if self.resume:
+            resume = checkpoint.load(folder)
+            checkpoint.check_resumable(resume, cfg)
+            check_directory(Path(cfg.run.output).parent, "run.output")
+        else:
+            check_output_path(cfg.run.output, cfg.run.overwrite)
+        check_directory(folder, "run.checkpoint_dir")
+        return resume, folder
+
+    def _locked(self, resume, folder) -> list:
+        """One writer per output: rank 0 locks the output and the checkpoint folder (and checks the files a
+        resume reads) and tells every rank, in the run's first collective; the locks held (rank 0's)."""
+        from fednest_mpi import checkpoint, failure, lock
+        from fednest_mpi.io.h5 import check_resumable_output
         from fednest_mpi.runner import broadcast_usage_error
 
-        cfg, comm = self.cfg, self.comm
-        rank, size = comm.Get_rank(), comm.Get_size()
-        # ---- validation: deterministic on every rank, before any collective
-        resume = None
-        try:
-            configuration.validate_world(cfg, size)
-            check_names(cfg.run.output, cfg.run.checkpoint_dir)  # every name the run makes, also for --resume
-            folder = checkpoint.folder_of(cfg)
-            if self.resume:
-                resume = checkpoint.load(folder)
-                checkpoint.check_resumable(resume, cfg)
-                check_directory(Path(cfg.run.output).parent, "run.output")
-            else:
-                check_output_path(cfg.run.output, cfg.run.overwrite)
-            check_directory(folder, "run.checkpoint_dir")
-        except UsageError:
-            raise
-
-        # ---- one writer per output: rank 0 locks the output and the checkpoint folder (and checks the
-        # files a resume reads) and tells every rank, in the run's first collective
+        cfg = self.cfg
         locks = []
         found = None
-        if rank == 0:
+        if self.comm.Get_rank() == 0:
             try:
                 # a stale lock (its writer provably gone) is taken over by --resume and --overwrite
                 targets = [(cfg.run.output, "run.output"), (folder, "run.checkpoint_dir")]
@@ -164,147 +272,87 @@ class Session:
             except UsageError as exc:
                 found = exc
         try:
-            broadcast_usage_error(comm, found)
+            broadcast_usage_error(self.comm, found)
         except UsageError:
             for held in locks:
                 held.release()
             raise
-        self._locks = locks
-        try:
-            return self._simulate(resume, folder, stop)
-        finally:
-            for held in reversed(locks):
-                held.release()
+        return locks
 
     def _simulate(self, resume, folder, stop) -> int:
         """The run itself (after validation and locking): a usage error while building agrees across
-        ranks; any exception
-        aborts the job."""
-        from fednest_mpi import failure
+        ranks; any exception aborts the job."""
         from fednest_mpi.callbacks import Recorder
-        from fednest_mpi.io.h5 import RunWriter
-        from fednest_mpi.runner import Progress, Simulation, headline_metrics
-        from fednest_mpi.series import RunSeries, series_layout
+        from fednest_mpi.runner import Simulation
 
-        cfg, comm, log = self.cfg, self.comm, self.log
-        rank, size = comm.Get_rank(), comm.Get_size()
-        writer = progress = series = watch = None
-        beat = Beat(stop)
-
-        def close_files(rows=None):
-            """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept."""
-            kept = writer.close() if writer is not None else rows  # rank 0: the rows of the run file
-            if series is not None:
-                series.close(kept if kept is not None else series.completed)
-            return kept
-
-        def end_now(code: int, message: str) -> None:
-            """stop.StopRequests: end the run at once (a second signal, run.stop_timeout, the watchdog)."""
-            folder_note = f"; the files are closed; continue from the last checkpoint ({folder}) with --resume"
-            if watch is not None:
-                watch.end(code, message + folder_note)
-            elif failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
-                close_files()
-            self._exit_now(code, message + folder_note, printer())
-
-        def on_end(code: int, message: str) -> None:
-            """failure.Watch: another rank ended the run at once; this rank's files are closed."""
-            self._exit_now(code, message, printer())
-
-        def printer() -> bool:
-            """Who prints the line of a run ended at once: rank 0, or rank 1 when rank 0 could not close (stopped)."""
-            return rank == 0 or (rank == 1 and watch is not None and not watch.closed(0))
-
+        files, beat = RunFiles(self, folder), Beat(stop)
         try:
-            log.info(
-                "fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s",
-                __version__,
-                cfg.algorithm.name,
-                cfg.problem.name,
-                cfg.problem.n_clients,
-                size,
-                cfg.seed,
-                f", resuming after iteration {resume.iteration}" if resume else "",
-            )
-            sim = Simulation(cfg, comm)  # a UsageError: the same on every rank (Simulation agrees on it)
-            if rank == 0:
-                attrs = {
-                    "mpi_size": size,
-                    "seed": cfg.seed,
-                    "problem": cfg.problem.name,
-                    "algorithm": cfg.algorithm.name,
-                    "config_json": cfg.to_json(),
-                    "numerics": json.dumps(sim.numerics),
-                    PRIMARY_METRIC: sim.primary_metric,
-                    METRICS: json.dumps(list(sim.problem.metric_info())),
-                }
-                keep = resume.output_rows if resume else None
-                writer = RunWriter(
-                    cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create
-                )
-                progress = Progress(
-                    cfg.algorithm.outer_iterations,
-                    cfg.run.progress,
-                    cfg.run.log_every,
-                    keys=(*headline_metrics(sim.problem), "comm_rounds"),
-                    start=resume.iteration if resume else 0,
-                )
-            series = RunSeries(sim, writer, keep_rows=resume.output_rows if resume else None)
-            if size > 1:  # an exception on any rank: every rank closes its files before the abort
-                watch = failure.Watch(cfg.run.output, rank, size, close_files, on_end=on_end)
-            stop.arm(end_now, rounds=True)  # the watchdog from iteration 0 on
-            callbacks = [Recorder(writer) if writer is not None else None, beat, progress]
-            result = sim.run(callbacks, checkpoint_dir=folder, stop=stop, resume=resume, series=series)
+            self._log_start(resume)
+            sim = Simulation(self.cfg, self.comm)  # a UsageError: the same on every rank (Simulation agrees on it)
+            files.open(sim, resume)
+            stop.arm(files.end_now, rounds=True)  # the watchdog from iteration 0 on
+            callbacks = [Recorder(files.writer) if files.writer is not None else None, beat, files.progress]
+            result = sim.run(callbacks, checkpoint_dir=folder, stop=stop, resume=resume, series=files.series)
             stop.disarm()
-        except UsageError as exc:
-            stop.disarm()
-            if size > 1 and not getattr(exc, "agreed", True):  # a plugin's broken contract on this rank alone
-                self._abort(2, f"rank {rank}/{size}: {exc}", watch, close_files, None)
-            close_files()  # agreed on by every rank (a client file of the checkpoint gone since the check)
-            raise
-        except FloatingPointError as exc:  # NaN/Inf: every rank stops after the same iteration, no abort needed
-            stop.disarm()
-            close_files()  # the bad iteration's client columns go
-            raise RunFailed(
-                f"run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({folder}) hold "
-                "the iterations before"
-            ) from exc
-        except OutputLost as exc:  # every rank learnt it in the same bookkeeping reduction
-            stop.disarm()
-            close_files()
-            raise RunFailed(f"run failed: {exc}; {LOST_HINT}") from exc
-        except RanksDisagree as exc:  # run.check_consistency: every rank learnt it in the same bookkeeping reduction
-            stop.disarm()
-            close_files()
-            raise RunFailed(f"run failed: {exc}; the output file holds the iterations before") from exc
         except BaseException as exc:  # noqa: BLE001 -- SystemExit, KeyboardInterrupt too: the job must end
             stop.disarm()
-            message = failure_line(exc, rank, size, beat.k)
-            if size == 1:  # the caller learns it as an exception
-                close_files()
-                raise RunFailed(message) from exc
-            self._abort(1, message, watch, close_files, exc)
-            raise RunFailed(message) from exc
+            failed = self._failed(exc, files, beat)
+            if failed is None:
+                raise
+            raise failed from exc
         finally:
             stop.disarm()
-            if watch is not None:
-                watch.stop()
-            if progress is not None:
-                progress.close()
-            lost = series.lost() if series is not None else None  # deleted after the last iteration's check
-            if series is not None:
-                series.close()
-            if writer is not None:
-                writer.close()
+            lost = files.shut()
         if lost:
             raise RunFailed(f"run failed: {lost}; {LOST_HINT}")
-        if rank == 0 and result.stopped_by:
+        if self.comm.Get_rank() == 0 and result.stopped_by:
             print(
                 f"fednest-mpi: stopped by {result.stopped_by} after iteration {beat.k}, "
                 f"checkpoint written to {folder}; "
                 f"continue with the same command and --resume",
                 file=sys.stderr,
             )
-        if rank == 0:
-            print(f"output: {cfg.run.output}")
+        if self.comm.Get_rank() == 0:
+            print(f"output: {self.cfg.run.output}")
         return 0
+
+    def _log_start(self, resume) -> None:
+        cfg = self.cfg
+        self.log.info(
+            "fednest-mpi %s: %s on %s, %d clients, %d ranks, seed %d%s",
+            __version__,
+            cfg.algorithm.name,
+            cfg.problem.name,
+            cfg.problem.n_clients,
+            self.comm.Get_size(),
+            cfg.seed,
+            f", resuming after iteration {resume.iteration}" if resume else "",
+        )
+
+    def _failed(self, exc: BaseException, files: RunFiles, beat: Beat) -> RunFailed | None:
+        """The run raised ``exc``: close this rank's files (or abort the job when this rank failed alone) and
+        return the :class:`RunFailed` to raise, or None to raise ``exc`` itself (a usage error)."""
+        rank, size = self.comm.Get_rank(), self.comm.Get_size()
+        if isinstance(exc, UsageError):
+            if size > 1 and not getattr(exc, "agreed", True):  # a plugin's broken contract on this rank alone
+                self._abort(2, f"rank {rank}/{size}: {exc}", files.watch, files.close, None)
+            files.close()  # agreed on by every rank (a client file of the checkpoint gone since the check)
+            return None
+        if isinstance(exc, FloatingPointError):  # NaN/Inf: every rank stops after the same iteration, no abort
+            files.close()  # the bad iteration's client columns go
+            return RunFailed(
+                f"run failed: FloatingPointError: {exc}; the output file and the last checkpoint ({files.folder}) "
+                "hold the iterations before"
+            )
+        if isinstance(exc, OutputLost):  # every rank learnt it in the same bookkeeping reduction
+            files.close()
+            return RunFailed(f"run failed: {exc}; {LOST_HINT}")
+        if isinstance(exc, RanksDisagree):  # run.check_consistency: every rank learnt it in the same reduction
+            files.close()
+            return RunFailed(f"run failed: {exc}; the output file holds the iterations before")
+        message = failure_line(exc, rank, size, beat.k)
+        if size == 1:  # the caller learns it as an exception
+            files.close()
+            return RunFailed(message)
+        self._abort(1, message, files.watch, files.close, exc)
+        return RunFailed(message)

@@ -12,7 +12,7 @@ import pytest
 
 from fednest_mpi import cli, config
 
-SRC = Path(cli.__file__).resolve().parent
+SRC = Path(cli.__file__).resolve().parents[1]  # the package
 
 
 def _strings(path: Path) -> list[str]:

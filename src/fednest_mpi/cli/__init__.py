@@ -1,0 +1,72 @@
+"""Command line: ``fednest-mpi run | report | plot | recover | jobs | download | data | config-doc``
+(also ``python -m fednest_mpi``).
+
+Exit codes: 0 success, also a run stopped by SIGTERM/SIGINT/SIGUSR1 after writing its checkpoint
+(continue it with ``--resume``); 1 failure of the run; 2 usage error (bad arguments, config,
+output path, checkpoint, missing or damaged data file). Usage errors are detected identically on
+every rank (or agreed on in one collective while building the problem) and printed once (by rank
+0). A NaN/Inf stops every rank after the same iteration with one message; any other exception
+during the run prints ``rank r/P`` and its cause, and aborts the whole MPI job, so no rank is left
+waiting in a collective. See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fednest_mpi import __version__
+from fednest_mpi.cli import analyse, check, data, download, jobs, recover, run
+
+#: each subcommand's module: ``add(sub)`` makes its parser, ``execute(args)`` runs it and returns the exit code
+COMMANDS = {
+    "run": run,
+    "report": analyse,
+    "plot": analyse,
+    "recover": recover,
+    "jobs": jobs,
+    "download": download,
+    "data": data,
+    "check": check,
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fednest-mpi",
+        description="MPI simulator for federated bilevel optimisation (FedNest family).",
+        epilog="example: mpiexec -n 2 fednest-mpi run configs/quadratic.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"fednest-mpi {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in dict.fromkeys(COMMANDS.values()):  # in the order of the help
+        module.add(sub)
+    sub.add_parser(
+        "config-doc",
+        help="print the config reference (Markdown) generated from the config definitions",
+        epilog="example: fednest-mpi config-doc > docs/config.md",
+    )
+    return parser
+
+
+def main(argv=None) -> int:
+    program_run = argv is None and sys.argv[1:2] == ["run"]  # the program itself, not a test calling main()
+    for stream in (sys.stdout, sys.stderr) if argv is None else ():  # a path's undecodable bytes printed as such
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
+    if program_run:  # as early as can be
+        from fednest_mpi import stop
+
+        stop.install()
+    args = _parser().parse_args(argv)
+    if program_run and args.command == "run":
+        code = run.execute(args)
+        stop.ignore_from_now()  # the run is over: the interpreter's teardown would put back SIG_DFL (exit 15)
+        return code
+    if args.command == "config-doc":
+        from fednest_mpi.config import reference_markdown
+
+        print(reference_markdown())
+        return 0
+    return COMMANDS[args.command].execute(args)

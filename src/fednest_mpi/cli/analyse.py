@@ -1,0 +1,225 @@
+"""``fednest-mpi report`` and ``fednest-mpi plot``: tables and figures of run files (:mod:`fednest_mpi.post`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fednest_mpi.cli.common import usage_error
+from fednest_mpi.errors import UsageError
+
+
+def add(sub) -> None:
+    _add_report(sub)
+    _add_plot(sub)
+
+
+def _add_report(sub) -> None:
+    rep = sub.add_parser(
+        "report",
+        help="text table of runs: differing config, final/best metrics, time, communication",
+        epilog="examples:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm\n"
+        "  fednest-mpi report --benchmark jobs/benchmarks/table.toml --configs-dir docs/benchmarks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rep.add_argument("runs", nargs="*", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
+    rep.add_argument(
+        "--benchmark",
+        metavar="FILE",
+        help="instead of runs: the Markdown benchmark table of the tasks of FILE (docs/benchmarks.md): rounds "
+        "and bytes to each task's target and the metric at its budget, mean ± sd over seeds, per algorithm",
+    )
+    rep.add_argument(
+        "--configs-dir",
+        metavar="DIR",
+        help="with --benchmark: write each row's config there as JSON and link it from the table",
+    )
+    rep.add_argument(
+        "--follow-up",
+        metavar="DIR",
+        help="with --benchmark: instead of the table, write to DIR the sweeps that carry the tuning protocol on "
+        "(a grid extended past an edge, the chosen setting on the reported seeds) and print their paths",
+    )
+    rep.add_argument(
+        "--no-extend",
+        action="store_true",
+        help="with --follow-up: no grid extension, only the chosen settings on the reported seeds",
+    )
+    rep.add_argument(
+        "--metric",
+        "-m",
+        dest="metrics",
+        action="append",
+        metavar="COLUMN",
+        help="metric to show (repeatable); default: the problem's primary metric, then whichever of x_error, "
+        "outer_objective, hypergradient_norm, test_accuracy, test_loss the runs record",
+    )
+    rep.add_argument(
+        "--width", type=int, default=100, help="wrap the table into blocks of at most this many characters"
+    )
+    rep.add_argument(
+        "--at",
+        type=int,
+        action="append",
+        metavar="K",
+        help="instead of the summary: a Markdown table of the (first) metric, by default the problem's "
+        "primary metric, at outer iteration K (repeatable), mean ± sd over the runs of each --group-by value",
+    )
+    _grouping_arguments(rep)
+
+
+def _add_plot(sub) -> None:
+    plot = sub.add_parser(
+        "plot",
+        help="plot a metric against iteration, communication rounds or wall time",
+        epilog="examples:\n  fednest-mpi plot runs/*.h5 -o figs/x_error.png --group-by algorithm.name\n"
+        "  fednest-mpi plot runs/*.h5 -o figs/cost.pdf -m x_error -m hypergradient_norm --x-axis comm_rounds",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plot.add_argument("runs", nargs="+", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
+    plot.add_argument("--output", "-o", required=True, help="image file; format from the suffix: .png, .pdf or .svg")
+    plot.add_argument(
+        "--metric",
+        "-m",
+        dest="metrics",
+        action="append",
+        metavar="COLUMN",
+        help="recorded column to plot (repeatable: one subplot each; default: the problem's primary metric)",
+    )
+    plot.add_argument(
+        "--x-axis",
+        "-x",
+        default="iteration",
+        help="iteration (default), comm_rounds, wall_time, or another non-decreasing column",
+    )
+    _grouping_arguments(plot)
+    logy = plot.add_mutually_exclusive_group()
+    logy.add_argument("--logy", dest="logy", action="store_const", const=True, default=None, help="log y axis")
+    logy.add_argument(
+        "--linear-y",
+        dest="logy",
+        action="store_const",
+        const=False,
+        help="linear y axis (default: log for errors/norms spanning more than 2 decades)",
+    )
+    plot.add_argument("--logx", action="store_true", help="log x axis")
+    plot.add_argument("--title", help="figure title (default: the problem and what is drawn; '' for none)")
+    plot.add_argument("--xlabel", help="x-axis label (default: from the column's description and unit)")
+    plot.add_argument(
+        "--ylabel", action="append", metavar="TEXT", help="y-axis label, one per --metric (default: from the run file)"
+    )
+    plot.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        default=[],
+        metavar="VALUE=TEXT",
+        help="legend entry for a group or config value, e.g. --label fednest='FedNest (ours)' or "
+        "--label 'fednest, iid=FedNest, iid clients' (repeatable; default: the values in words)",
+    )
+    plot.add_argument(
+        "--legend",
+        choices=("best", "right", "below", "none"),
+        default="best",
+        help="legend inside the axes where it covers least (default), right of them, below them, or none",
+    )
+    plot.add_argument(
+        "--constant",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="draw the runs with this config value as a constant, a black dashed line at their final value "
+        "(a baseline, e.g. --constant problem.tune_loss=false: Fig. 3's untuned accuracy; repeatable: all must hold)",
+    )
+    plot.add_argument("--size", metavar="WxH", help="figure size in inches, e.g. 3.5x2.6 (default: 6.4x4.4 per plot)")
+    plot.add_argument("--dpi", type=float, default=150, help="resolution of a .png (default %(default)s)")
+
+
+def _grouping_arguments(parser) -> None:
+    parser.add_argument(
+        "--group-by",
+        "-g",
+        metavar="FIELD",
+        action="append",
+        help="config field (dotted, e.g. algorithm.name, or mpi_size; repeatable): one line/row per "
+        "combination of values, mean ± sd over its runs (seeds); default: one per run",
+    )
+    parser.add_argument(
+        "--smooth",
+        type=int,
+        default=1,
+        metavar="K",
+        help="trailing running mean over K iterations before averaging (the paper's curves: 5)",
+    )
+
+
+def execute(args) -> int:
+    from fednest_mpi import post
+
+    try:
+        if args.smooth < 1:
+            raise UsageError(f"--smooth: expected a window of at least 1 iteration, got {args.smooth}")
+        if args.command == "report" and args.benchmark:
+            if args.runs:
+                raise UsageError("--benchmark reads the runs its file names; drop the run files from the command")
+            if args.follow_up:
+                for sweep in post.benchmark.follow_up_sweeps(args.benchmark, args.follow_up, not args.no_extend):
+                    print(sweep)
+            else:
+                base = Path(args.configs_dir).parent if args.configs_dir else None
+                print(post.benchmark_table(args.benchmark, args.configs_dir, link_base=base), end="")
+        elif args.command == "report" and not args.runs:
+            raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
+        elif args.command == "report" and (args.configs_dir or args.follow_up or args.no_extend):
+            raise UsageError("--configs-dir, --follow-up and --no-extend go with --benchmark FILE")
+        elif args.command == "report" and args.at:
+            metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
+            print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))
+        elif args.command == "report":
+            text = post.report(args.runs, args.metrics, width=args.width, group_by=args.group_by, smooth=args.smooth)
+            print(text, end="")
+        else:
+            post.plot(
+                args.runs,
+                args.output,
+                metric=args.metrics,
+                x_axis=args.x_axis,
+                group_by=args.group_by,
+                logy=args.logy,
+                smooth=args.smooth,
+                title=args.title,
+                xlabel=args.xlabel,
+                ylabel=args.ylabel[0] if args.ylabel and len(args.ylabel) == 1 else args.ylabel,
+                size=_size(args.size),
+                logx=args.logx,
+                labels=_labels(args.labels),
+                legend=args.legend,
+                dpi=args.dpi,
+                constant=args.constant,
+            )
+            print(f"output: {args.output}")
+    except UsageError as exc:
+        return usage_error(exc)
+    return 0
+
+
+def _size(text: str | None) -> tuple[float, float] | None:
+    """``--size 3.5x2.6`` as (width, height) in inches."""
+    if text is None:
+        return None
+    try:
+        width, height = (float(v) for v in text.lower().replace(",", "x").split("x"))
+    except ValueError:
+        raise UsageError(f"--size: expected WIDTHxHEIGHT in inches, e.g. 3.5x2.6, got {text!r}") from None
+    return width, height
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    """``--label VALUE=TEXT`` (repeatable) as {VALUE: TEXT}."""
+    labels = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--label: expected VALUE=TEXT, e.g. fednest='FedNest (ours)', got {item!r}")
+        labels[key.strip()] = text
+    return labels

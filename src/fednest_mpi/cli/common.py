@@ -1,0 +1,35 @@
+"""What the subcommands share: their parser with its examples, one that reads a config and its ``--set``
+overrides, the line of a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fednest_mpi.errors import UsageError
+
+
+def config_command(sub, name: str, help_text: str, epilog: str):
+    """The subcommand ``name`` that reads a config file and its ``--set`` overrides (``run``, ``check``)."""
+    parser = subcommand(sub, name, help_text, epilog)
+    parser.add_argument("config", help="TOML config file (see docs/config.md)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config field, e.g. --set algorithm.outer_lr=0.05 (repeatable)",
+    )
+    return parser
+
+
+def subcommand(sub, name: str, help_text: str, epilog: str) -> argparse.ArgumentParser:
+    """The subcommand ``name``, its epilog (the examples) printed with its line breaks."""
+    return sub.add_parser(name, help=help_text, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def usage_error(exc: UsageError) -> int:
+    """Print a usage error's one line and return the exit status 2."""
+    print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+    return 2
