@@ -191,8 +191,11 @@ def _numbers(runs: list[Run], task: BenchmarkTask) -> Numbers:
         rounds = np.asarray(run.data["comm_rounds"], dtype=float)
         nbytes = np.asarray(run.data["comm_bytes"], dtype=float)
         up = higher_is_better(task.metric, run.higher_is_better(task.metric))
-        hit = np.flatnonzero(_reached(values, task.target, up) & np.isfinite(values))
-        within = np.flatnonzero(rounds <= task.budget_rounds)
+        # the target counts only within the budget: an algorithm whose last iteration overshoots the budget
+        # (outer_iterations rounded up) must not reach it on rounds the others did not get
+        within_budget = rounds <= task.budget_rounds
+        hit = np.flatnonzero(_reached(values, task.target, up) & np.isfinite(values) & within_budget)
+        within = np.flatnonzero(within_budget)
         ran = within.size and rounds[-1] >= task.budget_rounds
         out.rounds_to_target.append(float(rounds[hit[0]]) if hit.size else math.nan)
         out.bytes_to_target.append(float(nbytes[hit[0]]) if hit.size else math.nan)
