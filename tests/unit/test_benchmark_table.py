@@ -358,10 +358,31 @@ def test_a_bracketed_choice_is_not_marked_and_an_edge_is(tmp_path):
     (task,) = post.read_benchmark_file(mid)
     rows = post.benchmark.task_rows(task)
     (i,) = post.benchmark.chosen_rows(rows, task)
-    assert post.benchmark.grid_edges(rows, i) == {}
+    assert post.benchmark.grid_edges(rows, i, task) == {}
     text = post.benchmark_table(mid)
     assert "**outer_lr=0.4** (chosen) |" in text and "| bracketed |" in text
     assert post.benchmark.follow_up_sweeps(mid, tmp_path / "f0", extend=True)[0].name == "t_fedmsa_report.toml"
+
+
+def test_a_value_run_on_some_tuning_seeds_only_brackets_nothing(tmp_path):
+    """An interrupted extension (0.8 on seed 100 only) is no value of the grid: 0.4 stays at its edge, and the
+    follow-up extends past it again."""
+    path = _curve_runs(
+        tmp_path / "r",
+        {
+            0.1: _both([1.0, 1e-2, 1e-3, 1e-5, 1e-7]),
+            0.2: _both([1.0, 1e-3, 1e-5, 1e-6, 1e-8]),
+            0.4: _both([1.0, 1e-5, 1e-6, 1e-7, 1e-9]),
+            0.8: {100: [1.0, 1e-2, 1e-3, 1e-3, 1e-3]},
+        },
+    )
+    (task,) = post.read_benchmark_file(path)
+    rows = post.benchmark.task_rows(task)
+    (i,) = post.benchmark.chosen_rows(rows, task)
+    assert rows[i].setting == {"algorithm.outer_lr": 0.4}
+    assert post.benchmark.grid_edges(rows, i, task) == {"algorithm.outer_lr": "largest"}
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f")
+    assert "algorithm.outer_lr = [0.8]" in sweep.read_text()
 
 
 def test_follow_up_sweeps_extend_an_edge_then_report_the_choice(tmp_path):
