@@ -191,8 +191,11 @@ def _numbers(runs: list[Run], task: BenchmarkTask) -> Numbers:
         rounds = np.asarray(run.data["comm_rounds"], dtype=float)
         nbytes = np.asarray(run.data["comm_bytes"], dtype=float)
         up = higher_is_better(task.metric, run.higher_is_better(task.metric))
-        hit = np.flatnonzero(_reached(values, task.target, up) & np.isfinite(values))
-        within = np.flatnonzero(rounds <= task.budget_rounds)
+        # the target counts only within the budget: an algorithm whose last iteration overshoots the budget
+        # (outer_iterations rounded up) must not reach it on rounds the others did not get
+        within_budget = rounds <= task.budget_rounds
+        hit = np.flatnonzero(_reached(values, task.target, up) & np.isfinite(values) & within_budget)
+        within = np.flatnonzero(within_budget)
         ran = within.size and rounds[-1] >= task.budget_rounds
         out.rounds_to_target.append(float(rounds[hit[0]]) if hit.size else math.nan)
         out.bytes_to_target.append(float(nbytes[hit[0]]) if hit.size else math.nan)
@@ -285,7 +288,7 @@ def chosen_rows(rows: Sequence[TaskRow], task: BenchmarkTask) -> set[int]:
         by_algorithm.setdefault(row.algorithm, []).append(i)
     chosen = set()
     for members in by_algorithm.values():
-        pool = [i for i in members if {r.config.get("seed", 0) for r in rows[i].tuning.runs} == set(task.tune_seeds)]
+        pool = [i for i in members if _tuned(rows[i], task)]
         if not pool:
             continue
         up = higher_is_better(task.metric, rows[pool[0]].tuning.runs[0].higher_is_better(task.metric))
@@ -318,15 +321,27 @@ def chosen_rows(rows: Sequence[TaskRow], task: BenchmarkTask) -> set[int]:
     return chosen
 
 
-def grid_edges(rows: Sequence[TaskRow], index: int) -> dict[str, str]:
+def _tuned(row: TaskRow, task: BenchmarkTask) -> bool:
+    """Whether the row ran every tuning seed (a diverged run counts: its file is there)."""
+    return {r.config.get("seed", 0) for r in row.tuning.runs} == set(task.tune_seeds)
+
+
+def _tried(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask) -> list[TaskRow]:
+    """The rows of ``row``'s algorithm that ran every tuning seed: what its grid tried (a setting run on some
+    tuning seeds only, e.g. an interrupted extension, brackets nothing)."""
+    return [r for r in rows if r.algorithm == row.algorithm and _tuned(r, task)]
+
+
+def grid_edges(rows: Sequence[TaskRow], index: int, task: BenchmarkTask) -> dict[str, str]:
     """The fields of row ``index``'s setting (numbers) whose value is the smallest or the largest that its
-    algorithm's rows tried, each with 'smallest' or 'largest': the grid does not bracket that value."""
+    algorithm's rows tried on every tuning seed, each with 'smallest' or 'largest': the grid does not bracket
+    that value."""
     row = rows[index]
     out = {}
     for key, value in row.setting.items():
         if _order(value)[0]:
             continue
-        tried = {r.setting[key] for r in rows if r.algorithm == row.algorithm and not _order(r.setting.get(key))[0]}
+        tried = {r.setting[key] for r in _tried(rows, row, task) if not _order(r.setting.get(key))[0]}
         if len(tried) > 1 and value in (min(tried), max(tried)):
             out[key] = "smallest" if value == min(tried) else "largest"
     return out
@@ -389,14 +404,11 @@ def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) 
             row = rows[i]
             stem = f"{task.name}_{row.algorithm}"
             config_file = folder / f"{stem}.json"
-            edges = grid_edges(rows, i) if extend else {}
+            edges = grid_edges(rows, i, task) if extend else {}
             if edges:
                 key = next(iter(edges))
-                tried = sorted({r.setting[key] for r in rows if r.algorithm == row.algorithm})
-                grid = {
-                    k: sorted({r.setting[k] for r in rows if r.algorithm == row.algorithm}, key=_order)
-                    for k in row.setting
-                }
+                tried = sorted({r.setting[key] for r in _tried(rows, row, task)})
+                grid = {k: sorted({r.setting[k] for r in _tried(rows, row, task)}, key=_order) for k in row.setting}
                 grid[key] = [_beyond(tried, row.setting[key])]
                 what = f"{key} extended past the edge of its grid to {grid[key][0]}, tuning seeds"
                 grid["seed"] = list(task.tune_seeds)
@@ -493,7 +505,7 @@ def benchmark_table(
         for i, row in enumerate(rows):
             setting = _setting_text(row)
             if i in chosen and len(row.setting):
-                edges = grid_edges(rows, i)
+                edges = grid_edges(rows, i, task)
                 notes[i] = _edges_text(edges) if edges else ""
                 setting = f"**{setting}** (chosen{'; ' + notes[i] if edges else ''})"
             link = "-"
