@@ -6,7 +6,7 @@ are compared at the last iteration whose cumulative round count is at most each 
 usage: python jobs/figures/at_rounds.py RUN_DIR_OR_FILES... -m METRIC -g FIELD [-g FIELD ...] -r ROUNDS [-r ...]
 Prints one Markdown row per group (the -g config fields): the metric's 5-iteration trailing running
 mean (as the figures draw it) at each budget, mean ± sd (ddof 1) over the group's runs (seeds), and
-the outer iteration that budget reaches.
+the outer iteration that budget reaches; "-" where the runs ended before spending that many rounds.
 """
 
 from __future__ import annotations
@@ -68,15 +68,20 @@ def main(argv: list[str]) -> int:
         rounds = np.asarray(run.data["comm_rounds"])
         group = tuple(run.config[f] for f in fields)
         for budget in budgets:
-            within = np.nonzero(rounds <= budget)[0]
-            at = within[-1]  # iteration 0 has spent 0 rounds
+            if budget > rounds[-1]:
+                continue  # the run ended before spending this many rounds: "-" unless another run got there
+            at = np.nonzero(rounds <= budget)[0][-1]  # iteration 0 has spent 0 rounds
             cells[(group, budget)].append((float(values[at]), int(run.data["iteration"][at])))
     print("| " + ", ".join(fields) + " | " + " | ".join(f"≤ {b} rounds (iteration)" for b in budgets) + " |")
     print("|---|" + "---|" * len(budgets))
-    for group in sorted({g for g, _ in cells}, key=str):
+    groups = sorted({tuple(run.config[f] for f in fields) for run in runs}, key=str)
+    for group in groups:
         row = []
         for budget in budgets:
-            got = cells[(group, budget)]
+            got = cells.get((group, budget), [])
+            if not got:
+                row.append("-")
+                continue
             x = np.array([v for v, _ in got])
             sd = f" ± {x.std(ddof=1):.2f}" if x.size > 1 else ""
             iterations = sorted({k for _, k in got})
