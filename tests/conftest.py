@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from small_configs import make_config
+
+LAUNCHERS = {"mpiexec", "mpirun", "srun"}  # what a test marked ``processes`` may start (make test-unit runs none)
 
 
 @pytest.fixture
@@ -17,3 +22,21 @@ def pytest_runtest_setup(item):
 
     for mark in item.iter_markers(name="needs_data"):
         need(DATA / mark.args[0])
+
+
+@pytest.fixture(autouse=True)
+def _launchers_need_the_processes_mark(request, monkeypatch):
+    """A test that starts ``mpiexec`` (or mpirun, srun) must be marked ``processes`` or ``packaging``:
+    ``make test-unit`` leaves those out, so that its tier stays free of MPI launches (it fails here otherwise)."""
+    if any(request.node.get_closest_marker(m) for m in ("processes", "packaging", "cluster")):
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kw):
+        first = args if isinstance(args, (str, bytes, Path)) else next(iter(args), "")
+        name = Path(str(first).split()[0] if isinstance(first, str) and first.strip() else str(first)).name
+        if name in LAUNCHERS:
+            pytest.fail(f"{request.node.nodeid} starts {name}: mark it @pytest.mark.processes", pytrace=False)
+        popen_init(self, args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)

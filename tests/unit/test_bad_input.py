@@ -405,6 +405,7 @@ def run_mpi(*args, ranks=2):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 @pytest.mark.parametrize("case", ["missing file", "batch > smallest client"])
 def test_data_errors_agree_on_every_rank(tmp_path, case):
     name, damage, extra, message = next(c for c in BAD_DATA if c[0] == case)
@@ -414,6 +415,7 @@ def test_data_errors_agree_on_every_rank(tmp_path, case):
     assert_usage_error(res.returncode, res.stderr, message, tmp_path / "out.h5")
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_error_while_building_agrees_on_every_rank(tmp_path):
     cfg = tmp_path / "q.toml"

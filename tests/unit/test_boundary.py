@@ -165,6 +165,7 @@ clients_per_round = 6
 """
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 @pytest.mark.parametrize(
     "fault, code, line",
     [
@@ -211,6 +212,7 @@ def _check(tmp_path, *args):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_check_passes_a_sound_plugin_at_one_and_two_ranks_and_one_client_per_chunk(tmp_path):
     done = _check(tmp_path)
     assert done.returncode == 0, done.stderr
@@ -221,6 +223,7 @@ def test_check_passes_a_sound_plugin_at_one_and_two_ranks_and_one_client_per_chu
     ]
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_check_names_the_first_difference_and_exits_3(tmp_path):
     done = _check(tmp_path, "--set", 'problem.fault="block"', "--set", "problem.fault_rank=-1")
     assert done.returncode == 3, done.stderr
@@ -229,6 +232,7 @@ def test_check_names_the_first_difference_and_exits_3(tmp_path):
     assert lines[2].startswith("ranks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_check_says_not_run_apart_from_differs_and_exits_4(tmp_path):
     done = _check(tmp_path, "--set", 'federation.reduction="sum"')
     assert done.returncode == 4, done.stderr
@@ -236,6 +240,7 @@ def test_check_says_not_run_apart_from_differs_and_exits_4(tmp_path):
     assert done.stdout.splitlines()[1:] == [f"chunks: not run: {why}", f"ranks: not run: {why}"]
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_check_of_a_contract_broken_on_rank_1_only_exits_2_naming_the_hook(tmp_path):
     done = _check(tmp_path, "--set", 'problem.fault="random"')
     assert done.returncode == 2, done.stderr
@@ -246,6 +251,7 @@ def test_check_of_a_contract_broken_on_rank_1_only_exits_2_naming_the_hook(tmp_p
     )
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_check_of_a_contract_broken_everywhere_is_one_line_exit_2(tmp_path):
     done = _check(tmp_path, "--set", 'problem.fault="float32"', "--set", "problem.fault_rank=-1")
     assert done.returncode == 2 and not done.stdout

@@ -314,6 +314,7 @@ def test_sigkill_mid_iteration_then_resume_equals_the_uninterrupted_run(tmp_path
     assert_file_equals(tmp_path / "out.h5", _reference(cfg))
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_sigterm_on_one_rank_of_two_checkpoints_and_stops_all(tmp_path):
     cfg = _cli_config(tmp_path)
     res = run_cli("run", cfg, "-q", ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:4:term"})
@@ -327,6 +328,7 @@ def test_sigterm_on_one_rank_of_two_checkpoints_and_stops_all(tmp_path):
     assert_file_equals(tmp_path / "out.h5", _reference(cfg))
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_sigterm_from_outside_under_mpiexec(tmp_path):
     """A real signal to mpiexec (which passes it to the ranks), at a moment the test does not choose."""
     cfg = _cli_config(tmp_path, iterations=100000, every=0)
@@ -360,6 +362,7 @@ def _reference_with(path, iterations):
     return simulate(config.load(path, [f"algorithm.outer_iterations={iterations}"]), MPI.COMM_SELF).history
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_four_rank_run_resumed_on_two_ranks_gives_the_same_file(tmp_path):
     cfg = _cli_config(tmp_path)
     res = run_cli("run", cfg, "-q", ranks=4, env={"FEDNEST_MPI_INJECT_FAULT": "3:5:term"})
@@ -374,6 +377,7 @@ def test_four_rank_run_resumed_on_two_ranks_gives_the_same_file(tmp_path):
     ]
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_nan_on_one_rank_stops_every_rank_with_the_iteration(tmp_path):
     cfg = _cli_config(tmp_path, every=1)
     res = run_cli("run", cfg, "-q", ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:6:nan"})

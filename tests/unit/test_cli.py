@@ -41,6 +41,7 @@ def test_usage_error_of_argparse_exits_2(capsys):
 
 
 # 4 ranks oversubscribe this 2-core machine (MPICH busy-polls), so that run is shorter
+@pytest.mark.processes  # starts mpiexec: make test-processes
 @pytest.mark.parametrize("ranks,iterations,reduction", [(1, 60, 1e-6), (2, 60, 1e-6), (4, 20, 1e-1)])
 def test_run_writes_hdf5_with_table_2_counts_and_converges(tmp_path, ranks, iterations, reduction):
     out = tmp_path / "q.h5"
@@ -69,6 +70,7 @@ def test_run_writes_hdf5_with_table_2_counts_and_converges(tmp_path, ranks, iter
     assert data["x_error"][-1] < reduction * data["x_error"][0]
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_bad_config_exits_2_with_one_message_on_all_ranks(tmp_path):
     res = run_cli("run", CONFIG, "--set", "algorithm.outer_lrr=0.1", "--output", tmp_path / "x.h5", ranks=4)
     assert res.returncode == 2
@@ -77,6 +79,7 @@ def test_bad_config_exits_2_with_one_message_on_all_ranks(tmp_path):
     assert "Traceback" not in res.stderr and not (tmp_path / "x.h5").exists()
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_more_ranks_than_clients_exits_2(tmp_path):
     res = run_cli(
         "run",
@@ -93,6 +96,7 @@ def test_more_ranks_than_clients_exits_2(tmp_path):
     assert res.stderr.count("fednest-mpi: error:") == 1
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_existing_output_is_refused_unless_overwrite(tmp_path):
     out = tmp_path / "x.h5"
     out.write_bytes(b"precious")
@@ -109,6 +113,7 @@ def test_missing_config_file_exits_2(tmp_path, capsys):
     assert rc == 2 and "does not exist" in err
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_exception_on_one_rank_ends_the_whole_job_quickly(tmp_path):
     # timed from the failing rank's message, not from the launch: starting 4 Python ranks that
     # import torch can itself take longer than 10 s on a loaded 2-core machine
@@ -146,6 +151,7 @@ def test_exception_on_one_rank_ends_the_whole_job_quickly(tmp_path):
     assert "Traceback (most recent call last)" in log.read_text() and "fault injected" in log.read_text()
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_divergence_stops_with_the_iteration(tmp_path):
     res = run_cli("run", CONFIG, "--output", tmp_path / "x.h5", "--quiet", "--set", "algorithm.inner_lr=5.0", ranks=2)
     assert res.returncode == 1

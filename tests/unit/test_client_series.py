@@ -313,6 +313,7 @@ def _cli(*args, ranks=1, env=None, ok=True):
     assert (res.returncode == 0) == ok, res.stderr
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_a_sigkilled_two_rank_run_leaves_per_client_series_of_its_completed_iterations(tmp_path):
     cfg = _cli_config(tmp_path)
     _cli(cfg, ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:4:kill"}, ok=False)  # rank 1 dies inside iteration 4
@@ -325,6 +326,7 @@ def test_a_sigkilled_two_rank_run_leaves_per_client_series_of_its_completed_iter
         np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_a_four_rank_run_resumed_on_two_ranks_has_the_series_of_an_uninterrupted_run(tmp_path):
     cfg = _cli_config(tmp_path)
     _cli(cfg, ranks=4, env={"FEDNEST_MPI_INJECT_FAULT": "3:5:term"})  # stops after iteration 5, checkpoint at 5

@@ -286,6 +286,7 @@ def test_a_cnn_body_gets_per_client_oracles_equal_to_plain_autograd_on_the_modul
     )
 
 
+@requires("mnist")  # the config checks problem.data_dir before the model
 def test_a_bad_model_is_one_clear_line():
     with pytest.raises(config.ConfigError, match=r"problem.model: 'LeNet' is not of the form 'module:Class'"):
         small_mnist_config("hyper_representation", model="LeNet")

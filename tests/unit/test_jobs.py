@@ -33,7 +33,12 @@ SWEEPS = ROOT / "jobs" / "sweeps"
 TINY = {"algorithm.outer_iterations": 2, "problem.n_clients": 8, "algorithm.clients_per_round": 4}
 VARIANTS = ["fednest", "fednest_sgd", "lfednest", "lfednest_svrg", "lfednest_nonalt"]
 
-needs_mpi = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec beside {sys.executable}")
+
+def needs_mpi(test):
+    """A test whose script starts mpiexec (through the stand-in srun): marked ``processes``, skipped without it."""
+    skip = pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec beside {sys.executable}")
+    return pytest.mark.processes(skip(test))
+
 
 FAKE_SRUN = f"""#!/bin/bash
 # stand-in for srun: srun [-n N | --ntasks=N] [--any-flag[=value] ...] CMD ARGS -> mpiexec -n N CMD ARGS

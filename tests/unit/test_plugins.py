@@ -161,6 +161,7 @@ def _cli(*args, ranks=1, timeout=240):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_a_broken_plugin_under_mpiexec_exits_2_with_one_line(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[problem]\nname = "broken_at_import:X"\n')
@@ -170,6 +171,7 @@ def test_a_broken_plugin_under_mpiexec_exits_2_with_one_line(tmp_path):
     assert len(lines) == 1 and "broken_at_import" in lines[0], done.stderr
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_a_plugin_run_stopped_by_sigterm_resumes_on_another_rank_count_bitwise(tmp_path):
     cfg = tmp_path / "m.toml"
     cfg.write_text(

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from fednest_mpi.api import read_run
@@ -72,6 +73,7 @@ def test_every_code_line_of_the_tutorial_is_a_line_of_its_files():
                     assert line.rstrip() in lines, f"docs/tutorial.md ({language}): {line!r} is in no {pattern} file"
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_the_tutorial_runs_and_prints_what_it_quotes(tmp_path):
     for folder in ("configs", "examples"):
         (tmp_path / folder).symlink_to(ROOT / folder)

@@ -245,7 +245,8 @@ def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
         more = f" (and {len(changed) - 1} more row(s))" if len(changed) > 1 else ""
         raise UsageError(
             f"--resume: row {changed[0]} of /{GROUP} in {str(p)!r} (iteration {int(data[SCALE][changed[0]])}){more} "
-            "was changed since the checkpoint recorded it; restore the file, or run without --resume to start again"
+            "was changed since the checkpoint recorded it; restore the file, or recompute it: the same command with "
+            "--overwrite in place of --resume (the checkpoint holds digests of the rows, not the rows)"
         )
     check_client_files(p, rows, unclosed="read", what="--resume: ")
     check_directory(p.parent, "run.output")
