@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from fednest_mpi.cli.common import usage_error
+from fednest_mpi.cli.common import subcommand, usage_error
 from fednest_mpi.errors import UsageError
 
 
@@ -15,12 +14,12 @@ def add(sub) -> None:
 
 
 def _add_report(sub) -> None:
-    rep = sub.add_parser(
+    rep = subcommand(
+        sub,
         "report",
-        help="text table of runs: differing config, final/best metrics, time, communication",
-        epilog="examples:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm\n"
+        "text table of runs: differing config, final/best metrics, time, communication",
+        "examples:\n  fednest-mpi report runs/*.h5 --metric x_error --metric hypergradient_norm\n"
         "  fednest-mpi report --benchmark jobs/benchmarks/table.toml --configs-dir docs/benchmarks",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     rep.add_argument("runs", nargs="*", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
     rep.add_argument(
@@ -69,12 +68,12 @@ def _add_report(sub) -> None:
 
 
 def _add_plot(sub) -> None:
-    plot = sub.add_parser(
+    plot = subcommand(
+        sub,
         "plot",
-        help="plot a metric against iteration, communication rounds or wall time",
-        epilog="examples:\n  fednest-mpi plot runs/*.h5 -o figs/x_error.png --group-by algorithm.name\n"
+        "plot a metric against iteration, communication rounds or wall time",
+        "examples:\n  fednest-mpi plot runs/*.h5 -o figs/x_error.png --group-by algorithm.name\n"
         "  fednest-mpi plot runs/*.h5 -o figs/cost.pdf -m x_error -m hypergradient_norm --x-axis comm_rounds",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plot.add_argument("runs", nargs="+", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
     plot.add_argument("--output", "-o", required=True, help="image file; format from the suffix: .png, .pdf or .svg")
