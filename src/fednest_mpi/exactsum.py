@@ -67,8 +67,6 @@ _BLOCK_ELEMENTS = 1 << 17
 #: ``off``: never use the compiled kernel (the torch operations give the same bits); ``auto`` (default): use it
 #: when it can be built
 KERNEL_VARIABLE = "FEDNEST_EXACTSUM_KERNEL"
-#: bytes of payload a tile of columns of the kernel spans over all rows (it is read twice: kept in L2)
-_KERNEL_TILE_BYTES = 1 << 18
 _KERNEL_SOURCE = Path(__file__).with_name("exactsum_kernel.c")
 _KERNEL_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
 
@@ -123,7 +121,7 @@ def kernel() -> ctypes.CDLL | None:
             continue
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         for fn in (lib.binned_add_f32, lib.binned_add_f64):
-            fn.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ptr, ptr, i64, i64]
+            fn.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ptr, ptr, i64]
             fn.restype = None
         return lib
     return None
@@ -192,13 +190,14 @@ class BinnedSum:
         fn = kernel()
         if fn is None or values.device.type != "cpu" or values.dtype not in (torch.float32, torch.float64):
             return False
+        if self.n_bins not in (2, 3):  # the kernel's bin counts (exactsum.BINS)
+            return False
         if values.stride(1) != 1:
             values = values.contiguous()
         if weights is not None:
             weights = weights.to("cpu", torch.float64).contiguous()
         self.top, self.bins = self.top.contiguous(), self.bins.contiguous()
         rows, cols = values.shape
-        tile = max(8, min(1024, _KERNEL_TILE_BYTES // (rows * values.element_size())) // 8 * 8)
         add = fn.binned_add_f32 if values.dtype == torch.float32 else fn.binned_add_f64
         add(
             values.data_ptr(),
@@ -210,7 +209,6 @@ class BinnedSum:
             self.top.data_ptr(),
             self.bins.data_ptr(),
             self.bins.stride(0),
-            tile,
         )
         return True
 

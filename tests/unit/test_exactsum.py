@@ -134,6 +134,29 @@ def test_compiled_kernel_gives_the_bits_of_the_torch_operations(monkeypatch, dty
     assert torch.equal(compiled.value(), plain.value())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_kernel_blocks_and_tiles_give_the_bits_of_the_torch_operations(monkeypatch, dtype):
+    """One call of many rows and columns, as the kernel blocks them (row blocks of 32, column tiles of 512):
+    tops that rise in later row blocks of the same call (each block's window moves up and is sliced again), a
+    column that meets a NaN in a late block, then a second call into the same sum."""
+    gen = torch.Generator().manual_seed(5)
+    n, d = 150, 1100
+    growth = torch.logspace(0, 40, n, dtype=torch.float64)[:, None]  # every row block raises the columns' tops
+    rows = torch.randn(n, d, generator=gen, dtype=torch.float64) * torch.logspace(-20, 20, d, dtype=torch.float64)
+    rows[:, ::3] *= growth
+    rows[97, 1000] = float("nan")
+    rows[120, 7] = float("inf")
+    rows = rows.to(dtype)
+    weights = [torch.rand(n, generator=gen, dtype=torch.float64), torch.rand(40, generator=gen, dtype=torch.float64)]
+    compiled, plain = _both_paths(monkeypatch, [rows, rows[:40] * 3], exactsum.bins_for(dtype), weights)
+    assert torch.equal(compiled.top, plain.top)
+    assert int(compiled.top[1000]) == int(compiled.top[7]) == exactsum.TOP_MAX
+    finite = torch.isfinite(plain.bins).all(0)
+    assert torch.equal(finite, torch.isfinite(compiled.bins).all(0)) and not finite[[7, 1000]].any()
+    assert torch.equal(compiled.bins[:, finite], plain.bins[:, finite])
+    assert torch.equal(compiled.value()[finite], plain.value()[finite])
+
+
 def test_compiled_kernel_marks_non_finite_columns_as_the_torch_operations(monkeypatch):
     rows = _rows(torch.float64, n=6, d=20)
     rows[2, 4], rows[3, 5], rows[1, 6] = float("inf"), float("nan"), -float("inf")
