@@ -221,8 +221,9 @@ def test_every_shipped_sweep_gives_its_algorithm_the_task_budget(task):
 
 
 def _curve_runs(folder: Path, curves: dict, algorithm: str = "fedmsa", key: str = "outer_lr") -> Path:
-    """Run files of x_error curves, curves[value][seed] = [...] (one value every 10 rounds, 80 bytes apart).
-    A task file over them (target 1e-4, budget 40 rounds, tuned on seeds 100, 101, reported on 0, 1)."""
+    """Run files of x_error curves, curves[value][seed] = [...] (one value every 10 rounds, 80 bytes apart;
+    with a tuple ``key``, each value a tuple of its fields' values). A task file over them (target 1e-4,
+    budget 40 rounds, tuned on seeds 100, 101, reported on 0, 1)."""
     from fednest_mpi.io.h5 import RunWriter
 
     folder.mkdir()
@@ -234,7 +235,8 @@ def _curve_runs(folder: Path, curves: dict, algorithm: str = "fedmsa", key: str 
     }
     for value, by_seed in curves.items():
         for seed, curve in by_seed.items():
-            cfg = {"seed": seed, "algorithm": {"name": algorithm, key: value}}
+            fields = dict(zip(key, value)) if isinstance(key, tuple) else {key: value}
+            cfg = {"seed": seed, "algorithm": {"name": algorithm, **fields}}
             w = RunWriter(folder / f"{value}_{seed}.h5", {"config_json": json.dumps(cfg)}, columns)
             for k, err in enumerate(curve):
                 w.append({"iteration": k, "comm_rounds": 10 * k, "comm_bytes": 80 * k, "x_error": err})
@@ -409,6 +411,36 @@ def test_follow_up_sweeps_extend_an_edge_then_report_the_choice(tmp_path):
     tasks = jobs.expand(jobs.load_sweep(report))
     assert sorted((t.values["algorithm.outer_lr"], t.values["seed"]) for t in tasks) == [(0.4, 0), (0.4, 1)]
     assert tasks[0].name == "fedmsa_outer_lr0.4_seed0"
+
+
+def test_a_choice_at_two_edges_extends_both_fields_in_one_pass(tmp_path):
+    """Both steps at the largest of their grid (the quadratic's FedMSA: inner_lr 0.2 and outer_lr 0.8): the
+    extension tries past both edges at once, each new value with every tried value of the other field and
+    the corner, not one field per pass (which spent both of EXTENSIONS=2 passes on inner_lr, leaving
+    outer_lr at its edge)."""
+    from fednest_mpi import jobs
+
+    slow, fast = _both([1.0, 1e-2, 1e-3, 1e-5, 1e-7]), _both([1.0, 1e-5, 1e-6, 1e-7, 1e-9])
+    path = _curve_runs(
+        tmp_path / "r",
+        {(a, b): fast if (a, b) == (0.4, 0.2) else slow for a in (0.1, 0.2, 0.4) for b in (0.05, 0.1, 0.2)},
+        key=("outer_lr", "inner_lr"),
+    )
+    (task,) = post.read_benchmark_file(path)
+    rows = post.benchmark.task_rows(task)
+    (i,) = post.benchmark.chosen_rows(rows, task)
+    assert post.benchmark.grid_edges(rows, i, task) == {
+        "algorithm.inner_lr": "largest",
+        "algorithm.outer_lr": "largest",
+    }
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f")
+    assert sweep.name == "t_fedmsa_extend.toml"
+    points = sorted(
+        {(t.values["algorithm.outer_lr"], t.values["algorithm.inner_lr"]) for t in jobs.expand(jobs.load_sweep(sweep))}
+    )
+    assert points == [(0.1, 0.4), (0.2, 0.4), (0.4, 0.4), (0.8, 0.05), (0.8, 0.1), (0.8, 0.2), (0.8, 0.4)]
+    assert {t.values["seed"] for t in jobs.expand(jobs.load_sweep(sweep))} == {100, 101}
+    assert len(jobs.expand(jobs.load_sweep(sweep))) == 14
 
 
 def test_the_chosen_setting_on_the_reported_seeds_joins_its_row(tmp_path):

@@ -30,6 +30,7 @@ CONFIG.json --set seed=S``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -366,7 +367,9 @@ def _toml(value) -> str:
     return json.dumps(value)  # numbers, strings and booleans of a setting read the same in TOML
 
 
-def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict, what: str) -> str:
+def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict, what: str, points=None) -> str:
+    """A sweep of ``row``'s config over ``grid`` (a cartesian product) and, when given, ``points`` (a ``[zip]``:
+    field -> values that vary together, laid over every combination of the grid)."""
     pattern = "_".join([row.algorithm, *(f"{k.rsplit('.', 1)[-1]}{{{k}}}" for k in row.setting), "seed{seed}"])
     lines = [
         f"# Written by fednest-mpi report --benchmark --follow-up (docs/benchmarks.md): task {task.name}, "
@@ -379,6 +382,8 @@ def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict
         "",
         "[grid]",
         *(f"{key} = [{', '.join(_toml(v) for v in values)}]" for key, values in grid.items()),
+        *(["", "[zip]"] if points else []),
+        *(f"{key} = [{', '.join(_toml(v) for v in values)}]" for key, values in (points or {}).items()),
         "",
         "[resources]",
         'time = "00:10:00"',
@@ -386,13 +391,34 @@ def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict
     return "\n".join(lines) + "\n"
 
 
+def _beyond_edge(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, key: str) -> float:
+    """The value one step past ``row``'s value of ``key``, an edge of what its algorithm tried."""
+    return _beyond(sorted({r.setting[key] for r in _tried(rows, row, task)}), row.setting[key])
+
+
+def _extension(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, edges: dict[str, str]) -> dict:
+    """The settings that extend ``row``'s grid past **every** field at an edge at once: each such field gets its
+    next value (:func:`_beyond_edge`), and every setting of the extended grid (the product of each field's
+    tried values and new value) that its algorithm has not tried, as ``[zip]`` lists (field -> values).
+    With one field at an edge, that is the new value with every tried value of the others; with two, both
+    new values with every tried value of the other field, and the corner."""
+    tried = _tried(rows, row, task)
+    values = {k: sorted({r.setting[k] for r in tried}, key=_order) for k in row.setting}
+    for key in edges:
+        values[key] = sorted([*values[key], _beyond_edge(rows, row, task, key)], key=_order)
+    done = {json.dumps([r.setting[k] for k in values], default=str) for r in tried}
+    points = [p for p in itertools.product(*values.values()) if json.dumps(list(p), default=str) not in done]
+    return {k: [p[j] for p in points] for j, k in enumerate(values)}
+
+
 def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) -> list[Path]:
     """The sweep files that carry the tuning protocol of docs/benchmarks.md on from the runs of the benchmark
     file ``path`` (tasks whose runs folder does not exist yet are skipped), written to ``folder``; none when
-    it is complete. For each algorithm with a chosen row: with ``extend``, where a tuned value is at an edge
-    of the grid (:func:`grid_edges`), the next value beyond it (the grid's ratio there) with every value
-    tried of the other tuned fields, on the tuning seeds; otherwise the chosen setting on the reported seeds
-    it has not run. Each sweep runs the chosen row's own config (written beside it as JSON)."""
+    it is complete. For each algorithm with a chosen row: with ``extend``, where tuned values are at an edge
+    of the grid (:func:`grid_edges`), the next value beyond each (the grid's ratio there) in one sweep, every
+    setting of the grid so extended that was not tried (:func:`_extension`), on the tuning seeds; otherwise
+    the chosen setting on the reported seeds it has not run. Each sweep runs the chosen row's own config
+    (written beside it as JSON)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
@@ -405,13 +431,12 @@ def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) 
             stem = f"{task.name}_{row.algorithm}"
             config_file = folder / f"{stem}.json"
             edges = grid_edges(rows, i, task) if extend else {}
+            points = None
             if edges:
-                key = next(iter(edges))
-                tried = sorted({r.setting[key] for r in _tried(rows, row, task)})
-                grid = {k: sorted({r.setting[k] for r in _tried(rows, row, task)}, key=_order) for k in row.setting}
-                grid[key] = [_beyond(tried, row.setting[key])]
-                what = f"{key} extended past the edge of its grid to {grid[key][0]}, tuning seeds"
-                grid["seed"] = list(task.tune_seeds)
+                points = _extension(rows, row, task, edges)
+                grid = {"seed": list(task.tune_seeds)}
+                beyond = ", ".join(f"{k} to {_beyond_edge(rows, row, task, k)}" for k in edges)
+                what = f"extended past the edge of its grid: {beyond}, tuning seeds"
                 sweep = folder / f"{stem}_extend.toml"
             else:
                 missing = [s for s in task.report_seeds if s not in {r.config.get("seed", 0) for r in row.report.runs}]
@@ -422,7 +447,7 @@ def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) 
                 what = "the chosen setting on the reported seeds"
                 sweep = folder / f"{stem}_report.toml"
             _write_config(row.tuning.runs[0], config_file)
-            sweep.write_text(_sweep_text(task, row, config_file, grid, what), encoding="utf-8")
+            sweep.write_text(_sweep_text(task, row, config_file, grid, what, points), encoding="utf-8")
             out.append(sweep)
     return out
 
