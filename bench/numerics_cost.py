@@ -10,7 +10,8 @@ exact sum's own cost), ``portable`` and the ``ordered`` reduction.
 Each run is a ``fednest-mpi run`` under ``/usr/bin/time -v`` in a fresh process whose
 ``FEDNEST_NUMERICS`` names the mode. Prints a Markdown table: median seconds per outer iteration of the
 algorithm (iterations after the first), user and sys CPU seconds and peak RSS of the whole process, and each
-setting's time and user CPU relative to the first setting (by default the fastest, native with sum). Rows: docs/performance.md, "The cost of the guarantee".
+setting's time and user CPU relative to the first setting (by default the fastest, native with sum).
+Rows: docs/performance.md, "The cost of the guarantee".
 """
 
 from __future__ import annotations
