@@ -363,6 +363,7 @@ def _reference_with(path, iterations):
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 def test_four_rank_run_resumed_on_two_ranks_gives_the_same_file(tmp_path):
     cfg = _cli_config(tmp_path)
     res = run_cli("run", cfg, "-q", ranks=4, env={"FEDNEST_MPI_INJECT_FAULT": "3:5:term"})

@@ -502,6 +502,7 @@ def test_requeued_job_resumes_and_the_checkpoint_signal_is_forwarded(tmp_path, f
 
 
 @needs_mpi
+@pytest.mark.slow
 def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
     _, env, log = fakebin
     sweep_path = tiny_sweep(tmp_path, 'algorithm.name = ["lfednest", "fednest"]\nseed = [4, 5]')
@@ -542,6 +543,7 @@ def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
 
 
 @needs_mpi
+@pytest.mark.slow
 def test_local_script_runs_the_sweep(tmp_path, fakebin):
     _, env, _ = fakebin
     env = {**env, "VIRTUAL_ENV": sys.prefix}
