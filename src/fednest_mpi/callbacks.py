@@ -1,11 +1,14 @@
 """Callbacks of a run: what :meth:`fednest_mpi.runner.Simulation.run` tells the code that watches it (the
-run file's writer, the progress line, the session's watchdog, a user's own logger), at five points:
+run file's writer, the progress line, the session's watchdog, the TensorBoard and MLflow writers of
+:mod:`fednest_mpi.writers`, a user's own logger), at six points:
 
 * ``on_start(sim, k)``: before the first iteration (``k``: 0, or the iteration a resumed run continues after);
 * ``on_evaluation(k, metrics)``: the problem's metrics of iteration k, once every rank agreed they are sound;
 * ``on_iteration(k, row)``: the record of iteration k (every column of the run file), after the evaluation;
 * ``on_checkpoint(k, folder)``: a checkpoint of iteration k was written to ``folder``;
-* ``on_end(result)``: the run returned (:class:`~fednest_mpi.runner.RunResult`; not after an exception).
+* ``on_end(result)``: the run returned (:class:`~fednest_mpi.runner.RunResult`; not after an exception);
+* ``on_error(error)``: the run raised ``error`` on this rank (any exception, also ``KeyboardInterrupt``), which
+  it raises again after the callbacks; a session also calls it on the ranks that another rank's failure ends.
 
 A callback is any object with some of these methods (:class:`Callback` has all of them, doing nothing). They
 are called on every rank, in the order given, after the iteration's collectives: a callback must not call
@@ -17,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-POINTS = ("on_start", "on_evaluation", "on_iteration", "on_checkpoint", "on_end")
+POINTS = ("on_start", "on_evaluation", "on_iteration", "on_checkpoint", "on_end", "on_error")
 
 
 class Callback:
-    """The five points of a run, doing nothing: subclass it and override those you need."""
+    """The six points of a run, doing nothing: subclass it and override those you need."""
 
     def on_start(self, sim, k: int) -> None:
         """Before the first iteration (k: 0, or the iteration a resumed run continues after)."""
@@ -37,6 +40,9 @@ class Callback:
 
     def on_end(self, result) -> None:
         """The run returned ``result`` (a RunResult)."""
+
+    def on_error(self, error: BaseException) -> None:
+        """The run raised ``error`` on this rank (or, in a session, another rank's failure ended it)."""
 
 
 class Recorder(Callback):
