@@ -22,6 +22,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from fednest_mpi import __version__
 from fednest_mpi.callbacks import Callback
@@ -67,7 +68,7 @@ class TensorBoardWriter(Callback):
     def __init__(self, log_dir) -> None:
         self.log_dir = Path(log_dir)
         self._tb = _require("torch.utils.tensorboard", "tensorboard", "the TensorBoard writer")
-        self.writer = None
+        self.writer: Any = None  # torch.utils.tensorboard.SummaryWriter, on rank 0 from the start on
         self.tags: dict[str, str] = {}
 
     def on_start(self, sim, k: int) -> None:
