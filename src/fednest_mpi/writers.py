@@ -65,7 +65,7 @@ class TensorBoardWriter(Callback):
     k (:func:`tags_of`), the config as text (``config``) and as hparams with the problem's metrics. A resumed
     run adds an event file and continues at step k + 1. Needs ``pip install 'fednest-mpi[tensorboard]'``."""
 
-    def __init__(self, log_dir) -> None:
+    def __init__(self, log_dir: str | Path):
         self.log_dir = Path(log_dir)
         self._tb = _require("torch.utils.tensorboard", "tensorboard", "the TensorBoard writer")
         self.writer: Any = None  # torch.utils.tensorboard.SummaryWriter, on rank 0 from the start on
@@ -100,6 +100,7 @@ class TensorBoardWriter(Callback):
         self.close()
 
     def close(self) -> None:
+        """Flush and close the event file (rank 0; again: nothing)."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -116,7 +117,13 @@ class MLflowWriter(Callback):
     error as the tag ``fednest_mpi.error``). A resumed run is a new MLflow run from step k + 1 on.
     Needs ``pip install 'fednest-mpi[mlflow]'`` (mlflow-skinny)."""
 
-    def __init__(self, tracking_uri: str, experiment: str = "fednest-mpi", run_name=None, artifact=None) -> None:
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str = "fednest-mpi",
+        run_name: str | None = None,
+        artifact: str | Path | None = None,
+    ):
         self.experiment, self.run_name = experiment, run_name
         self.artifact = Path(artifact) if artifact is not None else None
         tracking = _require("mlflow.tracking", "mlflow", "the MLflow writer")
@@ -176,11 +183,15 @@ class MLflowWriter(Callback):
 
 
 def from_config(cfg: RunConfig) -> list:
-    """The writers ``cfg``'s ``[run]`` section switches on (``run.tensorboard_dir``, ``run.mlflow_uri``);
-    a missing package is a :class:`UsageError` naming the field and the extra to install."""
+    """The writers ``cfg``'s ``[run]`` section switches on: ``run.tensorboard_dir`` (its subfolder named after
+    the run file, so that the runs of a sweep are TensorBoard runs of one folder) and ``run.mlflow_uri`` (the
+    run file as the artifact); a missing package is a :class:`UsageError` naming the field and the extra."""
     run = cfg.run
     wanted = {
-        "run.tensorboard_dir": (run.tensorboard_dir, lambda: TensorBoardWriter(run.tensorboard_dir)),
+        "run.tensorboard_dir": (
+            run.tensorboard_dir,
+            lambda: TensorBoardWriter(Path(run.tensorboard_dir) / Path(run.output).stem),
+        ),
         "run.mlflow_uri": (
             run.mlflow_uri,
             lambda: MLflowWriter(run.mlflow_uri, run.mlflow_experiment, artifact=run.output),

@@ -61,7 +61,7 @@ def test_only_rank_0_writes(small_config, folder, monkeypatch):
     comm.Barrier()
     if comm.rank == 0:
         recorded = read_run(folder / "run.h5")[1]["x_error"]
-        assert _x_error(folder / "tb") == recorded.tolist() == result.history["x_error"]
+        assert _x_error(folder / "tb" / "run") == recorded.tolist() == result.history["x_error"]
         assert _x_error(folder / "api") == result.history["x_error"]
         client = tracking.MlflowClient(uri)
         (run,) = client.search_runs([client.get_experiment_by_name("fednest-mpi").experiment_id])

@@ -155,8 +155,9 @@ class RunSection:
     )
     tensorboard_dir: str = spec(
         "",
-        "also write the run to TensorBoard event files in this folder (rank 0): every per-iteration value of the "
-        "run file as a scalar at step = outer iteration, the config as text and hparams; needs "
+        "also write the run to TensorBoard event files in FOLDER/NAME, NAME the run file's name without its suffix "
+        "(rank 0; the runs of a sweep may share FOLDER): every per-iteration value of the run file as a scalar at "
+        "step = outer iteration, the config as text and hparams; needs "
         "pip install 'fednest-mpi[tensorboard]' (empty: none); docs/extending.md",
     )
     mlflow_uri: str = spec(
