@@ -8,7 +8,8 @@ run file's writer, the progress line, the session's watchdog, the TensorBoard an
 * ``on_checkpoint(k, folder)``: a checkpoint of iteration k was written to ``folder``;
 * ``on_end(result)``: the run returned (:class:`~fednest_mpi.runner.RunResult`; not after an exception);
 * ``on_error(error)``: the run raised ``error`` on this rank (any exception, also ``KeyboardInterrupt``), which
-  it raises again after the callbacks; a session also calls it on the ranks that another rank's failure ends.
+  it raises again after the callbacks (an exception of ``on_error`` itself is logged, not raised); a session
+  also calls it on the ranks that another rank's failure ends.
 
 A callback is any object with some of these methods (:class:`Callback` has all of them, doing nothing). They
 are called on every rank, in the order given, after the iteration's collectives: a callback must not call
@@ -18,7 +19,10 @@ No MPI, no HDF5 here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+
+logger = logging.getLogger(__name__)
 
 POINTS = ("on_start", "on_evaluation", "on_iteration", "on_checkpoint", "on_end", "on_error")
 
@@ -70,6 +74,17 @@ class Callbacks:
             method = getattr(callback, point, None)
             if method is not None:
                 method(*args)
+
+    def tell_error(self, error: BaseException) -> None:
+        """``on_error(error)`` to every callback, even when one of them raises (its exception logged, not raised:
+        the run's own exception is the one to report)."""
+        for callback in self.callbacks:
+            method = getattr(callback, "on_error", None)
+            try:
+                if method is not None:
+                    method(error)
+            except Exception:  # noqa: BLE001 -- logged; the run's exception follows
+                logger.exception("%s.on_error failed", type(callback).__name__)
 
     def first(self, query: str, *args):
         """The answer of the first callback that has method ``query``, or None."""

@@ -367,7 +367,7 @@ class Simulation:
             loop.hooks.call("on_start", self, loop.k)
             halt = loop.iterate_all(step, initial=resume is None)
         except BaseException as exc:  # noqa: BLE001 -- told to the callbacks, then raised again
-            loop.hooks.call("on_error", exc)
+            loop.hooks.tell_error(exc)
             raise
         stopped = halt and loop.k < self.cfg.algorithm.outer_iterations
         stopped_by = (stop.received or "a signal to another rank") if stopped else None

@@ -145,12 +145,12 @@ class RunFiles(Callback):
         """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept. A run ended
         while this rank was running (by another rank's failure, a second signal, a timeout): the writers and
         the session's callbacks are told ``on_error``."""
-        if self.running:
-            self.running = False
-            self.watchers.call("on_error", RunFailed("the run was ended on every rank (see the job's line)"))
         kept = self.writer.close() if self.writer is not None else rows  # rank 0: the rows of the run file
         if self.series is not None:
             self.series.close(kept if kept is not None else self.series.completed)
+        if self.running:
+            self.running = False
+            self.watchers.tell_error(RunFailed("the run was ended on every rank (see the job's line)"))
         return kept
 
     def end_now(self, code: int, message: str) -> None:

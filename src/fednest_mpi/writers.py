@@ -28,6 +28,7 @@ from fednest_mpi import __version__
 from fednest_mpi.callbacks import Callback
 from fednest_mpi.config import RunConfig, flatten_config
 from fednest_mpi.errors import UsageError
+from fednest_mpi.runner import TRAINING_COLUMNS
 
 
 def _require(module: str, extra: str, who: str):
@@ -45,7 +46,7 @@ def tags_of(sim) -> dict[str, str]:
     """The name under which a writer records each column of ``sim``'s rows (``iteration`` is the step):
     ``metrics/NAME`` for the problem's metrics (and the training-set columns), ``diagnostics/NAME`` for the
     algorithm's, ``run/NAME`` for the rest (``run/comm_rounds``, ``run/comm_bytes``, oracle counts, times)."""
-    metrics = set(sim.problem.metric_info()) | set(sim._training_columns())
+    metrics = set(sim.problem.metric_info()) | set(TRAINING_COLUMNS)
     diagnostics = set(type(sim.algorithm).diagnostics)
     tags = {}
     for name in sim.columns():
@@ -76,7 +77,7 @@ class TensorBoardWriter(Callback):
             return
         self.tags = tags_of(sim)
         self.writer = self._tb.SummaryWriter(log_dir=str(self.log_dir))
-        if k == 0:  # a resumed run wrote them at its start
+        if k == 0:  # not again when resumed (k > 0): its first session wrote them
             config = json.dumps(sim.cfg.to_dict(), indent=2)
             self.writer.add_text("config", f"```json\n{config}\n```", 0)
             metrics = {tag: math.nan for tag in self.tags.values() if tag.startswith("metrics/")}
@@ -126,11 +127,13 @@ class MLflowWriter(Callback):
     ):
         self.experiment, self.run_name = experiment, run_name
         self.artifact = Path(artifact) if artifact is not None else None
-        tracking = _require("mlflow.tracking", "mlflow", "the MLflow writer")
-        self._entities = _require("mlflow.entities", "mlflow", "the MLflow writer")
+        tracking, self._entities, errors = (
+            _require(f"mlflow.{module}", "mlflow", "the MLflow writer")
+            for module in ("tracking", "entities", "exceptions")
+        )
         try:  # the store of the URI, checked now (MLflow 3 refuses file: stores unless MLFLOW_ALLOW_FILE_STORE)
             self.client = tracking.MlflowClient(tracking_uri)
-        except importlib.import_module("mlflow.exceptions").MlflowException as exc:
+        except errors.MlflowException as exc:
             raise UsageError(f"MLflow refuses the tracking URI {tracking_uri!r}: {exc}") from None
         self.run_id: str | None = None
         self.tags: dict[str, str] = {}

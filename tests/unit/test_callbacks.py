@@ -79,9 +79,16 @@ class Ends(Callback):
         self.ended = True
 
 
-def test_an_exception_is_told_to_every_callback_then_raised():
-    """``on_error`` instead of ``on_end``: every callback hears of any exception (a KeyboardInterrupt too)."""
+class FailsToo:
+    def on_error(self, error):
+        raise OSError("the tracking server is down")
+
+
+def test_an_exception_is_told_to_every_callback_then_raised(caplog):
+    """``on_error`` instead of ``on_end``: every callback hears of any exception (a KeyboardInterrupt too), also
+    after one whose ``on_error`` raises (logged): the run's exception is the one raised."""
     ends = Ends()
     with pytest.raises(KeyboardInterrupt):
-        simulate(make_config(algorithm={"outer_iterations": 4}), SerialComm(), [Raises(), ends])
+        simulate(make_config(algorithm={"outer_iterations": 4}), SerialComm(), [Raises(), FailsToo(), ends])
     assert ends.errors == ["KeyboardInterrupt"] and not ends.ended
+    assert "FailsToo.on_error failed" in caplog.text and "the tracking server is down" in caplog.text
