@@ -17,6 +17,9 @@ install:
 	$(PYTHON) -m venv $(VENV)
 	@echo "== the pinned packages of requirements.txt (torch, mpi4py + MPICH, h5py, ...: the longest step)"
 	$(BIN)/pip install --progress-bar off --disable-pip-version-check -r requirements.txt
+	@echo "== the optional writers' packages of requirements-writers.txt (tensorboard, mlflow-skinny), so that their \
+	tests run: about 45 s more on a loaded 2-core machine"
+	$(BIN)/pip install --progress-bar off --disable-pip-version-check --no-compile -r requirements-writers.txt
 	@echo "== fednest-mpi itself, editable (pip install -e .)"
 	$(BIN)/pip install -q --no-deps -e .
 	@echo "== done: $(BIN)/fednest-mpi --version: $$($(BIN)/fednest-mpi --version); next: make test"
