@@ -152,10 +152,23 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
+def _check_names_a_file(output: str | Path) -> None:
+    """Refuse an output path that is empty or whose last part names a folder whatever exists ('.', '..', a
+    trailing '/'): pathlib would read '' and './' as '.', and 'x/..' would be renamed onto a folder at the end."""
+    raw = os.fspath(output)
+    if raw == "":
+        raise UsageError("run.output: the path is empty; give the path of a file, such as 'runs/run.h5'")
+    if os.path.basename(raw) in ("", ".", ".."):
+        raise UsageError(
+            f"run.output: {raw!r} is a folder; give the path of a file, such as {os.path.join(raw, 'run.h5')!r}"
+        )
+
+
 def check_names(output: str | Path, checkpoint_dir: str | Path | None = None) -> None:
     """Refuse an output path whose bytes or derived names (:func:`derived_paths`) the file system cannot
     take -- a NUL byte, a character with no bytes (a lone surrogate), a name over NAME_MAX bytes -- so
     that a run never fails on them after it started. No I/O beyond stat."""
+    _check_names_a_file(output)
     over = []  # (bytes over the limit, field, what, path, its name's bytes, the limit)
     for what, p in derived_paths(output, checkpoint_dir).items():
         field = "run.checkpoint_dir" if "checkpoint" in what and checkpoint_dir else "run.output"
@@ -184,7 +197,7 @@ def check_output_path(path: str | Path, overwrite: bool) -> None:
     ``overwrite``, an unwritable or full directory. No I/O beyond stat."""
     p = Path(path)
     check_names(path)
-    if str(path).endswith("/") or p.is_dir():
+    if p.is_dir():
         raise UsageError(
             f"run.output: {str(path)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}"
         )

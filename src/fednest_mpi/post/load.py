@@ -90,6 +90,10 @@ def _as_paths(paths) -> list[Path]:
         paths = [paths]
     out: list[Path] = []
     for p in paths:
+        if os.fspath(p) == "":  # Path("") is the current folder: an empty argument must not read it unasked
+            raise UsageError(
+                "a run path is empty; pass a run file (.h5) written by `fednest-mpi run`, or '.' for a folder"
+            )
         p = Path(p)
         if p.is_dir():
             found = sorted(p.glob("*.h5"))
