@@ -8,16 +8,20 @@ import sys
 
 import numpy as np
 import pytest
-from mlflow.tracking import MlflowClient
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import plugin_data_pb2
-from tensorboard.util import tensor_util
 
 from fednest_mpi import config
 from fednest_mpi.api import MLflowWriter, SerialComm, Session, Simulation, TensorBoardWriter, read_run, simulate
 from fednest_mpi.cli import main
 from fednest_mpi.errors import UsageError
 from fednest_mpi.writers import tags_of
+
+EXTRA = "the {} extra is not installed: `make install` puts requirements-writers.txt in .venv"
+MlflowClient = pytest.importorskip("mlflow.tracking", reason=EXTRA.format("mlflow")).MlflowClient
+EventAccumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator", reason=EXTRA.format("tensorboard")
+).EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402 (only once the check above passed)
+from tensorboard.util import tensor_util  # noqa: E402
 
 ITERATIONS = 4
 
