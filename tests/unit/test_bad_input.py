@@ -396,13 +396,19 @@ def test_bad_path(tmp_path, capsys, monkeypatch, case):
     assert not (tmp_path / "new").exists()
 
 
-def test_an_empty_run_path_is_refused_not_read_as_the_current_folder(tmp_path, capsys, monkeypatch):
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run.h5").write_bytes(b"")  # a (damaged) run file in the current folder: '' must not read it
-    for command in (["report", ""], ["report", "run.h5", ""], ["plot", "", "-o", "p.png"]):
-        assert main(command) == 2, command
-        err = capsys.readouterr().err
-        assert err.count("fednest-mpi: error:") == 1 and "a run path is empty" in err, err
+    cases = {
+        "a run path is empty": (["report", ""], ["report", "run.h5", ""], ["plot", "", "-o", "p.png"]),
+        "the config file's path is empty": (["run", "", "--output", "out.h5"],),
+    }
+    for message, commands in cases.items():
+        for command in commands:
+            assert main(command) == 2, command
+            err = capsys.readouterr().err
+            assert err.count("fednest-mpi: error:") == 1 and message in err, err
+    assert not (tmp_path / "out.h5").exists()
 
 
 @pytest.mark.parametrize("name,damage,extra,message", BAD_DATA, ids=[c[0] for c in BAD_DATA])
