@@ -289,6 +289,13 @@ def test_config_mistakes_in_a_sweep_are_caught_before_writing(tmp_path):
         jobs.render_all(path, SITES["local"], tmp_path / "out")
 
 
+def test_an_empty_out_dir_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"--out-dir: the path is empty; give a folder, such as runs/jobs/fig4"):
+        jobs.render_all(SWEEPS / "fig4.toml", SITES["local"], "", workdir=ROOT)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "value",
     [
