@@ -18,7 +18,6 @@ LIMIT = 40
 ALLOWED = {
     "rng.py:stream_normals": 87,
     "post/benchmark.py:benchmark_table": 73,
-    "problems/shared_start.py:shared_start_sgd": 66,
     "post/benchmark.py:read_benchmark_file": 61,
     "jobs/site.py:site_from_dict": 51,
     "jobs/tasks.py:expand": 47,
