@@ -21,7 +21,6 @@ ALLOWED = {
     "post/benchmark.py:read_benchmark_file": 61,
     "jobs/site.py:site_from_dict": 51,
     "jobs/tasks.py:expand": 47,
-    "cli/jobs.py:add": 44,
     "federation.py:Federation._reduce": 43,
 }
 
