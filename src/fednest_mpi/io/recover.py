@@ -108,6 +108,8 @@ def _rewrite(p: Path, parts: _Parts, record: dict) -> None:
 
 
 def _recover(p: Path) -> str:
+    """:func:`recover` under the run's lock: the rows complete in every part kept, the files rebuilt and closed
+    (unless closed and complete already), the checkpoint folder's stale lock removed."""
     attrs, data = read_run(p, unclosed="read")
     parts = _run_file_parts(p, len(data[S.SCALE]))
     if parts.n_clients:
