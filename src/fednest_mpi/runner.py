@@ -258,12 +258,26 @@ class Simulation:
                 cfg.run.torch_threads,
                 os.cpu_count(),
             )
-        # no collective below until the agreement: a usage error (missing or damaged data file,
-        # a data-dependent config check) on any rank ends every rank with the same message
-        error: UsageError | None = numerics_error
+        # no collective before the agreement: a usage error (missing or damaged data file, a data-dependent
+        # config check) on any rank ends every rank with the same message
+        error = numerics_error if numerics_error is not None else self._build(problem_wrapper)
+        agree_on_usage_error(comm, error)
+        #: numerics.cpu_class of every rank (one allgather): ranks of different classes may round differently
+        self.cpu_classes = comm.allgather(numerics.cpu_class(paths))
+        if self.fed.rank == 0 and len(set(self.cpu_classes)) > 1:
+            logger.warning(
+                "the ranks run on CPUs of %d classes (%s): results may differ in the last bits from a run on one "
+                "class; /ranks/cpu_class says which rank ran where (run.numerics = 'portable' removes the vendor "
+                "difference, docs/design.md)",
+                len(set(self.cpu_classes)),
+                " | ".join(sorted(set(self.cpu_classes))),
+            )
+
+    def _build(self, problem_wrapper) -> UsageError | None:
+        """Build this rank's problem, algorithm and server optimiser, checking them at the plugin boundary
+        (:mod:`fednest_mpi.contract`); no collective. The usage error that stopped it, or None."""
+        cfg = self.cfg
         try:
-            if error is not None:
-                raise error
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
             # the clients' local work and availability (reads the availability trace, if any)
             self.fed.system = SystemModel(cfg.heterogeneity, cfg.seed, cfg.problem.n_clients)
@@ -283,23 +297,13 @@ class Simulation:
             self.server = ServerOptimizer.of(cfg.algorithm)
             self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
         except UsageError as exc:
-            error = exc
+            return exc
         except MemoryError as exc:  # beyond the estimate of check_memory
-            error = UsageError(
+            return UsageError(
                 f"problem: the problem's data do not fit in this rank's memory ({exc}); "
                 "lower problem.n_clients or the dimensions, or run on more nodes"
             )
-        agree_on_usage_error(comm, error)
-        #: numerics.cpu_class of every rank (one allgather): ranks of different classes may round differently
-        self.cpu_classes = comm.allgather(numerics.cpu_class(paths))
-        if self.fed.rank == 0 and len(set(self.cpu_classes)) > 1:
-            logger.warning(
-                "the ranks run on CPUs of %d classes (%s): results may differ in the last bits from a run on one "
-                "class; /ranks/cpu_class says which rank ran where (run.numerics = 'portable' removes the vendor "
-                "difference, docs/design.md)",
-                len(set(self.cpu_classes)),
-                " | ".join(sorted(set(self.cpu_classes))),
-            )
+        return None
 
     @property
     def primary_metric(self) -> str:
