@@ -264,16 +264,15 @@ class _Subplots:
             ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
 
 
-def _outside_legend(fig: Figure, ax, legend: str) -> int:
+def _outside_legend(fig: Figure, ax, legend: str) -> None:
     """One legend for all subplots, ``right`` of or ``below`` them (the layout makes room), with the entries of
-    ``ax``; its number of columns."""
+    ``ax``."""
     handles, texts = ax.get_legend_handles_labels()
     where = "outside right upper" if legend == "right" else "outside lower center"
     entry = 0.065 * max(map(len, texts), default=1) + 0.6  # inches of one entry in the small font
     ncols = 1 if legend == "right" else max(1, min(len(texts), int(fig.get_size_inches()[0] / entry)))
     # the "outside ..." locations (constrained layout) are not in matplotlib's type stubs
     fig.legend(handles, texts, loc=where, ncols=ncols, fontsize="small", frameon=False)  # type: ignore[call-overload]
-    return ncols
 
 
 def plot(
@@ -354,9 +353,9 @@ def plot(
     )
     for ax, m, label_y in zip(axes, metrics, ylabels):
         subplots.draw(ax, m, label_y)
-    if legend in ("right", "below"):  # the title then wraps at 80 characters per column of this legend
-        ncols = _outside_legend(fig, axes[0], legend)
-    if title is None:
+    if legend in ("right", "below"):
+        _outside_legend(fig, axes[0], legend)
+    if title is None:  # 80 characters per column of subplots
         problems = " / ".join(dict.fromkeys(problem_label(r.config) for r in runs))
         title = textwrap.fill(f"{problems}: {how}", 80 * ncols)
     if title:
