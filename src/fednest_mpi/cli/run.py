@@ -25,13 +25,14 @@ def add(sub) -> None:
     run.add_argument("--output", "-o", help="HDF5 output path (run.output)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output file (run.overwrite)")
     run.add_argument("--quiet", "-q", action="store_true", help="warnings only")
-    run.add_argument(
+    again = run.add_mutually_exclusive_group()
+    again.add_argument(
         "--resume",
         action="store_true",
         help="continue from the run's latest checkpoint (run.checkpoint_dir): same config, any number of "
         "ranks; the output file is cut back to the checkpoint and appended to",
     )
-    run.add_argument(
+    again.add_argument(
         "--skip-finished",
         action="store_true",
         help="do not run again a run whose output file already holds it to its end (the same config up to "
