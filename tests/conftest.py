@@ -16,6 +16,13 @@ def small_config():
     return make_config
 
 
+def pytest_collection_modifyitems(items):
+    """Long tests (``@pytest.mark.slow``) first, in a stable sort. pytest-xdist hands tests to its workers in this
+    order, so a long test collected last (the tutorial, say) would leave one worker running alone at the end of
+    its tier; started first, it runs while the other worker takes the many short ones (longest-first scheduling)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_runtest_setup(item):
     """``@requires(folder)`` (tests/shared_data.py): skip, or fail under FEDNEST_REQUIRE_DATA=1, without the data."""
     from shared_data import DATA, need

@@ -14,7 +14,8 @@ layers listed before it only; ``tests/unit/test_layers.py`` reads the source and
    on ranks, client sampling, the counted ``Allreduce`` aggregation), heterogeneity, recorder,
    :mod:`fednest_mpi.algorithms` (the FedNest family written once against those two primitives) and
    contract (the plugin boundary). Problems and algorithms import neither comm nor mpi4py.
-6. run    -- runner, checkpoint, series, session and checking: a run to its files.
+6. run    -- runner, checkpoint, series, session, checking and writers: a run to its files (writers: to
+   TensorBoard and MLflow, whose packages are extras imported only when a writer is built).
 7. api    -- :mod:`fednest_mpi.api` (the curated public names) and apidoc (its reference).
 8. cli    -- :mod:`fednest_mpi.cli` and ``__main__``: the only place that parses command lines (argparse).
 

@@ -51,6 +51,7 @@ from fednest_mpi.registry import GROUPS, Registry
 from fednest_mpi.rng import Purpose
 from fednest_mpi.runner import Simulation, simulate
 from fednest_mpi.session import Session
+from fednest_mpi.writers import MLflowWriter, TensorBoardWriter
 
 #: the public names by topic (docs/extending.md and docs/api.md list them in this order)
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -104,7 +105,17 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "Registry",
         "GROUPS",
     ),
-    "running and reading": ("Session", "Simulation", "simulate", "Callback", "SerialComm", "world", "read_run"),
+    "running and reading": (
+        "Session",
+        "Simulation",
+        "simulate",
+        "Callback",
+        "TensorBoardWriter",
+        "MLflowWriter",
+        "SerialComm",
+        "world",
+        "read_run",
+    ),
     "errors and the boundary": (
         "UsageError",
         "ConfigError",

@@ -1,11 +1,15 @@
 """Callbacks of a run: what :meth:`fednest_mpi.runner.Simulation.run` tells the code that watches it (the
-run file's writer, the progress line, the session's watchdog, a user's own logger), at five points:
+run file's writer, the progress line, the session's watchdog, the TensorBoard and MLflow writers of
+:mod:`fednest_mpi.writers`, a user's own logger), at six points:
 
 * ``on_start(sim, k)``: before the first iteration (``k``: 0, or the iteration a resumed run continues after);
 * ``on_evaluation(k, metrics)``: the problem's metrics of iteration k, once every rank agreed they are sound;
 * ``on_iteration(k, row)``: the record of iteration k (every column of the run file), after the evaluation;
 * ``on_checkpoint(k, folder)``: a checkpoint of iteration k was written to ``folder``;
-* ``on_end(result)``: the run returned (:class:`~fednest_mpi.runner.RunResult`; not after an exception).
+* ``on_end(result)``: the run returned (:class:`~fednest_mpi.runner.RunResult`; not after an exception);
+* ``on_error(error)``: the run raised ``error`` on this rank (any exception, also ``KeyboardInterrupt``), which
+  it raises again after the callbacks (an exception of ``on_error`` itself is logged, not raised); a session
+  also calls it on the ranks that another rank's failure ends.
 
 A callback is any object with some of these methods (:class:`Callback` has all of them, doing nothing). They
 are called on every rank, in the order given, after the iteration's collectives: a callback must not call
@@ -15,13 +19,16 @@ No MPI, no HDF5 here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
-POINTS = ("on_start", "on_evaluation", "on_iteration", "on_checkpoint", "on_end")
+logger = logging.getLogger(__name__)
+
+POINTS = ("on_start", "on_evaluation", "on_iteration", "on_checkpoint", "on_end", "on_error")
 
 
 class Callback:
-    """The five points of a run, doing nothing: subclass it and override those you need."""
+    """The six points of a run, doing nothing: subclass it and override those you need."""
 
     def on_start(self, sim, k: int) -> None:
         """Before the first iteration (k: 0, or the iteration a resumed run continues after)."""
@@ -37,6 +44,9 @@ class Callback:
 
     def on_end(self, result) -> None:
         """The run returned ``result`` (a RunResult)."""
+
+    def on_error(self, error: BaseException) -> None:
+        """The run raised ``error`` on this rank (or, in a session, another rank's failure ended it)."""
 
 
 class Recorder(Callback):
@@ -64,6 +74,17 @@ class Callbacks:
             method = getattr(callback, point, None)
             if method is not None:
                 method(*args)
+
+    def tell_error(self, error: BaseException) -> None:
+        """``on_error(error)`` to every callback, even when one of them raises (its exception logged, not raised:
+        the run's own exception is the one to report)."""
+        for callback in self.callbacks:
+            method = getattr(callback, "on_error", None)
+            try:
+                if method is not None:
+                    method(error)
+            except Exception:  # noqa: BLE001 -- logged; the run's exception follows
+                logger.exception("%s.on_error failed", type(callback).__name__)
 
     def first(self, query: str, *args):
         """The answer of the first callback that has method ``query``, or None."""

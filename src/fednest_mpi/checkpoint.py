@@ -64,6 +64,9 @@ RESUMABLE_CHANGES = frozenset(
         "run.stop_timeout",
         "run.round_timeout",
         "run.check_consistency",  # reads the iterates, changes none
+        "run.tensorboard_dir",  # the writers (fednest_mpi.writers) copy the rows
+        "run.mlflow_uri",
+        "run.mlflow_experiment",
     }
 )
 

@@ -140,7 +140,7 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
     """Call each oracle on at most two hosted clients at the initial point, twice with ``Sample(key, 0)``,
     and check the initial point and the outputs (module docstring); the oracle counts are left as they
     were. Raises :class:`PluginError`."""
-    from fednest_mpi.problems.base import ORACLES, Sample, shared_rows
+    from fednest_mpi.problems.base import Sample, shared_rows
 
     plugin = plugin_of(problem)
     for attr in ("dim_x", "dim_y", "n_clients"):
@@ -161,7 +161,17 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
         return
     counts = Counter(problem.oracle_counts)
     X, Y, V = shared_rows(x0, ids.size), shared_rows(y0, ids.size), shared_rows(torch.ones_like(y0), ids.size)
-    sample = Sample(int(key), 0)
+    try:
+        _probe_oracles(problem, plugin, ids, X, Y, V, Sample(int(key), 0))
+    finally:
+        problem.oracle_counts = counts
+
+
+def _probe_oracles(problem, plugin: str, ids: np.ndarray, X, Y, V, sample) -> None:
+    """Each oracle called twice on the clients ``ids`` at (X, Y) (V: the vector of the Hessian products): finite
+    values, the same both times, no draw from torch's global generator inside a vmapped loss."""
+    from fednest_mpi.problems.base import ORACLES
+
     try:
         for hook in ORACLES:
             args = (ids, X, Y, V, sample) if hook in ("hvp_yy_inner", "jvp_xy_inner") else (ids, X, Y, sample)
@@ -185,8 +195,6 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
             f"{plugin} hook {hook}: expected no random draws inside a loss (it is vmapped over clients), got "
             "a call of torch's global generator; draw from the batch's keys (sample.key, rng.key) instead"
         ) from exc
-    finally:
-        problem.oracle_counts = counts
 
 
 def check_state(algorithm) -> None:

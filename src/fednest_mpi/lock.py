@@ -161,10 +161,9 @@ class Lock:
             self.fd = None
 
 
-def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
-    """Lock ``path`` (an output file or checkpoint folder) for this process; UsageError naming the holder."""
-    lp = lock_path(path)
-    info = {
+def _this_process() -> dict:
+    """What a lock file says of its holder, this process: host, pid, start, command line, SLURM job."""
+    return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -172,39 +171,59 @@ def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"),
     }
+
+
+def _create(lp: Path, path: str | Path, field: str, take_stale: bool) -> int | None:
+    """The lock file ``lp`` of ``path`` created exclusively, its descriptor; None where it existed and is gone
+    now (released, or a stale one taken over with ``take_stale``): try again. A lock held is refused."""
+    try:
+        return os.open(lp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        held = holder(path)
+        if held is None:
+            return None  # released meanwhile
+        if held.state == "stale" and take_stale:
+            if _read_info(lp) == held.info:
+                lp.unlink(missing_ok=True)
+            return None
+        raise UsageError(_refusal(field, path, held)) from None
+    except OSError as exc:
+        raise UsageError(
+            f"{field}: cannot create the lock file {str(lp)!r} ({exc.strerror or exc}); "
+            "choose a folder you can write to"
+        ) from None
+
+
+def _write_info(fd: int, lp: Path, info: dict) -> None:
+    """Hold the new lock file ``lp`` (a POSIX lock where the file system has them) and write ``info`` into it;
+    on any failure the file is closed and removed."""
+    try:
+        if fcntl is not None:  # before the JSON: a reader who sees the JSON also sees the lockf lock
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pass  # the file system has no POSIX locks: the lock file alone says it
+        os.write(fd, json.dumps(info).encode())
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        lp.unlink(missing_ok=True)
+        raise
+
+
+def acquire(path: str | Path, field: str, take_stale: bool = False) -> Lock:
+    """Lock ``path`` (an output file or checkpoint folder) for this process; UsageError naming the holder."""
+    lp = lock_path(path)
+    info = _this_process()
     try:
         lp.parent.mkdir(parents=True, exist_ok=True)  # a new output folder (run.output = out/x.h5)
     except OSError:
         pass  # reported below, with the lock file's name
     for _ in range(3):
-        try:
-            fd = os.open(lp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            held = holder(path)
-            if held is None:
-                continue  # released meanwhile
-            if held.state == "stale" and take_stale:
-                if _read_info(lp) == held.info:
-                    lp.unlink(missing_ok=True)
-                continue
-            raise UsageError(_refusal(field, path, held)) from None
-        except OSError as exc:
-            raise UsageError(
-                f"{field}: cannot create the lock file {str(lp)!r} ({exc.strerror or exc}); "
-                "choose a folder you can write to"
-            ) from None
-        try:
-            if fcntl is not None:  # before the JSON: a reader who sees the JSON also sees the lockf lock
-                try:
-                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    pass  # the file system has no POSIX locks: the lock file alone says it
-            os.write(fd, json.dumps(info).encode())
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            lp.unlink(missing_ok=True)
-            raise
+        fd = _create(lp, path, field, take_stale)
+        if fd is None:
+            continue
+        _write_info(fd, lp, info)
         acquired = _HELD[os.path.abspath(lp)] = Lock(lp, fd, info)
         return acquired
     raise UsageError(

@@ -258,12 +258,26 @@ class Simulation:
                 cfg.run.torch_threads,
                 os.cpu_count(),
             )
-        # no collective below until the agreement: a usage error (missing or damaged data file,
-        # a data-dependent config check) on any rank ends every rank with the same message
-        error: UsageError | None = numerics_error
+        # no collective before the agreement: a usage error (missing or damaged data file, a data-dependent
+        # config check) on any rank ends every rank with the same message
+        error = numerics_error if numerics_error is not None else self._build(problem_wrapper)
+        agree_on_usage_error(comm, error)
+        #: numerics.cpu_class of every rank (one allgather): ranks of different classes may round differently
+        self.cpu_classes = comm.allgather(numerics.cpu_class(paths))
+        if self.fed.rank == 0 and len(set(self.cpu_classes)) > 1:
+            logger.warning(
+                "the ranks run on CPUs of %d classes (%s): results may differ in the last bits from a run on one "
+                "class; /ranks/cpu_class says which rank ran where (run.numerics = 'portable' removes the vendor "
+                "difference, docs/design.md)",
+                len(set(self.cpu_classes)),
+                " | ".join(sorted(set(self.cpu_classes))),
+            )
+
+    def _build(self, problem_wrapper) -> UsageError | None:
+        """Build this rank's problem, algorithm and server optimiser, checking them at the plugin boundary
+        (:mod:`fednest_mpi.contract`); no collective. The usage error that stopped it, or None."""
+        cfg = self.cfg
         try:
-            if error is not None:
-                raise error
             device = torch_device(cfg.run.device, self.fed.node_rank)  # local rank -> GPU
             # the clients' local work and availability (reads the availability trace, if any)
             self.fed.system = SystemModel(cfg.heterogeneity, cfg.seed, cfg.problem.n_clients)
@@ -283,23 +297,13 @@ class Simulation:
             self.server = ServerOptimizer.of(cfg.algorithm)
             self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
         except UsageError as exc:
-            error = exc
+            return exc
         except MemoryError as exc:  # beyond the estimate of check_memory
-            error = UsageError(
+            return UsageError(
                 f"problem: the problem's data do not fit in this rank's memory ({exc}); "
                 "lower problem.n_clients or the dimensions, or run on more nodes"
             )
-        agree_on_usage_error(comm, error)
-        #: numerics.cpu_class of every rank (one allgather): ranks of different classes may round differently
-        self.cpu_classes = comm.allgather(numerics.cpu_class(paths))
-        if self.fed.rank == 0 and len(set(self.cpu_classes)) > 1:
-            logger.warning(
-                "the ranks run on CPUs of %d classes (%s): results may differ in the last bits from a run on one "
-                "class; /ranks/cpu_class says which rank ran where (run.numerics = 'portable' removes the vendor "
-                "difference, docs/design.md)",
-                len(set(self.cpu_classes)),
-                " | ".join(sorted(set(self.cpu_classes))),
-            )
+        return None
 
     @property
     def primary_metric(self) -> str:
@@ -345,8 +349,8 @@ class Simulation:
         Parameters
         ----------
         callbacks : objects told of the run's start, each evaluation, iteration and checkpoint, and its end
-            (:mod:`fednest_mpi.callbacks`: e.g. ``Recorder(writer)``, rank 0's run file, and
-            :class:`Progress`), in order.
+            or its exception (:mod:`fednest_mpi.callbacks`: e.g. ``Recorder(writer)``, rank 0's run file,
+            :class:`Progress`, the writers of :mod:`fednest_mpi.writers`), in order.
         checkpoint_dir : folder for checkpoints (at iteration 0, every ``run.checkpoint_every``
             iterations, at the end and when stopped), or None for none.
         stop : object whose ``requested`` says that this rank received a stop signal and whose
@@ -362,18 +366,15 @@ class Simulation:
             iteration in place of the algorithm's ``step(k, x, y)`` (bench/: per-step CPU and faults).
         """
         loop = RunLoop(self, callbacks, checkpoint_dir, stop, resume, series)
-        K, every = self.cfg.algorithm.outer_iterations, self.cfg.run.checkpoint_every
         step = self.algorithm.step if step_wrapper is None else step_wrapper(self.algorithm.step)
-        halt = False
-        loop.hooks.call("on_start", self, loop.k)
-        if resume is None:
-            halt = loop.record(0, 0.0, {})
-            loop.save(0)
-        while loop.k < K and not halt:
-            halt = loop.iterate(step)
-            if halt or loop.k == K or (every and loop.k % every == 0):
-                loop.save(loop.k)
-        stopped_by = (stop.received or "a signal to another rank") if halt and loop.k < K else None
+        try:
+            loop.hooks.call("on_start", self, loop.k)
+            halt = loop.iterate_all(step, initial=resume is None)
+        except BaseException as exc:  # noqa: BLE001 -- told to the callbacks, then raised again
+            loop.hooks.tell_error(exc)
+            raise
+        stopped = halt and loop.k < self.cfg.algorithm.outer_iterations
+        stopped_by = (stop.received or "a signal to another rank") if stopped else None
         result = RunResult(x=loop.x, y=loop.y, history=loop.history, stopped_by=stopped_by)
         loop.hooks.call("on_end", result)
         return result
@@ -433,6 +434,20 @@ class RunLoop:
         self.declared_rounds = sim._declared_rounds()
         self.train_columns = list(sim._training_columns())
         self.check_every = sim.cfg.run.check_consistency
+
+    def iterate_all(self, step, initial: bool) -> bool:
+        """The iterations up to ``outer_iterations`` (``initial``: first record and checkpoint the initial point)
+        with their checkpoints; True when a stop was requested."""
+        K, every = self.sim.cfg.algorithm.outer_iterations, self.sim.cfg.run.checkpoint_every
+        halt = False
+        if initial:
+            halt = self.record(0, 0.0, {})
+            self.save(0)
+        while self.k < K and not halt:
+            halt = self.iterate(step)
+            if halt or self.k == K or (every and self.k % every == 0):
+                self.save(self.k)
+        return halt
 
     def iterate(self, step) -> bool:
         """Outer iteration k + 1: ``step`` (the algorithm's, or the ``step_wrapper``'s), its contract, the server

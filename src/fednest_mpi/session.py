@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fednest_mpi import __version__
+from fednest_mpi.callbacks import Callback, Callbacks, Recorder
 from fednest_mpi.errors import OutputLost, RanksDisagree, RunFailed, UsageError
 from fednest_mpi.io.schema import METRICS, PRIMARY_METRIC
 
@@ -76,9 +77,12 @@ class Beat:
         self.stop.beat(k)
 
 
-class RunFiles:
+class RunFiles(Callback):
     """One rank's files of a run (rank 0: the run file and the progress line; every rank: its client files)
-    and the ways the run ends at once, each closing them cut to the same iterations (:class:`failure.Watch`)."""
+    and the ways the run ends at once, each closing them cut to the same iterations (:class:`failure.Watch`).
+    A callback itself: at the run's end it closes the files (the callbacks after it, the writers of
+    :mod:`fednest_mpi.writers` and the session's own, find them closed); when a failure or a stop on another
+    rank ends this one, it tells them ``on_error``."""
 
     def __init__(self, session: Session, folder):
         self.session, self.folder = session, folder
@@ -87,6 +91,10 @@ class RunFiles:
         self.progress: Progress | None = None
         self.series: RunSeries | None = None
         self.watch: Watch | None = None
+        self.watchers = Callbacks([*session.writers, *session.callbacks])
+        self.running = False  # between the run's start and its end or error
+        self.lost: str | None = None
+        self.shut_down = False
 
     def open(self, sim, resume) -> None:
         """Create the files of ``sim`` (``resume``: keep the rows its checkpoint recorded) and, under MPI, the
@@ -121,13 +129,28 @@ class RunFiles:
             )
         self.series = RunSeries(sim, self.writer, keep_rows=resume.output_rows if resume else None)
         if self.size > 1:  # an exception on any rank: every rank closes its files before the abort
-            self.watch = failure.Watch(cfg.run.output, self.rank, self.size, self.close, on_end=self.on_end)
+            self.watch = failure.Watch(cfg.run.output, self.rank, self.size, self.close, on_end=self.ended_elsewhere)
+
+    def on_start(self, sim, k: int) -> None:
+        self.running = True
+
+    def on_end(self, result) -> None:
+        self.running = False
+        self.shut()
+
+    def on_error(self, error: BaseException) -> None:
+        self.running = False  # the simulation tells the callbacks after this one itself
 
     def close(self, rows=None):
-        """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept."""
+        """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept. A run ended
+        while this rank was running (by another rank's failure, a second signal, a timeout): the writers and
+        the session's callbacks are told ``on_error``."""
         kept = self.writer.close() if self.writer is not None else rows  # rank 0: the rows of the run file
         if self.series is not None:
             self.series.close(kept if kept is not None else self.series.completed)
+        if self.running:
+            self.running = False
+            self.watchers.tell_error(RunFailed("the run was ended on every rank (see the job's line)"))
         return kept
 
     def end_now(self, code: int, message: str) -> None:
@@ -141,7 +164,7 @@ class RunFiles:
             self.close()
         self.session._exit_now(code, message + folder_note, self.printer())
 
-    def on_end(self, code: int, message: str) -> None:
+    def ended_elsewhere(self, code: int, message: str) -> None:
         """failure.Watch: another rank ended the run at once; this rank's files are closed."""
         self.session._exit_now(code, message, self.printer())
 
@@ -150,8 +173,14 @@ class RunFiles:
         return self.rank == 0 or (self.rank == 1 and self.watch is not None and not self.watch.closed(0))
 
     def shut(self) -> str | None:
-        """The end of the run, however it ended: the watch stopped, the files closed; what of the output was
-        lost (deleted after the last iteration's check), or None."""
+        """The end of the run, however it ended: the watch stopped, the files closed (once); what of the output
+        was lost (deleted after the last iteration's check), or None."""
+        if not self.shut_down:
+            self.shut_down = True
+            self.lost = self._shut()
+        return self.lost
+
+    def _shut(self) -> str | None:
         if self.watch is not None:
             self.watch.stop()
         if self.progress is not None:
@@ -219,7 +248,9 @@ class Session:
     config, the data or the output path; ``fednest-mpi run`` exits 2) or
     :class:`~fednest_mpi.errors.RunFailed` (``fednest-mpi run`` exits 1); nothing is printed for either, except
     that under MPI an exception on one rank ends the whole job (its line printed, the files closed).
-    **Collective**.
+    ``callbacks``: more callbacks of the run (:mod:`fednest_mpi.callbacks`, e.g. a
+    :class:`~fednest_mpi.writers.MLflowWriter`), called after the session's own and the writers of
+    ``run.tensorboard_dir`` / ``run.mlflow_uri``; at ``on_end`` the run's files are closed. **Collective**.
     """
 
     def __init__(
@@ -230,9 +261,12 @@ class Session:
         resume: bool = False,
         skip_finished: bool = False,
         log: logging.Logger | None = None,
+        callbacks=(),
     ):
         self.cfg, self.comm, self.resume, self.log = cfg, comm, resume, log or logging.getLogger("fednest_mpi")
         self.skip_finished = skip_finished
+        self.callbacks = [c for c in callbacks if c is not None]
+        self.writers: list = []  # rank 0's writers of run.tensorboard_dir and run.mlflow_uri (fednest_mpi.writers)
         self._locks: list = []
         self._ending = threading.Lock()
 
@@ -316,8 +350,10 @@ class Session:
 
     def _locked(self, resume, folder) -> list:
         """One writer per output: rank 0 locks the output and the checkpoint folder (and checks the files a
-        resume reads) and tells every rank, in the run's first collective; the locks held (rank 0's)."""
-        from fednest_mpi import checkpoint, failure, lock
+        resume reads), builds the writers the config asks for (:func:`fednest_mpi.writers.from_config`: a
+        missing package is a usage error) and tells every rank, in the run's first collective; the locks
+        held (rank 0's)."""
+        from fednest_mpi import checkpoint, failure, lock, writers
         from fednest_mpi.io.h5 import check_resumable_output
         from fednest_mpi.runner import broadcast_usage_error
 
@@ -333,6 +369,7 @@ class Session:
                     checkpoint.check_client_files(folder, resume)
                     check_resumable_output(cfg.run.output, resume.output_rows, resume.row_digests)
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
+                self.writers = writers.from_config(cfg)
             except UsageError as exc:
                 found = exc
         try:
@@ -346,7 +383,6 @@ class Session:
     def _simulate(self, resume, folder, stop) -> int:
         """The run itself (after validation and locking): a usage error while building agrees across
         ranks; any exception aborts the job."""
-        from fednest_mpi.callbacks import Recorder
         from fednest_mpi.runner import Simulation
 
         files, beat = RunFiles(self, folder), Beat(stop)
@@ -355,7 +391,8 @@ class Session:
             sim = Simulation(self.cfg, self.comm)  # a UsageError: the same on every rank (Simulation agrees on it)
             files.open(sim, resume)
             stop.arm(files.end_now, rounds=True)  # the watchdog from iteration 0 on
-            callbacks = [Recorder(files.writer) if files.writer is not None else None, beat, files.progress]
+            recorder = Recorder(files.writer) if files.writer is not None else None
+            callbacks = [recorder, beat, files.progress, files, *self.writers, *self.callbacks]
             result = sim.run(callbacks, checkpoint_dir=folder, stop=stop, resume=resume, series=files.series)
             stop.disarm()
         except BaseException as exc:  # noqa: BLE001 -- SystemExit, KeyboardInterrupt too: the job must end

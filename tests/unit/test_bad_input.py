@@ -139,6 +139,18 @@ def _output_with_a_trailing_slash(tmp):
     return ["--output", f"{tmp}/new.h5/"], "/new.h5/' is a folder; give the path of a file"
 
 
+def _output_empty(tmp):  # Path("") reads as ".": an empty --output must not degrade to the current folder
+    return ["--output", ""], "run.output: the path is empty; give the path of a file"
+
+
+def _output_ends_in_a_dot(tmp):  # pathlib drops a trailing "/." ("a/." reads as "a")
+    return ["--output", f"{tmp}/new/."], "/new/.' is a folder; give the path of a file"
+
+
+def _output_ends_in_dot_dot(tmp):  # "new/.." was written, then renamed onto a folder at the end
+    return ["--output", f"{tmp}/new/.."], "/new/..' is a folder; give the path of a file"
+
+
 def _output_name_too_long(tmp):
     message = "(325 bytes), over the 255 bytes a file name may have here; shorten"  # the longest derived name
     return ["--output", str(tmp / ("x" * 300 + ".h5"))], message
@@ -174,6 +186,9 @@ BAD_PATHS = [
     _output_is_a_fifo,
     _output_is_a_symlink,
     _output_with_a_trailing_slash,
+    _output_empty,
+    _output_ends_in_a_dot,
+    _output_ends_in_dot_dot,
     _output_name_too_long,
     _checkpoint_under_a_file,
     _disk_full,
@@ -378,6 +393,22 @@ def test_bad_path(tmp_path, capsys, monkeypatch, case):
         assert (tmp_path / "precious.txt").read_text() == "keep me" and (tmp_path / "link.h5").is_symlink()
     if case is _output_is_a_fifo:
         assert (tmp_path / "pipe.h5").is_fifo()
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.h5").write_bytes(b"")  # a (damaged) run file in the current folder: '' must not read it
+    cases = {
+        "a run path is empty": (["report", ""], ["report", "run.h5", ""], ["plot", "", "-o", "p.png"]),
+        "the config file's path is empty": (["run", "", "--output", "out.h5"],),
+    }
+    for message, commands in cases.items():
+        for command in commands:
+            assert main(command) == 2, command
+            err = capsys.readouterr().err
+            assert err.count("fednest-mpi: error:") == 1 and message in err, err
+    assert not (tmp_path / "out.h5").exists()
 
 
 @pytest.mark.parametrize("name,damage,extra,message", BAD_DATA, ids=[c[0] for c in BAD_DATA])

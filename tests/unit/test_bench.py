@@ -66,6 +66,7 @@ def test_sequential_baseline_matches_the_batched_oracles(problems, sample):
         )
 
 
+@pytest.mark.slow
 def test_harness_smoke_run_writes_its_table(tmp_path, capsys):
     from bench.run import COLUMNS, main
     from fednest_mpi.io.bench import read_bench

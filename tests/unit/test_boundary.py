@@ -213,6 +213,7 @@ def _check(tmp_path, *args):
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 def test_check_passes_a_sound_plugin_at_one_and_two_ranks_and_one_client_per_chunk(tmp_path):
     done = _check(tmp_path)
     assert done.returncode == 0, done.stderr
@@ -224,6 +225,7 @@ def test_check_passes_a_sound_plugin_at_one_and_two_ranks_and_one_client_per_chu
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 def test_check_names_the_first_difference_and_exits_3(tmp_path):
     done = _check(tmp_path, "--set", 'problem.fault="block"', "--set", "problem.fault_rank=-1")
     assert done.returncode == 3, done.stderr

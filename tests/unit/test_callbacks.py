@@ -1,5 +1,6 @@
-"""Callbacks of a run (fednest_mpi.callbacks): the five points, in order, on an in-process run."""
+"""Callbacks of a run (fednest_mpi.callbacks): the points, in order, on an in-process run; an exception."""
 
+import pytest
 from small_configs import make_config
 
 from fednest_mpi.api import Callback, SerialComm, simulate
@@ -59,3 +60,35 @@ def test_the_five_points_in_order(tmp_path):
     ]
     assert [x for kind, _, x in log.calls if kind == "iteration"] == result.history["x_error"]
     assert only.k == [0, 1, 2, 3, 4]
+
+
+class Raises:
+    def on_iteration(self, k, row):
+        if k == 2:
+            raise KeyboardInterrupt
+
+
+class Ends(Callback):
+    def __init__(self):
+        self.errors, self.ended = [], False
+
+    def on_error(self, error):
+        self.errors.append(type(error).__name__)
+
+    def on_end(self, result):
+        self.ended = True
+
+
+class FailsToo:
+    def on_error(self, error):
+        raise OSError("the tracking server is down")
+
+
+def test_an_exception_is_told_to_every_callback_then_raised(caplog):
+    """``on_error`` instead of ``on_end``: every callback hears of any exception (a KeyboardInterrupt too), also
+    after one whose ``on_error`` raises (logged): the run's exception is the one raised."""
+    ends = Ends()
+    with pytest.raises(KeyboardInterrupt):
+        simulate(make_config(algorithm={"outer_iterations": 4}), SerialComm(), [Raises(), FailsToo(), ends])
+    assert ends.errors == ["KeyboardInterrupt"] and not ends.ended
+    assert "FailsToo.on_error failed" in caplog.text and "the tracking server is down" in caplog.text

@@ -303,6 +303,7 @@ def assert_file_equals(path, history):
     assert_same_history({k: data[k] for k in history}, history)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_iteration_then_resume_equals_the_uninterrupted_run(tmp_path):
     cfg = _cli_config(tmp_path)
     res = run_cli("run", cfg, "-q", env={"FEDNEST_MPI_INJECT_FAULT": "0:8:kill"})
@@ -363,6 +364,7 @@ def _reference_with(path, iterations):
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 def test_four_rank_run_resumed_on_two_ranks_gives_the_same_file(tmp_path):
     cfg = _cli_config(tmp_path)
     res = run_cli("run", cfg, "-q", ranks=4, env={"FEDNEST_MPI_INJECT_FAULT": "3:5:term"})

@@ -49,6 +49,7 @@ def test_resume_and_skip_finished_are_one_or_the_other(capsys):
 
 # 4 ranks oversubscribe this 2-core machine (MPICH busy-polls), so that run is shorter
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks,iterations,reduction", [(1, 60, 1e-6), (2, 60, 1e-6), (4, 20, 1e-1)])
 def test_run_writes_hdf5_with_table_2_counts_and_converges(tmp_path, ranks, iterations, reduction):
     out = tmp_path / "q.h5"

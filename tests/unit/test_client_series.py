@@ -327,6 +327,7 @@ def test_a_sigkilled_two_rank_run_leaves_per_client_series_of_its_completed_iter
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 def test_a_four_rank_run_resumed_on_two_ranks_has_the_series_of_an_uninterrupted_run(tmp_path):
     cfg = _cli_config(tmp_path)
     _cli(cfg, ranks=4, env={"FEDNEST_MPI_INJECT_FAULT": "3:5:term"})  # stops after iteration 5, checkpoint at 5

@@ -11,15 +11,17 @@ from fednest_mpi.comm import SerialComm
 from fednest_mpi.runner import simulate
 
 
-def test_importing_the_library_does_not_start_mpi():
+def test_importing_the_library_does_not_start_mpi_nor_import_the_writers_packages():
+    """Nor tensorboard and mlflow, the extras of fednest_mpi.writers (imported when a writer is built)."""
     code = (
         "import sys\n"
         "import fednest_mpi.algorithms, fednest_mpi.problems, fednest_mpi.runner, fednest_mpi.series\n"
         "import fednest_mpi.post, fednest_mpi.checkpoint, fednest_mpi.federation, fednest_mpi.io.h5\n"
-        "print('mpi4py.MPI' in sys.modules)"
+        "import fednest_mpi.api, fednest_mpi.writers, fednest_mpi.session\n"
+        "print('mpi4py.MPI' in sys.modules, [m for m in sys.modules if 'tensorboard' in m or 'mlflow' in m])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False []"
 
 
 def test_a_serial_run_equals_the_comm_self_run(small_config):

@@ -38,6 +38,7 @@ def _same(a, b):
     assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
 
 
+@pytest.mark.slow
 def test_hyper_representation_on_converted_mnist_is_the_built_in_run(tmp_path, mnist):
     test = (mnist.test_x.numpy(), mnist.test_y.numpy())
     path = convert_arrays(mnist.train_x.numpy(), mnist.train_y.numpy(), tmp_path / "m.h5", "iid", M, seed=0, test=test)

@@ -290,6 +290,13 @@ def test_config_mistakes_in_a_sweep_are_caught_before_writing(tmp_path):
         jobs.render_all(path, SITES["local"], tmp_path / "out")
 
 
+def test_an_empty_out_dir_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"--out-dir: the path is empty; give a folder, such as runs/jobs/fig4"):
+        jobs.render_all(SWEEPS / "fig4.toml", SITES["local"], "", workdir=ROOT)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "value",
     [
@@ -503,6 +510,7 @@ def test_requeued_job_resumes_and_the_checkpoint_signal_is_forwarded(tmp_path, f
 
 
 @needs_mpi
+@pytest.mark.slow
 def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
     _, env, log = fakebin
     sweep_path = tiny_sweep(tmp_path, 'algorithm.name = ["lfednest", "fednest"]\nseed = [4, 5]')
@@ -543,6 +551,7 @@ def test_array_script_runs_its_own_task_per_array_id(tmp_path, fakebin):
 
 
 @needs_mpi
+@pytest.mark.slow
 def test_local_script_runs_the_sweep(tmp_path, fakebin):
     _, env, _ = fakebin
     env = {**env, "VIRTUAL_ENV": sys.prefix}

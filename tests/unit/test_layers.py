@@ -24,7 +24,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "io": ("io",),
     "data": ("data",),
     "core": ("problems", "federation", "heterogeneity", "recorder", "algorithms", "contract"),
-    "run": ("runner", "checkpoint", "series", "session", "checking"),
+    "run": ("runner", "checkpoint", "series", "session", "checking", "writers"),
     "api": ("api", "apidoc"),
     "cli": ("cli", "__main__"),
 }

@@ -172,6 +172,7 @@ def test_a_broken_plugin_under_mpiexec_exits_2_with_one_line(tmp_path):
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 def test_a_plugin_run_stopped_by_sigterm_resumes_on_another_rank_count_bitwise(tmp_path):
     cfg = tmp_path / "m.toml"
     cfg.write_text(

@@ -28,6 +28,7 @@ def check(mode: str, *args: str, **env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["reproducible", "portable", "native"])
 def test_reference_runs_give_the_recorded_bits(mode):
     done = check(mode)
@@ -36,6 +37,7 @@ def test_reference_runs_give_the_recorded_bits(mode):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_another_code_path_is_caught_and_named():
     """The check can fail: the runs of mode portable (MKL's vendor-independent branch) compared with the results
     recorded on an Intel machine in its mode reproducible (MKL's AVX2 branch, another rounding of the float64

@@ -949,6 +949,7 @@ for line in sys.stdin:
 """
 
 
+@pytest.mark.slow
 def test_damaged_files_fail_fast_or_read_the_same(tmp_path):
     _, out = _finished_run(tmp_path)
     rnd = random.Random(19)

@@ -74,6 +74,7 @@ def test_every_code_line_of_the_tutorial_is_a_line_of_its_files():
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.slow
 def test_the_tutorial_runs_and_prints_what_it_quotes(tmp_path):
     for folder in ("configs", "examples"):
         (tmp_path / folder).symlink_to(ROOT / folder)

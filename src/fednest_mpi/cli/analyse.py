@@ -14,6 +14,7 @@ def add(sub) -> None:
 
 
 def _add_report(sub) -> None:
+    """The ``report`` subcommand: a summary table of runs, a table at chosen iterations, a benchmark table."""
     rep = subcommand(
         sub,
         "report",
@@ -22,28 +23,7 @@ def _add_report(sub) -> None:
         "  fednest-mpi report --benchmark jobs/benchmarks/table.toml --configs-dir docs/benchmarks",
     )
     rep.add_argument("runs", nargs="*", help="run files (.h5) written by `fednest-mpi run`, or directories of them")
-    rep.add_argument(
-        "--benchmark",
-        metavar="FILE",
-        help="instead of runs: the Markdown benchmark table of the tasks of FILE (docs/benchmarks.md): rounds "
-        "and bytes to each task's target and the metric at its budget, mean ± sd over seeds, per algorithm",
-    )
-    rep.add_argument(
-        "--configs-dir",
-        metavar="DIR",
-        help="with --benchmark: write each row's config there as JSON and link it from the table",
-    )
-    rep.add_argument(
-        "--follow-up",
-        metavar="DIR",
-        help="with --benchmark: instead of the table, write to DIR the sweeps that carry the tuning protocol on "
-        "(a grid extended past an edge, the chosen setting on the reported seeds) and print their paths",
-    )
-    rep.add_argument(
-        "--no-extend",
-        action="store_true",
-        help="with --follow-up: no grid extension, only the chosen settings on the reported seeds",
-    )
+    _benchmark_arguments(rep)
     rep.add_argument(
         "--metric",
         "-m",
@@ -68,6 +48,7 @@ def _add_report(sub) -> None:
 
 
 def _add_plot(sub) -> None:
+    """The ``plot`` subcommand: metrics of runs against an x axis, grouped or not."""
     plot = subcommand(
         sub,
         "plot",
@@ -92,6 +73,38 @@ def _add_plot(sub) -> None:
         help="iteration (default), comm_rounds, wall_time, or another non-decreasing column",
     )
     _grouping_arguments(plot)
+    _axes_arguments(plot)
+    _figure_arguments(plot)
+
+
+def _benchmark_arguments(rep) -> None:
+    """``report --benchmark FILE`` and the options that go with it."""
+    rep.add_argument(
+        "--benchmark",
+        metavar="FILE",
+        help="instead of runs: the Markdown benchmark table of the tasks of FILE (docs/benchmarks.md): rounds "
+        "and bytes to each task's target and the metric at its budget, mean ± sd over seeds, per algorithm",
+    )
+    rep.add_argument(
+        "--configs-dir",
+        metavar="DIR",
+        help="with --benchmark: write each row's config there as JSON and link it from the table",
+    )
+    rep.add_argument(
+        "--follow-up",
+        metavar="DIR",
+        help="with --benchmark: instead of the table, write to DIR the sweeps that carry the tuning protocol on "
+        "(a grid extended past an edge, the chosen setting on the reported seeds) and print their paths",
+    )
+    rep.add_argument(
+        "--no-extend",
+        action="store_true",
+        help="with --follow-up: no grid extension, only the chosen settings on the reported seeds",
+    )
+
+
+def _axes_arguments(plot) -> None:
+    """``plot``: the axes' scales."""
     logy = plot.add_mutually_exclusive_group()
     logy.add_argument("--logy", dest="logy", action="store_const", const=True, default=None, help="log y axis")
     logy.add_argument(
@@ -102,6 +115,10 @@ def _add_plot(sub) -> None:
         help="linear y axis (default: log for errors/norms spanning more than 2 decades)",
     )
     plot.add_argument("--logx", action="store_true", help="log x axis")
+
+
+def _figure_arguments(plot) -> None:
+    """``plot``: the figure's words (title, axis labels, legend entries), legend, baselines, size."""
     plot.add_argument("--title", help="figure title (default: the problem and what is drawn; '' for none)")
     plot.add_argument("--xlabel", help="x-axis label (default: from the column's description and unit)")
     plot.add_argument(
@@ -135,6 +152,7 @@ def _add_plot(sub) -> None:
 
 
 def _grouping_arguments(parser) -> None:
+    """The options ``report`` and ``plot`` share: the groups of runs averaged, the running mean."""
     parser.add_argument(
         "--group-by",
         "-g",
@@ -153,53 +171,73 @@ def _grouping_arguments(parser) -> None:
 
 
 def execute(args) -> int:
-    from fednest_mpi import post
-
     try:
         if args.smooth < 1:
             raise UsageError(f"--smooth: expected a window of at least 1 iteration, got {args.smooth}")
-        if args.command == "report" and args.benchmark:
-            if args.runs:
-                raise UsageError("--benchmark reads the runs its file names; drop the run files from the command")
-            if args.follow_up:
-                for sweep in post.benchmark.follow_up_sweeps(args.benchmark, args.follow_up, not args.no_extend):
-                    print(sweep)
-            else:
-                base = Path(args.configs_dir).parent if args.configs_dir else None
-                print(post.benchmark_table(args.benchmark, args.configs_dir, link_base=base), end="")
-        elif args.command == "report" and not args.runs:
-            raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
-        elif args.command == "report" and (args.configs_dir or args.follow_up or args.no_extend):
-            raise UsageError("--configs-dir, --follow-up and --no-extend go with --benchmark FILE")
-        elif args.command == "report" and args.at:
-            metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
-            print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))
-        elif args.command == "report":
-            text = post.report(args.runs, args.metrics, width=args.width, group_by=args.group_by, smooth=args.smooth)
-            print(text, end="")
+        if args.command == "report":
+            _report(args)
         else:
-            post.plot(
-                args.runs,
-                args.output,
-                metric=args.metrics,
-                x_axis=args.x_axis,
-                group_by=args.group_by,
-                logy=args.logy,
-                smooth=args.smooth,
-                title=args.title,
-                xlabel=args.xlabel,
-                ylabel=args.ylabel[0] if args.ylabel and len(args.ylabel) == 1 else args.ylabel,
-                size=_size(args.size),
-                logx=args.logx,
-                labels=_labels(args.labels),
-                legend=args.legend,
-                dpi=args.dpi,
-                constant=args.constant,
-            )
-            print(f"output: {args.output}")
+            _plot(args)
     except UsageError as exc:
         return usage_error(exc)
     return 0
+
+
+def _report(args) -> None:
+    """``report``: the benchmark table (or its follow-up sweeps), the table at iterations ``--at`` or the summary."""
+    from fednest_mpi import post
+
+    if args.benchmark:
+        _benchmark(args)
+    elif not args.runs:
+        raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
+    elif args.configs_dir or args.follow_up or args.no_extend:
+        raise UsageError("--configs-dir, --follow-up and --no-extend go with --benchmark FILE")
+    elif args.at:
+        metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
+        print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))
+    else:
+        text = post.report(args.runs, args.metrics, width=args.width, group_by=args.group_by, smooth=args.smooth)
+        print(text, end="")
+
+
+def _benchmark(args) -> None:
+    """``report --benchmark FILE``: its table, or with ``--follow-up DIR`` the paths of the sweeps written there."""
+    from fednest_mpi import post
+
+    if args.runs:
+        raise UsageError("--benchmark reads the runs its file names; drop the run files from the command")
+    if args.follow_up:
+        for sweep in post.benchmark.follow_up_sweeps(args.benchmark, args.follow_up, not args.no_extend):
+            print(sweep)
+    else:
+        base = Path(args.configs_dir).parent if args.configs_dir else None
+        print(post.benchmark_table(args.benchmark, args.configs_dir, link_base=base), end="")
+
+
+def _plot(args) -> None:
+    """``plot``: the figure written to ``--output``."""
+    from fednest_mpi import post
+
+    post.plot(
+        args.runs,
+        args.output,
+        metric=args.metrics,
+        x_axis=args.x_axis,
+        group_by=args.group_by,
+        logy=args.logy,
+        smooth=args.smooth,
+        title=args.title,
+        xlabel=args.xlabel,
+        ylabel=args.ylabel[0] if args.ylabel and len(args.ylabel) == 1 else args.ylabel,
+        size=_size(args.size),
+        logx=args.logx,
+        labels=_labels(args.labels),
+        legend=args.legend,
+        dpi=args.dpi,
+        constant=args.constant,
+    )
+    print(f"output: {args.output}")
 
 
 def _size(text: str | None) -> tuple[float, float] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import tomllib
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -223,6 +224,10 @@ def read_file(path: str | Path) -> dict:
     file overrides, table by table, so a family of configs shares one base and each member states
     only what differs (``configs/mnist/``). Chains of any length are read (a loop is refused).
     """
+    if os.fspath(path) == "":  # Path("") is the current folder
+        raise ConfigError(
+            "the config file's path is empty; pass the path of a TOML file, such as configs/quadratic.toml"
+        )
     p = Path(path)
     layers = [_read_one(p)]
     if layers[0] == {}:

@@ -153,6 +153,21 @@ class RunSection:
     snapshot_every: int = spec(
         0, "store x and y in /snapshots every k outer iterations and at the last one (0: never)", low=0
     )
+    tensorboard_dir: str = spec(
+        "",
+        "also write the run to TensorBoard event files in FOLDER/NAME, NAME the run file's name without its suffix "
+        "(rank 0; the runs of a sweep may share FOLDER): every per-iteration value of the run file as a scalar at "
+        "step = outer iteration, the config as text and hparams; needs "
+        "pip install 'fednest-mpi[tensorboard]' (empty: none); docs/extending.md",
+    )
+    mlflow_uri: str = spec(
+        "",
+        "also log the run to MLflow at this tracking URI (rank 0; http://HOST:5000, databricks, or file:FOLDER "
+        "with MLFLOW_ALLOW_FILE_STORE=true): the flattened config as params, every per-iteration value as a "
+        "metric at step = outer iteration, the run file as an artifact, the status FINISHED, KILLED (stopped) or "
+        "FAILED; needs pip install 'fednest-mpi[mlflow]' (empty: none); docs/extending.md",
+    )
+    mlflow_experiment: str = spec("fednest-mpi", "the MLflow experiment of run.mlflow_uri (created when missing)")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ so every rank reaches the same verdict before any collective."""
 
 from __future__ import annotations
 
-from fednest_mpi.config.registries import ALGORITHMS, PROBLEMS
+from fednest_mpi.config.registries import ALGORITHMS, PROBLEMS, AlgorithmSpec, ProblemSpec
 from fednest_mpi.config.run_params import RunConfig
 from fednest_mpi.errors import ConfigError
 
@@ -14,6 +14,18 @@ def validate_relations(cfg: RunConfig) -> None:
     may define one: the built-ins' and the plugins' alike)."""
     p, a = cfg.problem, cfg.algorithm
     alg, prob = ALGORITHMS[a.name], PROBLEMS[p.name]
+    _check_sizes(cfg, alg)
+    for params in (p, a):
+        check = getattr(params, "check", None)  # the checks among one section's own fields
+        if check is not None:
+            check()
+    _check_problem_fit(cfg, alg, prob)
+    _check_algorithm_abilities(cfg, alg)
+
+
+def _check_sizes(cfg: RunConfig, alg: AlgorithmSpec) -> None:
+    """Clients per round within the clients, and the sums of a round within the exact reduction's reach."""
+    p, a = cfg.problem, cfg.algorithm
     if a.clients_per_round > p.n_clients:
         raise ConfigError(
             f"algorithm.clients_per_round: {a.clients_per_round} is more than problem.n_clients = {p.n_clients}; "
@@ -28,10 +40,12 @@ def validate_relations(cfg: RunConfig) -> None:
                 f"federation.reduction: 'exact' adds at most {MAX_SUMMANDS} rows exactly, this run sums {summands}; "
                 "use reduction = 'sum' (invariant only to rounding) or fewer clients per round"
             )
-    for params in (p, a):
-        check = getattr(params, "check", None)  # the checks among one section's own fields
-        if check is not None:
-            check()
+
+
+def _check_problem_fit(cfg: RunConfig, alg: AlgorithmSpec, prob: ProblemSpec) -> None:
+    """The algorithm and its hypergradient suit the problem: ``direct`` only for minimax problems, an algorithm
+    made for certain problems only with them, another estimator than Neumann only with FedOut's global one."""
+    p, a = cfg.problem, cfg.algorithm
     if not prob.saddle_point and getattr(a, "hypergradient", None) == "direct":
         raise ConfigError(
             "algorithm.hypergradient: 'direct' drops the indirect gradient, which is zero only for minimax problems "
@@ -51,6 +65,12 @@ def validate_relations(cfg: RunConfig) -> None:
             f"but {a.name!r} uses each client's own Neumann series (LFedOut, Alg. 5); use algorithm.name = 'fednest' "
             "or 'fednest_sgd', or hypergradient_estimator = 'neumann'"
         )
+
+
+def _check_algorithm_abilities(cfg: RunConfig, alg: AlgorithmSpec) -> None:
+    """What the config asks of the algorithm it can do: clients' inner variables kept by block placement,
+    local work that varies, a pooled outer objective."""
+    p, a = cfg.problem, cfg.algorithm
     if alg.stateful and cfg.federation.placement != "block":
         raise ConfigError(
             f"federation.placement: {a.name!r} keeps every client's inner variable on the rank hosting the client; "

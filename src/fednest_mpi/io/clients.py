@@ -64,6 +64,19 @@ class SeriesLayout:
         files are cut back (and re-partitioned for a new number of ranks) by :func:`truncate_client_files`."""
         old = _read_head(self.run_path, self.keep_rows, self.size) if self.keep_rows is not None else {}
         iteration = f[S.GROUP][S.SCALE]
+        self._create_ranks(f, iteration, old)
+        if self.client_series:
+            if self.keep_rows is not None:  # first: the virtual datasets open their sources
+                truncate_client_files(self.run_path, self.keep_rows, self.blocks)
+            else:  # files of an overwritten run
+                _remove_rank_files(self.run_path)
+            self._create_virtual(f, iteration)
+        if self.snapshot_every > 0:
+            self._create_snapshots(f, old)
+
+    def _create_ranks(self, f: h5py.File, iteration, old: dict) -> None:
+        """The /ranks group: each rank's CPU class and per-iteration times (compute, wait, transfer), holding the kept
+        iterations of ``old`` when resuming."""
         group = f.create_group(S.RANKS)
         group.create_dataset(S.RANK_SCALE, data=np.arange(self.size, dtype=np.int64)).make_scale(S.RANK_SCALE)
         if self.cpu_classes:
@@ -84,34 +97,30 @@ class SeriesLayout:
                 d.resize((self.size, self.keep_rows))
                 if name in old:
                     d[...] = old[name]
-        if self.client_series:
-            if self.keep_rows is not None:  # first: the virtual datasets open their sources
-                truncate_client_files(self.run_path, self.keep_rows, self.blocks)
-            else:  # files of an overwritten run
-                _remove_rank_files(self.run_path)
-            self._create_virtual(f, iteration)
-        if self.snapshot_every > 0:
-            snap = f.create_group(S.SNAPSHOTS)
-            scale = snap.create_dataset(
-                S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64, fletcher32=True
+
+    def _create_snapshots(self, f: h5py.File, old: dict) -> None:
+        """The /snapshots group: x and y every ``snapshot_every`` iterations, holding the kept ones of ``old``."""
+        snap = f.create_group(S.SNAPSHOTS)
+        scale = snap.create_dataset(
+            S.SNAPSHOT_SCALE, shape=(0,), maxshape=(None,), chunks=(64,), dtype=np.int64, fletcher32=True
+        )
+        scale.make_scale(S.SNAPSHOT_SCALE)
+        scale.attrs.update(description="outer iteration of each snapshot", units="1")
+        for name, dim in (("x", self.dim_x), ("y", self.dim_y)):
+            d = snap.create_dataset(
+                name,
+                shape=(0, dim),
+                maxshape=(None, dim),
+                dtype=self.dtype,
+                chunks=(1, min(dim, _SNAPSHOT_CHUNK)),
+                fletcher32=True,
             )
-            scale.make_scale(S.SNAPSHOT_SCALE)
-            scale.attrs.update(description="outer iteration of each snapshot", units="1")
-            for name, dim in (("x", self.dim_x), ("y", self.dim_y)):
-                d = snap.create_dataset(
-                    name,
-                    shape=(0, dim),
-                    maxshape=(None, dim),
-                    dtype=self.dtype,
-                    chunks=(1, min(dim, _SNAPSHOT_CHUNK)),
-                    fletcher32=True,
-                )
-                d.attrs.update(description=S.SNAPSHOT_SERIES[name], units="1")
-                d.dims[0].attach_scale(scale)
-            for name in (S.SNAPSHOT_SCALE, "x", "y"):
-                if "snapshot_" + name in old:
-                    snap[name].resize(len(old["snapshot_" + name]), axis=0)
-                    snap[name][...] = old["snapshot_" + name]
+            d.attrs.update(description=S.SNAPSHOT_SERIES[name], units="1")
+            d.dims[0].attach_scale(scale)
+        for name in (S.SNAPSHOT_SCALE, "x", "y"):
+            if "snapshot_" + name in old:
+                snap[name].resize(len(old["snapshot_" + name]), axis=0)
+                snap[name][...] = old["snapshot_" + name]
 
     def _create_virtual(self, f: h5py.File, iteration) -> None:
         """One virtual dataset per client series, mapping each rank's block of rows (all iterations) to its file."""

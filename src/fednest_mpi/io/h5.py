@@ -152,10 +152,23 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
+def _check_names_a_file(output: str | Path) -> None:
+    """Refuse an output path that is empty or whose last part names a folder whatever exists ('.', '..', a
+    trailing '/'): pathlib would read '' and './' as '.', and 'x/..' would be renamed onto a folder at the end."""
+    raw = os.fspath(output)
+    if raw == "":
+        raise UsageError("run.output: the path is empty; give the path of a file, such as 'runs/run.h5'")
+    if os.path.basename(raw) in ("", ".", ".."):
+        raise UsageError(
+            f"run.output: {raw!r} is a folder; give the path of a file, such as {os.path.join(raw, 'run.h5')!r}"
+        )
+
+
 def check_names(output: str | Path, checkpoint_dir: str | Path | None = None) -> None:
     """Refuse an output path whose bytes or derived names (:func:`derived_paths`) the file system cannot
     take -- a NUL byte, a character with no bytes (a lone surrogate), a name over NAME_MAX bytes -- so
     that a run never fails on them after it started. No I/O beyond stat."""
+    _check_names_a_file(output)
     over = []  # (bytes over the limit, field, what, path, its name's bytes, the limit)
     for what, p in derived_paths(output, checkpoint_dir).items():
         field = "run.checkpoint_dir" if "checkpoint" in what and checkpoint_dir else "run.output"
@@ -184,7 +197,7 @@ def check_output_path(path: str | Path, overwrite: bool) -> None:
     ``overwrite``, an unwritable or full directory. No I/O beyond stat."""
     p = Path(path)
     check_names(path)
-    if str(path).endswith("/") or p.is_dir():
+    if p.is_dir():
         raise UsageError(
             f"run.output: {str(path)!r} is a folder; give the path of a file, such as {str(p / 'run.h5')!r}"
         )
@@ -252,6 +265,48 @@ def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
     check_directory(p.parent, "run.output")
 
 
+def _write_attrs(f, attrs: dict, now: str, kept_attrs: dict, keep_rows: int | None, recovered: dict | None) -> None:
+    """The run file's attributes: the format's (version, commit, host, time ``now``), the caller's ``attrs``,
+    and on a rewrite (``keep_rows``) those kept from the old file, its list of resumes with this one appended
+    (a recovery instead: the attribute ``recovered``, the record ``recovered`` with its time)."""
+    f.attrs.update(
+        {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "package_version": __version__,
+            "git_commit": git_commit(),
+            "created_utc": now,
+            "hostname": socket.gethostname(),
+        }
+    )
+    f.attrs.update(attrs)
+    if keep_rows is None:
+        return
+    resumes = json.loads(kept_attrs.pop("resumes", "[]"))
+    if recovered is None:
+        resumes.append({"iteration": keep_rows - 1, "mpi_size": attrs.get("mpi_size"), "utc": now})
+    f.attrs.update(kept_attrs)
+    if resumes:
+        f.attrs["resumes"] = json.dumps(resumes)
+    if recovered is not None:
+        f.attrs["recovered"] = json.dumps({**recovered, "utc": now})
+
+
+def _create_columns(group, columns: dict[str, tuple], kept: dict, keep_rows: int | None) -> None:
+    """One growing, checksummed dataset per column of ``columns`` (name -> (description, units[,
+    higher_is_better])) in ``group``, holding the ``keep_rows`` rows ``kept`` of a rewritten file."""
+    for name, (description, units, *direction) in columns.items():  # direction: [higher_is_better] or []
+        dtype = np.int64 if name == SCALE else np.float64
+        d = group.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=dtype, fletcher32=True)
+        d.attrs["description"] = description
+        d.attrs["units"] = units
+        if direction:  # declared by the problem (BilevelProblem.metric_info)
+            d.attrs[HIGHER_IS_BETTER] = bool(direction[0])
+        if name in kept:
+            d.resize((keep_rows,))
+            d[:] = kept[name]
+
+
 class RunWriter:
     """Streams one row per outer iteration to ``path`` (rank 0 only).
 
@@ -297,38 +352,10 @@ class RunWriter:
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         self.file = h5py.File(tmp, "x", libver="latest")
         f = self.file
-        f.attrs.update(
-            {
-                "format": FORMAT,
-                "schema_version": SCHEMA_VERSION,
-                "package_version": __version__,
-                "git_commit": git_commit(),
-                "created_utc": now,
-                "hostname": socket.gethostname(),
-            }
-        )
-        f.attrs.update(attrs)
-        if keep_rows is not None:
-            resumes = json.loads(kept_attrs.pop("resumes", "[]"))
-            if recovered is None:
-                resumes.append({"iteration": keep_rows - 1, "mpi_size": attrs.get("mpi_size"), "utc": now})
-            f.attrs.update(kept_attrs)
-            if resumes:
-                f.attrs["resumes"] = json.dumps(resumes)
-            if recovered is not None:
-                f.attrs["recovered"] = json.dumps({**recovered, "utc": now})
+        _write_attrs(f, attrs, now, kept_attrs, keep_rows, recovered)
         group = f.create_group(GROUP)
         self.columns = list(columns)
-        for name, (description, units, *direction) in columns.items():  # direction: [higher_is_better] or []
-            dtype = np.int64 if name == SCALE else np.float64
-            d = group.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=dtype, fletcher32=True)
-            d.attrs["description"] = description
-            d.attrs["units"] = units
-            if direction:  # declared by the problem (BilevelProblem.metric_info)
-                d.attrs[HIGHER_IS_BETTER] = bool(direction[0])
-            if name in kept:
-                d.resize((keep_rows,))
-                d[:] = kept[name]
+        _create_columns(group, columns, kept, keep_rows)
         self._digests = row_digests({name: group[name][:] for name in self.columns}, range(keep_rows or 0))
         group[SCALE].make_scale(SCALE)
         for name in self.columns:

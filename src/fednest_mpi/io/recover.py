@@ -11,6 +11,7 @@ what was dropped, time). The run's lock must be free or stale (:mod:`fednest_mpi
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fednest_mpi import lock
@@ -31,67 +32,108 @@ def recover(path: str | Path) -> str:
         held.release()
 
 
-def _recover(p: Path) -> str:
-    attrs, data = read_run(p, unclosed="read")
-    rows = len(data[S.SCALE])
+@dataclass
+class _Parts:
+    """What the files of a killed run hold: the run file's columns, the rows complete in every part, the
+    layout of its per-rank and per-client parts."""
+
+    columns: dict[str, tuple[str, str]]  # /iterations: name -> (description, units), the scale first
+    lengths: dict[str, int]  # rows written of each /iterations column
+    rows: int  # iterations complete in every part
+    size: int  # ranks of the run (/ranks), 0 without
+    dims: tuple[int, int, str] | None  # (dim x, dim y, dtype) of /snapshots, None without
+    n_clients: int  # clients of the per-client series, 0 without
+    blocks: list[range] = field(default_factory=list)  # each client file's clients, in order
+
+    def rank_blocks(self) -> tuple[range, ...]:
+        """Each rank's clients: those of its client file, none for a rank without one."""
+        return tuple(self.blocks + [range(0)] * max(0, self.size - len(self.blocks)))
+
+
+def _run_file_parts(p: Path, rows: int) -> _Parts:
+    """The parts of the run file ``p`` whose ``/iterations`` scale has ``rows`` rows (fewer where the ``/ranks``
+    series stop earlier)."""
     with open_run(p, "read") as f, reading(p, "run file"):
         group = f[S.GROUP]
         columns = {
             name: (str(group[name].attrs.get("description", "")), str(group[name].attrs.get("units", "")))
-            for name in [S.SCALE] + [c for c in f[S.GROUP] if c != S.SCALE]
+            for name in [S.SCALE] + [c for c in group if c != S.SCALE]
         }
-        lengths = {name: f[S.GROUP][name].shape[0] for name in f[S.GROUP]}
+        lengths = {name: group[name].shape[0] for name in group}
         size = f[S.RANKS][S.RANK_SCALE].shape[0] if S.RANKS in f else 0
         if S.RANKS in f:
             rows = min([rows] + [f[S.RANKS][name].shape[1] for name in S.RANK_SERIES if name in f[S.RANKS]])
-        snapshots = S.SNAPSHOTS in f
-        dims = (0, 0, "float64")
-        if snapshots:
+        dims = None
+        if S.SNAPSHOTS in f:
             dims = (f[S.SNAPSHOTS]["x"].shape[1], f[S.SNAPSHOTS]["y"].shape[1], str(f[S.SNAPSHOTS]["x"].dtype))
         n_clients = f[S.CLIENTS][S.CLIENT_SCALE].shape[0] if S.CLIENTS in f else 0
-    blocks: list[range] = []
-    if n_clients:
-        files = check_client_files(p, 0, unclosed="read", n_clients=n_clients)
-        try:
-            rows = min([rows] + [g[S.CLIENTS][name].shape[1] for _, g in files for name in S.CLIENT_SERIES])
-            blocks = [ids for ids, _ in sorted(files, key=lambda item: item[0].start)]
-        finally:
-            for _, g in files:
-                g.close()
-    if rows < 1:
-        raise UsageError(f"recover: {str(p)!r} holds no complete iteration; start the run again")
-    unclosed = bool(read_header(p, "run file").flags) or any(
+    return _Parts(columns, lengths, rows, size, dims, n_clients)
+
+
+def _read_client_files(p: Path, parts: _Parts) -> None:
+    """Cut ``parts.rows`` to the iterations complete in every client file, and note the files' client blocks."""
+    files = check_client_files(p, 0, unclosed="read", n_clients=parts.n_clients)
+    try:
+        parts.rows = min([parts.rows] + [g[S.CLIENTS][name].shape[1] for _, g in files for name in S.CLIENT_SERIES])
+        parts.blocks = [ids for ids, _ in sorted(files, key=lambda item: item[0].start)]
+    finally:
+        for _, g in files:
+            g.close()
+
+
+def _unclosed(p: Path) -> bool:
+    """Whether the run file or one of its client files is still marked open for writing."""
+    return bool(read_header(p, "run file").flags) or any(
         read_header(q, "client file").flags for q in sorted(S.client_dir(p).glob("rank*.h5"))
     )
-    dropped = {name: n - rows for name, n in lengths.items() if n > rows}
-    if not unclosed and not dropped:
-        return f"{p}: closed and complete already ({rows} iterations, 0..{rows - 1}); nothing changed"
-    cfg = attrs.get("config", {})
-    blocks += [range(0)] * max(0, size - len(blocks))
+
+
+def _rewrite(p: Path, parts: _Parts, record: dict) -> None:
+    """Rebuild the run file and its client files with their first ``parts.rows`` iterations, as a resume
+    would, the run file marked with ``record``."""
+    dim_x, dim_y, dtype = parts.dims or (0, 0, "float64")
     layout = SeriesLayout(
         run_path=p,
-        n_clients=n_clients,
-        blocks=tuple(blocks),
-        client_series=bool(n_clients),
-        snapshot_every=int(snapshots),
-        dim_x=dims[0],
-        dim_y=dims[1],
-        dtype=dims[2],
-        keep_rows=rows,
+        n_clients=parts.n_clients,
+        blocks=parts.rank_blocks(),
+        client_series=bool(parts.n_clients),
+        snapshot_every=int(parts.dims is not None),
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dtype=dtype,
+        keep_rows=parts.rows,
     )
+    writer = RunWriter(p, {}, parts.columns, keep_rows=parts.rows, extend=layout.create, recovered=record)
+    writer.close()
+
+
+def _recover(p: Path) -> str:
+    """:func:`recover` under the run's lock: the rows complete in every part kept, the files rebuilt and closed
+    (unless closed and complete already), the checkpoint folder's stale lock removed."""
+    attrs, data = read_run(p, unclosed="read")
+    parts = _run_file_parts(p, len(data[S.SCALE]))
+    if parts.n_clients:
+        _read_client_files(p, parts)
+    rows = parts.rows
+    if rows < 1:
+        raise UsageError(f"recover: {str(p)!r} holds no complete iteration; start the run again")
+    unclosed = _unclosed(p)
+    dropped = {name: n - rows for name, n in parts.lengths.items() if n > rows}
+    if not unclosed and not dropped:
+        return f"{p}: closed and complete already ({rows} iterations, 0..{rows - 1}); nothing changed"
     record = {
         "iterations_kept": rows,
         "last_iteration": int(data[S.SCALE][rows - 1]),
         "rows_dropped": int(max(dropped.values(), default=0)),
         "was_unclosed": unclosed,
     }
-    writer = RunWriter(p, {}, columns, keep_rows=rows, extend=layout.create, recovered=record)
-    writer.close()
-    folder = Path(cfg.get("run", {}).get("checkpoint_dir") or str(p) + ".ckpt")
+    _rewrite(p, parts, record)
+    folder = Path(attrs.get("config", {}).get("run", {}).get("checkpoint_dir") or str(p) + ".ckpt")
     stale = lock.holder(folder)
     if stale is not None and stale.state == "stale":
         stale.path.unlink(missing_ok=True)
-    clients = f", per-client series of {n_clients} clients in {len(blocks)} files" if n_clients else ""
+    n_clients, n_files = parts.n_clients, len(parts.rank_blocks())
+    clients = f", per-client series of {n_clients} clients in {n_files} files" if n_clients else ""
     return (
         f"recovered {p}: kept iterations 0..{rows - 1} ({rows} rows{clients}), dropped "
         f"{record['rows_dropped']} incomplete row(s); the file is closed and marked with the attribute 'recovered'"

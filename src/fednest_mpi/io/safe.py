@@ -31,6 +31,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import h5py
 
@@ -205,20 +206,36 @@ def precheck(paths, what: str = "file", unclosed: str = "refuse", hint: str = ""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no MPI, no flushing of the parent's buffers, _exit only
-        status = 0
-        try:
-            os.close(r)
-            for i, p in enumerate(todo):
-                os.write(w, f"{i}\n".encode())
-                _walk(p, what, unclosed, hint)
-        except UsageError as exc:
-            _write_all(w, ("!" + str(exc)).encode())
-        except BaseException as exc:  # noqa: BLE001
-            text = f"!{what} is damaged: {type(exc).__name__} while reading its metadata ({_short(exc)})"
-            _write_all(w, text.encode())
-        finally:
-            os._exit(status)
+        _precheck_child(r, w, todo, what, unclosed, hint)
     os.close(w)
+    out = _child_report(r, pid, todo, what)
+    if b"!" in out:
+        raise UsageError(out.split(b"!", 1)[1].decode(errors="replace"))
+    for p in todo:
+        _CHECKED[os.path.abspath(p)] = _stamp(p)
+
+
+def _precheck_child(r: int, w: int, todo: list[Path], what: str, unclosed: str, hint: str) -> NoReturn:
+    """The forked child of :func:`precheck`: reads the metadata of each file of ``todo`` in turn, writing its
+    index to ``w`` before and ``!`` with the error after a damaged one; ends with ``os._exit``, never returns."""
+    status = 0
+    try:
+        os.close(r)
+        for i, p in enumerate(todo):
+            os.write(w, f"{i}\n".encode())
+            _walk(p, what, unclosed, hint)
+    except UsageError as exc:
+        _write_all(w, ("!" + str(exc)).encode())
+    except BaseException as exc:  # noqa: BLE001
+        text = f"!{what} is damaged: {type(exc).__name__} while reading its metadata ({_short(exc)})"
+        _write_all(w, text.encode())
+    finally:
+        os._exit(status)
+
+
+def _child_report(r: int, pid: int, todo: list[Path], what: str) -> bytes:
+    """What the child ``pid`` of :func:`precheck` writes to ``r`` until it ends; killed after
+    :data:`PRECHECK_SECONDS`, when a UsageError names the file it was reading."""
     out = b""
     deadline = time.monotonic() + PRECHECK_SECONDS
     try:
@@ -234,15 +251,11 @@ def precheck(paths, what: str = "file", unclosed: str = "refuse", hint: str = ""
                 )
             chunk = os.read(r, 65536)
             if not chunk:
-                break
+                return out
             out += chunk
     finally:
         os.close(r)
         os.waitpid(pid, 0)
-    if b"!" in out:
-        raise UsageError(out.split(b"!", 1)[1].decode(errors="replace"))
-    for p in todo:
-        _CHECKED[os.path.abspath(p)] = _stamp(p)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -206,6 +206,8 @@ def render_all(
         raise UsageError(
             f"launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(launcher, LAUNCHERS)
         )
+    if out_dir is not None and os.fspath(out_dir) == "":  # Path("") would be the current folder
+        raise UsageError("--out-dir: the path is empty; give a folder, such as runs/jobs/" + sweep.name)
     workdir = Path(workdir if workdir is not None else os.getcwd())
     tasks = expand(sweep)
     if check:

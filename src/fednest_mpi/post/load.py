@@ -49,7 +49,17 @@ logger = logging.getLogger(__name__)
 
 #: Config fields that do not change the numbers a run produces; never reported as differences.
 IGNORED_FIELDS = frozenset(
-    {"run.output", "run.overwrite", "run.progress", "run.log_every", "run.client_series", "run.snapshot_every"}
+    {
+        "run.output",
+        "run.overwrite",
+        "run.progress",
+        "run.log_every",
+        "run.client_series",
+        "run.snapshot_every",
+        "run.tensorboard_dir",
+        "run.mlflow_uri",
+        "run.mlflow_experiment",
+    }
 )
 
 _SUGGEST = 0.5  # did-you-mean similarity cutoff for column and field names (short, underscored)
@@ -80,6 +90,10 @@ def _as_paths(paths) -> list[Path]:
         paths = [paths]
     out: list[Path] = []
     for p in paths:
+        if os.fspath(p) == "":  # Path("") is the current folder: an empty argument must not read it unasked
+            raise UsageError(
+                "a run path is empty; pass a run file (.h5) written by `fednest-mpi run`, or '.' for a folder"
+            )
         p = Path(p)
         if p.is_dir():
             found = sorted(p.glob("*.h5"))

@@ -1,14 +1,16 @@
 """Plots of runs: metric(s) against iteration, communication rounds or wall time; runs overlaid, or
 grouped by config fields with a mean +- sd band over the runs of each group. Labels come from the run
 files (column descriptions and units, config values in words: :mod:`.labels`); every one can be set.
-matplotlib is imported inside :func:`plot` (its object API, no pyplot: no global state, no display)."""
+matplotlib is imported when :func:`plot` makes a figure (its object API, no pyplot: no global state, no display)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -114,6 +116,165 @@ def _constant_line(ax, arrays, label: str) -> None:
         ax.axhline(float(np.mean(finals)), color="k", ls="--", lw=1.5, label=f"{label} (final value)")
 
 
+def _metrics_of(runs: Sequence[Run], metric: str | Sequence[str] | None) -> list[str]:
+    """The metrics to draw: those named, else the runs' common primary metrics."""
+    metrics = common_primary_metrics(runs) if metric is None else [metric] if isinstance(metric, str) else list(metric)
+    if not metrics:
+        raise UsageError("plot: no metric given; name at least one recorded column, e.g. x_error")
+    return metrics
+
+
+def _checked_options(out, metrics: list[str], ylabel, size, legend: str) -> tuple[Path | None, list]:
+    """The output path and one y label per metric, after checking them, ``size`` and ``legend``."""
+    if out is not None:
+        out = Path(out)
+        if out.suffix.lower() not in PLOT_SUFFIXES:
+            raise UsageError(f"plot output {str(out)!r}: use a file name ending in {', '.join(PLOT_SUFFIXES)}")
+    ylabels = [ylabel] * len(metrics) if ylabel is None or isinstance(ylabel, str) else list(ylabel)
+    if len(ylabels) != len(metrics):
+        raise UsageError(f"ylabel: {len(ylabels)} labels for {len(metrics)} metrics; give one per metric")
+    if size is not None and not (len(size) == 2 and all(math.isfinite(s) and 0 < s <= 100 for s in size)):
+        raise UsageError(f"size: expected (width, height) in inches, each in (0, 100], got {size!r}")
+    if legend not in _LEGENDS:
+        raise UsageError(f"legend: {legend!r} is not one of {', '.join(_LEGENDS)}")
+    return out, ylabels
+
+
+def _figure(n: int, size: tuple[float, float] | None) -> tuple[Figure, np.ndarray, int, int]:
+    """A figure of ``n`` subplots, two per row (6.4 x 4.4 inches each unless ``size`` is given), those left over
+    hidden: the figure, its axes, its number of columns and the characters of a y label's line."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display; savefig picks Agg/PDF by suffix
+
+    ncols = min(n, 2)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=size or (6.4 * ncols, 4.4 * nrows), layout="constrained")
+    wrap = max(20, int(10.5 * fig.get_size_inches()[1] / nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes, ncols, wrap
+
+
+def _band(ax, stats, arrays: list[np.ndarray], color: str, use_log: bool) -> None:
+    """The +- 1 sd band around a group's mean, kept within the values its runs took (``arrays``): an accuracy's
+    band does not dip below the worst run, nor below zero on a log axis."""
+    ok = np.isfinite(stats.mean)
+    own = np.concatenate([finite(a) for a in arrays])
+    low, high = own.min(), own.max()
+    if use_log and (own > 0).any():
+        low = max(low, own[own > 0].min())
+    lower = np.clip(stats.mean - stats.sd, low, high)
+    upper = np.clip(stats.mean + stats.sd, low, high)
+    ax.fill_between(stats.x[ok], lower[ok], upper[ok], color=color, alpha=0.15, lw=0)
+
+
+@dataclass
+class _Subplots:
+    """What every subplot of :func:`plot` shares: the runs, their groups (no ``fields``: one line per run),
+    the lines' styles and legend entries, the axes' options."""
+
+    runs: Sequence[Run]
+    x_axis: str
+    fields: list[str]
+    groups: list
+    labels: dict[str, str]
+    is_constant: Callable[[Run], bool]
+    counts_in_legend: bool
+    smooth: int
+    logy: bool | None
+    logx: bool
+    xlabel: str | None
+    legend: str
+    wrap: int
+    #: (colour, line style) of each group's line, or of each run's without groups
+    styles: list[tuple[str, str]] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.fields:
+            self.styles = _styles(self.fields, [values for values, _ in self.groups])
+        else:
+            self.styles = [(f"C{i % 10}", "-") for i in range(len(self.runs))]
+
+    def draw(self, ax, metric: str, ylabel: str | None) -> None:
+        """``metric`` against the x axis on ``ax``, with its scales, labels and legend."""
+        arrays = [running_mean(r.data[metric], self.smooth) for r in self.runs]
+        if not any(finite(a).size for a in arrays):
+            raise UsageError(
+                f"metric {metric!r} has no finite value in any of the runs (NaN throughout); choose another metric"
+            )
+        empty = [r.name for r, a in zip(self.runs, arrays) if not finite(a).size]
+        if empty:
+            logger.warning("metric %s has no finite value in %s; not drawn", metric, ", ".join(empty))
+        use_log = _auto_log(metric, arrays) if self.logy is None else bool(self.logy)
+        series = {id(r): {self.x_axis: r.data[self.x_axis], metric: a} for r, a in zip(self.runs, arrays)}
+        if self.fields:
+            self._group_lines(ax, metric, series, use_log)
+        else:
+            self._run_lines(ax, metric, series)
+        self._decorate(ax, metric, ylabel, use_log)
+
+    def _run_lines(self, ax, metric: str, series: dict) -> None:
+        """One line per run (or a constant: :func:`_constant_line`). Lines join the finite values only: a metric
+        recorded every k iterations (run.train_eval_every) is NaN in between and would otherwise be drawn as
+        isolated dashes."""
+        for r, (color, style) in zip(self.runs, self.styles):
+            y, label = series[id(r)][metric], self.labels.get(r.name, r.name)
+            if self.is_constant(r):
+                _constant_line(ax, [y], label)
+                continue
+            x, ok = np.asarray(r.data[self.x_axis], dtype=float), np.isfinite(y)
+            ax.plot(x[ok], y[ok], color=color, ls=style, lw=1.5, label=label)
+
+    def _group_lines(self, ax, metric: str, series: dict, use_log: bool) -> None:
+        """One line per group, the mean over its runs (of their finite values), with the +- 1 sd band (or a
+        constant)."""
+        for (values, members), (color, style) in zip(self.groups, self.styles):
+            arrays = [series[id(r)][metric] for r in members]
+            label = group_label(self.fields, values, self.labels)
+            if all(self.is_constant(r) for r in members):
+                _constant_line(ax, arrays, label)
+                continue
+            stats = group_mean_sd([series[id(r)] for r in members], metric, self.x_axis)
+            ok = np.isfinite(stats.mean)
+            if self.counts_in_legend:
+                label += f" ({len(members)} run{'s' if len(members) > 1 else ''})"
+            ax.plot(stats.x[ok], stats.mean[ok], color=color, ls=style, lw=1.8, label=label)
+            if len(members) > 1:
+                _band(ax, stats, arrays, color, use_log)
+
+    def _decorate(self, ax, metric: str, ylabel: str | None, use_log: bool) -> None:
+        """Scales, axis labels (from the columns' descriptions unless given), grid and the legend in the axes."""
+        if use_log:
+            ax.set_yscale("log")
+        if self.logx:
+            ax.set_xscale("log")
+        if self.xlabel is not None:
+            ax.set_xlabel(self.xlabel)
+        else:
+            ax.set_xlabel(axis_label(self.x_axis, _column_info(self.runs, self.x_axis)))
+        if ylabel is None:
+            ylabel = textwrap.fill(axis_label(metric, _column_info(self.runs, metric)), self.wrap)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+        n_entries = len(self.groups) if self.fields else len(self.runs)
+        if n_entries == 1 and not self.fields and not self.labels and self.legend == "best":
+            pass  # one line: the title says what it is
+        elif self.legend == "best":
+            ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
+
+
+def _outside_legend(fig: Figure, ax, legend: str) -> None:
+    """One legend for all subplots, ``right`` of or ``below`` them (the layout makes room), with the entries of
+    ``ax``."""
+    handles, texts = ax.get_legend_handles_labels()
+    where = "outside right upper" if legend == "right" else "outside lower center"
+    entry = 0.065 * max(map(len, texts), default=1) + 0.6  # inches of one entry in the small font
+    ncols = 1 if legend == "right" else max(1, min(len(texts), int(fig.get_size_inches()[0] / entry)))
+    # the "outside ..." locations (constrained layout) are not in matplotlib's type stubs
+    fig.legend(handles, texts, loc=where, ncols=ncols, fontsize="small", frameon=False)  # type: ignore[call-overload]
+
+
 def plot(
     paths,
     out=None,
@@ -167,106 +328,34 @@ def plot(
         their final value (mean over the line's runs of each run's last finite value, after ``smooth``):
         a baseline such as the paper's Fig. 3 untuned accuracy.
     """
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display; savefig picks Agg/PDF by suffix
-
     runs = read_runs(paths)
-    metrics = common_primary_metrics(runs) if metric is None else [metric] if isinstance(metric, str) else list(metric)
-    if not metrics:
-        raise UsageError("plot: no metric given; name at least one recorded column, e.g. x_error")
-    if out is not None:
-        out = Path(out)
-        if out.suffix.lower() not in PLOT_SUFFIXES:
-            raise UsageError(f"plot output {str(out)!r}: use a file name ending in {', '.join(PLOT_SUFFIXES)}")
-    ylabels = [ylabel] * len(metrics) if ylabel is None or isinstance(ylabel, str) else list(ylabel)
-    if len(ylabels) != len(metrics):
-        raise UsageError(f"ylabel: {len(ylabels)} labels for {len(metrics)} metrics; give one per metric")
-    if size is not None and not (len(size) == 2 and all(math.isfinite(s) and 0 < s <= 100 for s in size)):
-        raise UsageError(f"size: expected (width, height) in inches, each in (0, 100], got {size!r}")
-    if legend not in _LEGENDS:
-        raise UsageError(f"legend: {legend!r} is not one of {', '.join(_LEGENDS)}")
+    metrics = _metrics_of(runs, metric)
+    out, ylabels = _checked_options(out, metrics, ylabel, size, legend)
     check_columns(runs, [x_axis], "x_axis")
     check_columns(runs, metrics, "metric")
     fields, groups = group_values(runs, group_by)
-    labels = dict(labels or {})
-    is_constant = _constant_runs(runs, constant)
-
-    ncols = min(len(metrics), 2)
-    nrows = math.ceil(len(metrics) / ncols)
-    fig = Figure(figsize=size or (6.4 * ncols, 4.4 * nrows), layout="constrained")
-    wrap = max(20, int(10.5 * fig.get_size_inches()[1] / nrows))  # characters of a y label's line
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax in axes[len(metrics) :]:
-        ax.set_visible(False)
-
     how, counts_in_legend = _how(runs, fields, groups, smooth)
-    if fields:
-        styles = _styles(fields, [values for values, _ in groups])
-    else:
-        styles = [(f"C{i % 10}", "-") for i in range(len(runs))]
+    fig, axes, ncols, wrap = _figure(len(metrics), size)
+    subplots = _Subplots(
+        runs=runs,
+        x_axis=x_axis,
+        fields=fields,
+        groups=groups,
+        labels=dict(labels or {}),
+        is_constant=_constant_runs(runs, constant),
+        counts_in_legend=counts_in_legend,
+        smooth=smooth,
+        logy=logy,
+        logx=logx,
+        xlabel=xlabel,
+        legend=legend,
+        wrap=wrap,
+    )
     for ax, m, label_y in zip(axes, metrics, ylabels):
-        arrays = [running_mean(r.data[m], smooth) for r in runs]
-        series = {id(r): {x_axis: r.data[x_axis], m: a} for r, a in zip(runs, arrays)}
-        if not any(finite(a).size for a in arrays):
-            raise UsageError(
-                f"metric {m!r} has no finite value in any of the runs (NaN throughout); choose another metric"
-            )
-        empty = [r.name for r, a in zip(runs, arrays) if not finite(a).size]
-        if empty:
-            logger.warning("metric %s has no finite value in %s; not drawn", m, ", ".join(empty))
-        use_log = _auto_log(m, arrays) if logy is None else bool(logy)
-        # lines join the finite values only: a metric recorded every k iterations (run.train_eval_every)
-        # is NaN in between and would otherwise be drawn as isolated dashes
-        if not fields:
-            for r, (color, style) in zip(runs, styles):
-                x, y = np.asarray(r.data[x_axis], dtype=float), series[id(r)][m]
-                ok = np.isfinite(y)
-                if is_constant(r):
-                    _constant_line(ax, [y], labels.get(r.name, r.name))
-                    continue
-                ax.plot(x[ok], y[ok], color=color, ls=style, lw=1.5, label=labels.get(r.name, r.name))
-        else:
-            for (values, members), (color, style) in zip(groups, styles):
-                if all(is_constant(r) for r in members):
-                    _constant_line(ax, [series[id(r)][m] for r in members], group_label(fields, values, labels))
-                    continue
-                stats = group_mean_sd([series[id(r)] for r in members], m, x_axis)
-                ok = np.isfinite(stats.mean)
-                label = group_label(fields, values, labels)
-                if counts_in_legend:
-                    label += f" ({len(members)} run{'s' if len(members) > 1 else ''})"
-                ax.plot(stats.x[ok], stats.mean[ok], color=color, ls=style, lw=1.8, label=label)
-                if len(members) > 1:
-                    # the band stays within the values the group's runs took (an accuracy's sd band
-                    # does not dip below the worst run, nor below zero on a log axis)
-                    own = np.concatenate([finite(series[id(r)][m]) for r in members])
-                    low, high = own.min(), own.max()
-                    if use_log and (own > 0).any():
-                        low = max(low, own[own > 0].min())
-                    lower = np.clip(stats.mean - stats.sd, low, high)
-                    upper = np.clip(stats.mean + stats.sd, low, high)
-                    ax.fill_between(stats.x[ok], lower[ok], upper[ok], color=color, alpha=0.15, lw=0)
-        if use_log:
-            ax.set_yscale("log")
-        if logx:
-            ax.set_xscale("log")
-        ax.set_xlabel(xlabel if xlabel is not None else axis_label(x_axis, _column_info(runs, x_axis)))
-        ax.set_ylabel(label_y if label_y is not None else textwrap.fill(axis_label(m, _column_info(runs, m)), wrap))
-        ax.grid(True, which="major", alpha=0.3)
-        ax.spines[["top", "right"]].set_visible(False)
-        n_entries = len(groups) if fields else len(runs)
-        if n_entries == 1 and not fields and not labels and legend == "best":
-            pass  # one line: the title says what it is
-        elif legend == "best":
-            ax.legend(fontsize="small", ncols=1 if n_entries <= 8 else 2, framealpha=0.8)
-    if legend in ("right", "below"):  # one legend for all subplots, outside them (the layout makes room)
-        handles, texts = axes[0].get_legend_handles_labels()
-        where = "outside right upper" if legend == "right" else "outside lower center"
-        entry = 0.065 * max(map(len, texts), default=1) + 0.6  # inches of one entry in the small font
-        ncols = 1 if legend == "right" else max(1, min(len(texts), int(fig.get_size_inches()[0] / entry)))
-        # the "outside ..." locations (constrained layout) are not in matplotlib's type stubs
-        fig.legend(handles, texts, loc=where, ncols=ncols, fontsize="small", frameon=False)  # type: ignore[call-overload]
-
-    if title is None:
+        subplots.draw(ax, m, label_y)
+    if legend in ("right", "below"):
+        _outside_legend(fig, axes[0], legend)
+    if title is None:  # 80 characters per column of subplots
         problems = " / ".join(dict.fromkeys(problem_label(r.config) for r in runs))
         title = textwrap.fill(f"{problems}: {how}", 80 * ncols)
     if title:

@@ -83,6 +83,28 @@ def group_mean_sd(frames, metric: str, x_axis: str = "iteration") -> GroupStats:
     values inside the range that all runs cover. NaN values are left out of the statistics (``n``
     counts the runs used).
     """
+    xs, ys = _series(frames, metric, x_axis)
+    longest = max(xs, key=lambda x: x.size)
+    if all(np.array_equal(x, longest[: x.size]) for x in xs):
+        # shared x values; a shorter run (stopped, diverged) leaves the statistics where it ends
+        grid = longest
+        Y = np.full((len(ys), grid.size), np.nan)
+        for row, y in zip(Y, ys):
+            row[: y.size] = y
+    else:
+        grid, Y = _interpolated(xs, ys, x_axis)
+    n = np.isfinite(Y).sum(axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)  # all-NaN columns -> NaN
+        mean = np.nanmean(Y, axis=0)
+        sd = np.nanstd(Y, axis=0, ddof=1)
+    sd = np.where(n >= 2, sd, np.nan)
+    return GroupStats(x=grid, mean=mean, sd=sd, n=n)
+
+
+def _series(frames, metric: str, x_axis: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The x values and the ``metric`` of each run in ``frames``, as float arrays; at least one run, each with
+    both columns and a recorded iteration."""
     frames = list(frames)
     if not frames:
         raise UsageError("group_mean_sd: no runs given")
@@ -97,41 +119,31 @@ def group_mean_sd(frames, metric: str, x_axis: str = "iteration") -> GroupStats:
             raise UsageError(f"group_mean_sd: run {i} has no recorded iteration")
         xs.append(x)
         ys.append(y)
-    longest = max(xs, key=lambda x: x.size)
-    if all(np.array_equal(x, longest[: x.size]) for x in xs):
-        # shared x values; a shorter run (stopped, diverged) leaves the statistics where it ends
-        grid = longest
-        Y = np.full((len(ys), grid.size), np.nan)
-        for row, y in zip(Y, ys):
-            row[: y.size] = y
-    else:
-        for i, x in enumerate(xs):
-            if np.any(np.diff(x) < 0):
-                raise UsageError(
-                    f"x_axis {x_axis!r} decreases within run {i}; use a monotone column "
-                    "(iteration, comm_rounds, wall_time)"
-                )
-        lo, hi = max(x[0] for x in xs), min(x[-1] for x in xs)
-        if lo > hi:
-            raise UsageError(f"the runs cover disjoint ranges of {x_axis!r}; they cannot be averaged")
-        grid = np.unique(np.concatenate(xs))
-        grid = grid[(grid >= lo) & (grid <= hi)]
-        rows = []
-        for x, y in zip(xs, ys):
-            ok = np.isfinite(y)
-            row = np.full(grid.shape, np.nan)
-            if ok.any():
-                inside = (grid >= x[ok][0]) & (grid <= x[ok][-1])
-                row[inside] = np.interp(grid[inside], x[ok], y[ok])
-            rows.append(row)
-        Y = np.vstack(rows)
-    n = np.isfinite(Y).sum(axis=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=RuntimeWarning)  # all-NaN columns -> NaN
-        mean = np.nanmean(Y, axis=0)
-        sd = np.nanstd(Y, axis=0, ddof=1)
-    sd = np.where(n >= 2, sd, np.nan)
-    return GroupStats(x=grid, mean=mean, sd=sd, n=n)
+    return xs, ys
+
+
+def _interpolated(xs: list[np.ndarray], ys: list[np.ndarray], x_axis: str) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the runs' x values inside the range all of them cover, and each run's finite values
+    linearly interpolated onto it (a row per run; NaN outside the run's own finite range)."""
+    for i, x in enumerate(xs):
+        if np.any(np.diff(x) < 0):
+            raise UsageError(
+                f"x_axis {x_axis!r} decreases within run {i}; use a monotone column (iteration, comm_rounds, wall_time)"
+            )
+    lo, hi = max(x[0] for x in xs), min(x[-1] for x in xs)
+    if lo > hi:
+        raise UsageError(f"the runs cover disjoint ranges of {x_axis!r}; they cannot be averaged")
+    grid = np.unique(np.concatenate(xs))
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    rows = []
+    for x, y in zip(xs, ys):
+        ok = np.isfinite(y)
+        row = np.full(grid.shape, np.nan)
+        if ok.any():
+            inside = (grid >= x[ok][0]) & (grid <= x[ok][-1])
+            row[inside] = np.interp(grid[inside], x[ok], y[ok])
+        rows.append(row)
+    return grid, np.vstack(rows)
 
 
 def running_mean(values, window: int) -> np.ndarray:

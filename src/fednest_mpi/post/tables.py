@@ -36,9 +36,6 @@ __all__ = [
     "report",
 ]
 
-#: Metrics shown by :func:`report` by default, those of them that a run has.
-
-
 
 def format_number(value) -> str:
     """A metric value as shown in reports: 4 significant digits, '-' for missing/NaN."""
@@ -182,6 +179,112 @@ def _iterations_done(r) -> tuple[int | None, object]:
     return (int(it[-1]) if it is not None and len(it) else None), r.config.get("algorithm.outer_iterations")
 
 
+def _report_metrics(runs, metrics: Sequence[str] | str | None) -> list[str]:
+    """The metrics :func:`report` shows: those named (recorded by every run), else the runs' primary metrics,
+    then those their problems declare, then those of :data:`DEFAULT_METRICS`, each one that some run records."""
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    if metrics is None:
+        primary = [r.attrs[PRIMARY_METRIC] for r in runs if PRIMARY_METRIC in r.attrs]
+        declared = [m for r in runs for m in json.loads(r.attrs.get(METRICS, "[]"))]
+        candidates = dict.fromkeys([*primary, *declared, *DEFAULT_METRICS])
+        return [m for m in candidates if any(m in r.data for r in runs)]
+    metrics = list(metrics)
+    if not metrics:
+        raise UsageError(
+            "report: metrics is empty; name at least one recorded column, or leave it unset for the defaults"
+        )
+    check_columns(runs, metrics, "metric")
+    return metrics
+
+
+def _key_and_config(runs, diffs: dict[str, list], fields: list[str], grouped) -> tuple[_Group, list[_Group]]:
+    """The columns that name a row (the run, or the group's values and its run count), and the differing config
+    fields ``diffs`` shown beside them: per run, or per group those constant within every group."""
+    if not fields:
+        return _Group("", [_Col("run", [r.name for r in runs], right=False)]), _config_groups(diffs)
+    rows = [members for _, members in grouped]
+    key_fields = {f: [values[i] for values, _ in grouped] for i, f in enumerate(fields)}
+    key = _Group("", [_Col(f, [config_label(v) for v in vs], right=False) for f, vs in key_fields.items()])
+    key.cols.append(_Col("runs", [str(len(members)) for members in rows]))
+    per_group = {
+        f: [v[runs.index(m[0])] for m in rows]
+        for f, v in diffs.items()
+        if f not in fields and all(len({json.dumps(v[runs.index(r)], default=str) for r in m}) == 1 for m in rows)
+    }
+    return key, _config_groups(per_group)
+
+
+def _iterations_cell(members) -> str:
+    """Iterations done by a row's runs (a range where they differ), ``k/K`` when short of the planned ``K``."""
+    done = sorted({d for d, _ in map(_iterations_done, members) if d is not None})
+    planned = {str(k) for _, k in map(_iterations_done, members) if k is not None}
+    text = "-" if not done else str(done[0]) if len(done) == 1 else f"{done[0]}-{done[-1]}"
+    return text if len(planned) != 1 or text == next(iter(planned)) else f"{text}/{next(iter(planned))}"
+
+
+def _metric_group(metric: str, rows, smooth: int) -> _Group:
+    """The final and best values of ``metric`` (of its ``smooth``-iteration running mean), mean ± sd per row."""
+    finals, bests = [], []
+    for members in rows:
+        have = [r for r in members if metric in r.data]
+        series = [(r, running_mean(r.data[metric], smooth)) for r in have]
+        if not have:
+            finals.append("-")
+            bests.append("-")
+            continue
+        finals.append(format_mean_sd([final(y) for _, y in series]))
+        bests.append(format_mean_sd([best(y, metric, r.higher_is_better(metric)) for r, y in series]))
+    return _Group(metric, [_Col("final", finals), _Col("best", bests)])
+
+
+def _median_of(members, column: str) -> float:
+    """The median over a row's runs of each one's median ``column`` per iteration (NaN: none has one)."""
+    values = [median_per_iteration(r.data, column) for r in members]
+    values = [v for v in values if math.isfinite(v)]
+    return float(np.median(values)) if values else math.nan
+
+
+def _final_of(members, column: str) -> float:
+    """The mean over a row's runs of the final value of ``column`` (NaN: none records it)."""
+    values = [final(r.data[column]) for r in members if column in r.data and len(r.data[column])]
+    return float(np.mean(values)) if values else math.nan
+
+
+def _cost_groups(rows) -> list[_Group]:
+    """Time per iteration (median of algorithm and evaluation) and communication (final rounds and bytes)."""
+    times = _Group(
+        "time/iteration",
+        [
+            _Col("algorithm", [format_seconds(_median_of(members, "algorithm_time")) for members in rows]),
+            _Col("evaluation", [format_seconds(_median_of(members, "evaluation_time")) for members in rows]),
+        ],
+    )
+    rounds = [format_number(_final_of(members, "comm_rounds")) for members in rows]
+    nbytes = [format_bytes(v) if math.isfinite(v := _final_of(members, "comm_bytes")) else "-" for members in rows]
+    return [times, _Group("communication", [_Col("rounds", rounds), _Col("bytes", nbytes)])]
+
+
+def _footer(runs, fields: list[str], n_rows: int, smooth: int, hidden: list[str]) -> str:
+    """The report's closing sentences: what was run, how the columns are computed, what is not shown."""
+    problems = sorted({r.problem for r in runs})
+    footer = f"{len(runs)} run(s) of {', '.join(problems)}"
+    if fields:
+        footer += f" in {n_rows} group(s) of {', '.join(fields)}; metrics: mean ± sd over each group's runs"
+    footer += (
+        "; best = max over iterations where the problem declares higher is better, else min"
+        + (f", of the {smooth}-iteration running mean" if smooth > 1 else "")
+        + "; time/iteration = median over iterations 1..K (algorithm on rank 0); "
+        "communication = final totals, bytes per rank" + (", mean over the group" if fields else "") + "."
+    )
+    if hidden:
+        footer += (
+            f" Not shown: {len(hidden)} config field(s) that only some of the runs have, with one value among "
+            "them (their algorithm.name / problem.name tells the runs apart)."
+        )
+    return footer
+
+
 def report(
     paths,
     metrics: Sequence[str] | str | None = None,
@@ -205,101 +308,20 @@ def report(
     one shows '-'); metrics named explicitly must be recorded by every run.
     """
     runs = read_runs(paths)
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    if metrics is None:
-        primary = [r.attrs[PRIMARY_METRIC] for r in runs if PRIMARY_METRIC in r.attrs]
-        declared = [m for r in runs for m in json.loads(r.attrs.get(METRICS, "[]"))]
-        candidates = dict.fromkeys([*primary, *declared, *DEFAULT_METRICS])
-        metrics = [m for m in candidates if any(m in r.data for r in runs)]
-    else:
-        metrics = list(metrics)
-        if not metrics:
-            raise UsageError(
-                "report: metrics is empty; name at least one recorded column, or leave it unset for the defaults"
-            )
-        check_columns(runs, metrics, "metric")
+    metrics = _report_metrics(runs, metrics)
     fields, grouped = group_values(runs, group_by)
     rows = [members for _, members in grouped] if fields else [[r] for r in runs]
     diffs, hidden = _shown_differences(runs)
-    if fields:  # the group's own values first; a differing field constant within every group after them
-        key_fields = {f: [values[i] for values, _ in grouped] for i, f in enumerate(fields)}
-        key = _Group("", [_Col(f, [config_label(v) for v in vs], right=False) for f, vs in key_fields.items()])
-        key.cols.append(_Col("runs", [str(len(members)) for members in rows]))
-        per_group = {
-            f: [v[runs.index(m[0])] for m in rows]
-            for f, v in diffs.items()
-            if f not in fields and all(len({json.dumps(v[runs.index(r)], default=str) for r in m}) == 1 for m in rows)
-        }
-        groups = _config_groups(per_group)
-    else:
-        key = _Group("", [_Col("run", [r.name for r in runs], right=False)])
-        groups = _config_groups(diffs)
-
-    iters = []
-    for members in rows:
-        done = sorted({d for d, _ in map(_iterations_done, members) if d is not None})
-        planned = {str(k) for _, k in map(_iterations_done, members) if k is not None}
-        text = "-" if not done else str(done[0]) if len(done) == 1 else f"{done[0]}-{done[-1]}"
-        iters.append(text if len(planned) != 1 or text == next(iter(planned)) else f"{text}/{next(iter(planned))}")
-    groups.append(_Group("", [_Col("iters", iters)]))
-
-    for m in metrics:
-        finals, bests = [], []
-        for members in rows:
-            have = [r for r in members if m in r.data]
-            series = [(r, running_mean(r.data[m], smooth)) for r in have]
-            if not have:
-                finals.append("-")
-                bests.append("-")
-                continue
-            finals.append(format_mean_sd([final(y) for _, y in series]))
-            bests.append(format_mean_sd([best(y, m, r.higher_is_better(m)) for r, y in series]))
-        groups.append(_Group(m, [_Col("final", finals), _Col("best", bests)]))
-
-    def median_of(members, column):
-        values = [median_per_iteration(r.data, column) for r in members]
-        values = [v for v in values if math.isfinite(v)]
-        return float(np.median(values)) if values else math.nan
-
-    groups.append(
-        _Group(
-            "time/iteration",
-            [
-                _Col("algorithm", [format_seconds(median_of(members, "algorithm_time")) for members in rows]),
-                _Col("evaluation", [format_seconds(median_of(members, "evaluation_time")) for members in rows]),
-            ],
-        )
-    )
-
-    def final_of(members, column):
-        values = [final(r.data[column]) for r in members if column in r.data and len(r.data[column])]
-        return float(np.mean(values)) if values else math.nan
-
-    rounds = [format_number(final_of(members, "comm_rounds")) for members in rows]
-    nbytes = [format_bytes(v) if math.isfinite(v := final_of(members, "comm_bytes")) else "-" for members in rows]
-    groups.append(_Group("communication", [_Col("rounds", rounds), _Col("bytes", nbytes)]))
-
+    key, groups = _key_and_config(runs, diffs, fields, grouped)
+    groups.append(_Group("", [_Col("iters", [_iterations_cell(members) for members in rows])]))
+    groups += [_metric_group(m, rows, smooth) for m in metrics]
+    groups += _cost_groups(rows)
     lines: list[str] = []
     for i, block in enumerate(_blocks(key, groups, width)):
         if i:
             lines.append("")
         lines.extend(_render(block, len(rows)))
-    problems = sorted({r.problem for r in runs})
-    footer = f"{len(runs)} run(s) of {', '.join(problems)}"
-    if fields:
-        footer += f" in {len(rows)} group(s) of {', '.join(fields)}; metrics: mean ± sd over each group's runs"
-    footer += (
-        "; best = max over iterations where the problem declares higher is better, else min"
-        + (f", of the {smooth}-iteration running mean" if smooth > 1 else "")
-        + "; time/iteration = median over iterations 1..K (algorithm on rank 0); "
-        "communication = final totals, bytes per rank" + (", mean over the group" if fields else "") + "."
-    )
-    if hidden:
-        footer += (
-            f" Not shown: {len(hidden)} config field(s) that only some of the runs have, with one value among "
-            "them (their algorithm.name / problem.name tells the runs apart)."
-        )
+    footer = _footer(runs, fields, len(rows), smooth, hidden)
     lines += ["", *textwrap.wrap(footer, width, break_on_hyphens=False)]
     return "\n".join(lines) + "\n"
 

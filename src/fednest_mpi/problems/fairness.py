@@ -91,6 +91,17 @@ def fairness_splits(
     return splits, sizes
 
 
+def _check_batch_sizes(cfg, splits) -> None:
+    """The minibatches fit in the smallest client's training samples."""
+    smallest = min(len(train) for train, _ in splits)
+    for name in ("batch_size", "hypergradient_batch_size"):
+        if getattr(cfg, name) > smallest:
+            raise ConfigError(
+                f"problem.{name}: {getattr(cfg, name)} is more than the {smallest} training samples of the "
+                f"smallest client; lower it to at most {smallest}, raise dirichlet_alpha or use fewer clients"
+            )
+
+
 class FairnessProblem(AutogradOracles, BilevelProblem):
     primary_metric = "worst_group_accuracy"
     """See the module docstring; oracles by autograd (:class:`AutogradOracles`). ``clients`` lists the
@@ -102,6 +113,29 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.n_clients = cfg.n_clients
         self.device, self.dtype = torch.device(device), dtype
         data = _adult(cfg.data_dir)
+        full, cells = self._cells(data)
+        columns = self._features(data)
+        if len(np.unique(cells)) < self.dim_x:
+            raise ValueError(f"adult.data lacks some of the {self.dim_x} cells of {cfg.sensitive}")
+        splits, sizes = fairness_splits(cells, full, cfg, seed)
+        _check_batch_sizes(cfg, splits)
+        # targets carry the (group, label) pair: label = t % 2, group = t // 2
+        hosted = HostedSamples(data.train_x[:, columns], torch.as_tensor(full), splits, clients, self.device, dtype)
+        self._first, self.inputs, self.targets = hosted.first, hosted.inputs, hosted.targets
+        self.inner, self.outer = hosted.inner, hosted.outer
+        self.inv_size = self._inverse_cell_sizes(splits, sizes, clients)
+        self.test_inputs = data.test_x[:, columns].to(self.device, dtype)
+        self.test_labels = data.test_y.to(self.device)
+        self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
+        self._cell_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
+        # parses problem.initial_weights: a bad value fails here, on every rank alike
+        self._x0 = self.x_of_weights(cfg.initial_weights)
+
+    def _cells(self, data) -> tuple[np.ndarray, np.ndarray]:
+        """Each training sample's (group, label) pair as ``2 * group + label``, and the cell it is weighted by
+        (``problem.weight_cells``: that pair, or the group alone); sets the groups and ``dim_x``, a weight per
+        cell."""
+        cfg = self.cfg
         names = SEXES if cfg.sensitive == "sex" else RACES
         self.group_names = names
         self.n_groups = len(names)
@@ -111,6 +145,12 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.by_label = cfg.weight_cells == "group_label"
         cells = full if self.by_label else groups
         self.dim_x = 2 * self.n_groups if self.by_label else self.n_groups
+        return full, cells
+
+    def _features(self, data) -> list[int]:
+        """The input features used (the sensitive attribute's own only with ``problem.group_feature``); sets
+        ``n_features`` and ``dim_y``, the classifier's size."""
+        cfg = self.cfg
         columns = [
             k
             for k, name in enumerate(data.feature_names)
@@ -119,35 +159,19 @@ class FairnessProblem(AutogradOracles, BilevelProblem):
         self.n_features = len(columns)
         h = cfg.hidden
         self.dim_y = self.n_features + 1 if cfg.model == "logistic" else h * self.n_features + 2 * h + 1
-        if len(np.unique(cells)) < self.dim_x:
-            raise ValueError(f"adult.data lacks some of the {self.dim_x} cells of {cfg.sensitive}")
-        splits, sizes = fairness_splits(cells, full, cfg, seed)
-        smallest = min(len(train) for train, _ in splits)
-        for name in ("batch_size", "hypergradient_batch_size"):
-            if getattr(cfg, name) > smallest:
-                raise ConfigError(
-                    f"problem.{name}: {getattr(cfg, name)} is more than the {smallest} training samples of the "
-                    f"smallest client; lower it to at most {smallest}, raise dirichlet_alpha or use fewer clients"
-                )
-        # targets carry the (group, label) pair: label = t % 2, group = t // 2
-        hosted = HostedSamples(data.train_x[:, columns], torch.as_tensor(full), splits, clients, self.device, dtype)
-        self._first, self.inputs, self.targets = hosted.first, hosted.inputs, hosted.targets
-        self.inner, self.outer = hosted.inner, hosted.outer
+        return columns
+
+    def _inverse_cell_sizes(self, splits, sizes: np.ndarray, clients) -> torch.Tensor:
+        """1 / m_c, the validation cell size of each sample that a hosted client holds (``sizes``: per sample, 0
+        outside the validation pool, where it is 0 too), in the order of the samples' indices."""
         used = (
             np.unique(np.concatenate([np.concatenate(splits[i]) for i in clients]))
             if len(clients)
             else np.zeros(0, np.int64)
         )
-        self.inv_size = torch.as_tensor(
-            np.where(sizes[used] > 0, 1.0 / np.maximum(sizes[used], 1), 0.0), dtype=dtype, device=self.device
+        return torch.as_tensor(
+            np.where(sizes[used] > 0, 1.0 / np.maximum(sizes[used], 1), 0.0), dtype=self.dtype, device=self.device
         )
-        self.test_inputs = data.test_x[:, columns].to(self.device, dtype)
-        self.test_labels = data.test_y.to(self.device)
-        self.test_groups = getattr(data, f"test_{cfg.sensitive}").to(self.device)
-        self._cell_factor = None  # p_s / nbar_s inside outer_linearised (worst_group)
-        self._x0 = self.x_of_weights(
-            cfg.initial_weights
-        )  # parses problem.initial_weights: a bad value fails here, on every rank alike
 
     # -- model -------------------------------------------------------------------------------------
     def _logits(self, A: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

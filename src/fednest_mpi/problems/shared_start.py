@@ -125,71 +125,113 @@ def shared_start_sgd(
     Returns the clients' final parameters, factored (:class:`LowRankRows`).
     """
     A, residual = batch(0)
-    C, b = A.shape[0], A.shape[1]
+    b = A.shape[1]
     per_step = b if anchor is None else 2 * b
-    history_in = [A.new_empty(C, steps * per_step, W.shape[1]) for W, _ in layers]
-    history_grad = [A.new_empty(C, steps * per_step, W.shape[0]) for W, _ in layers]
-    coef = A.new_zeros(1, steps * per_step)  # coefficient of each history column in W_nu
-    bias = [b0.expand(C, -1).clone() for _, b0 in layers]
-    rho, a, c, filled = 1.0 - lr * decay, 1.0, 0.0, 0
+    run = _SharedStart(layers, anchor, A, steps * per_step, lr, decay)
     for nu in range(steps):
         if nu:
             A, residual = batch(nu)
-        past = slice(0, filled)
+        inputs, pre = run.forward(A)
+        run.sgd_step(inputs, run.backward(pre, residual))
+        if anchor is not None:
+            run.anchor_step(A, residual)
+        run.a = run.rho * run.a + (lr * decay if anchor is not None else 0.0)
+        run.filled += per_step
+    return run.rows()
 
-        def shared(h, layer, product):  # h W_nu^T (product = mlp.linear) or h W_nu (mlp.back), dense part
-            z = product(h, layers[layer][0])
-            if a != 1.0:
-                z.mul_(a)
-            if anchor is not None and c != 0.0:
-                z.add_(product(h, anchor[layer][0]), alpha=c)
-            return z
 
+class _SharedStart:
+    """The state of :func:`shared_start_sgd` for C clients: per layer W_nu = a W_0 + c Q (Q: the anchor's
+    weights) + sum_j coef_j grad_j in_j^T over the history columns filled so far (each step's inputs of the
+    layer and gradients of its output, per client), and the clients' biases (dense)."""
+
+    def __init__(
+        self, layers: mlp.Layers, anchor: mlp.Layers | None, A: torch.Tensor, columns: int, lr: float, decay: float
+    ):
+        C = A.shape[0]
+        self.layers, self.anchor, self.lr, self.decay = layers, anchor, lr, decay
+        self.history_in = [A.new_empty(C, columns, W.shape[1]) for W, _ in layers]
+        self.history_grad = [A.new_empty(C, columns, W.shape[0]) for W, _ in layers]
+        self.coef = A.new_zeros(1, columns)  # coefficient of each history column in W_nu
+        self.bias = [b0.expand(C, -1).clone() for _, b0 in layers]
+        self.rho, self.a, self.c, self.filled = 1.0 - lr * decay, 1.0, 0.0, 0
+
+    def _dense(self, h: torch.Tensor, layer: int, product) -> torch.Tensor:
+        """h W_nu^T (``product`` = mlp.linear) or h W_nu (mlp.back), W_nu's dense part (a W_0 + c Q) only."""
+        z = product(h, self.layers[layer][0])
+        if self.a != 1.0:
+            z.mul_(self.a)
+        if self.anchor is not None and self.c != 0.0:
+            z.add_(product(h, self.anchor[layer][0]), alpha=self.c)
+        return z
+
+    def forward(self, A: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each layer's input and pre-activation for the inputs A (C, b, in_0) at the clients' W_nu."""
+        past = slice(0, self.filled)
         inputs, pre, H = [], [], A
-        for layer in range(len(layers)):
+        for layer in range(len(self.layers)):
             inputs.append(H)
-            z = shared(H, layer, mlp.linear).add_(bias[layer][:, None, :])
-            if filled:
+            z = self._dense(H, layer, mlp.linear).add_(self.bias[layer][:, None, :])
+            if self.filled:
                 z.baddbmm_(
-                    torch.bmm(H, history_in[layer][:, past].transpose(1, 2)).mul_(coef[:, past]),
-                    history_grad[layer][:, past],
+                    torch.bmm(H, self.history_in[layer][:, past].transpose(1, 2)).mul_(self.coef[:, past]),
+                    self.history_grad[layer][:, past],
                 )
             pre.append(z)
-            if layer < len(layers) - 1:
+            if layer < len(self.layers) - 1:
                 H = torch.relu(z)
+        return inputs, pre
+
+    def backward(self, pre: list[torch.Tensor], residual) -> list[torch.Tensor]:
+        """The gradient of the minibatch losses with respect to each layer's output (back through W_nu)."""
+        past = slice(0, self.filled)
         deltas = [residual(pre[-1])]
-        for layer in range(len(layers) - 1, 0, -1):
+        for layer in range(len(self.layers) - 1, 0, -1):
             D = deltas[0]
-            dH = shared(D, layer, mlp.back)
-            if filled:
+            dH = self._dense(D, layer, mlp.back)
+            if self.filled:
                 dH.baddbmm_(
-                    torch.bmm(D, history_grad[layer][:, past].transpose(1, 2)).mul_(coef[:, past]),
-                    history_in[layer][:, past],
+                    torch.bmm(D, self.history_grad[layer][:, past].transpose(1, 2)).mul_(self.coef[:, past]),
+                    self.history_in[layer][:, past],
                 )
             deltas.insert(0, dH.mul_(pre[layer - 1] > 0))
-        coef[:, past] *= rho
-        new = slice(filled, filled + b)
-        for layer in range(len(layers)):
-            history_in[layer][:, new] = inputs[layer]
-            history_grad[layer][:, new] = deltas[layer]
-            bias[layer].mul_(rho).sub_(deltas[layer].sum(1), alpha=lr)
-        coef[:, new] = -lr
-        if anchor is not None:  # the same minibatch at the shared y: -grad g_i(y; xi) + q
-            inputs0, pre0 = mlp.forward(layers, A)
-            deltas0 = mlp.backward(layers, pre0, residual(pre0[-1]))
-            new = slice(filled + b, filled + 2 * b)
-            for layer, (_, b0) in enumerate(layers):
-                history_in[layer][:, new] = inputs0[layer]
-                history_grad[layer][:, new] = deltas0[layer]
-                bias[layer].add_(deltas0[layer].sum(1), alpha=lr).add_(b0, alpha=lr * decay).sub_(
-                    anchor[layer][1], alpha=lr
-                )
-            coef[:, new] = lr
-            c = rho * c - lr
-        a = rho * a + (lr * decay if anchor is not None else 0.0)
-        filled += per_step
-    dense_part = [W * a if anchor is None else W * a + anchor[layer][0] * c for layer, (W, _) in enumerate(layers)]
-    return LowRankRows(dense_part, history_in, [D.mul_(coef.T) for D in history_grad], bias)
+        return deltas
+
+    def sgd_step(self, inputs: list[torch.Tensor], deltas: list[torch.Tensor]) -> None:
+        """The step -eta (grad + lambda W_nu): the earlier columns decay by rho = 1 - eta lambda, this step's
+        b columns enter with coefficient -eta, the biases are updated densely."""
+        self.coef[:, slice(0, self.filled)] *= self.rho
+        new = slice(self.filled, self.filled + inputs[0].shape[1])
+        for layer in range(len(self.layers)):
+            self.history_in[layer][:, new] = inputs[layer]
+            self.history_grad[layer][:, new] = deltas[layer]
+            self.bias[layer].mul_(self.rho).sub_(deltas[layer].sum(1), alpha=self.lr)
+        self.coef[:, new] = -self.lr
+
+    def anchor_step(self, A: torch.Tensor, residual) -> None:
+        """SVRG's correction: the same minibatch at the shared y, -grad g_i(y; xi) + q, as b more columns."""
+        assert self.anchor is not None
+        b = A.shape[1]
+        inputs0, pre0 = mlp.forward(self.layers, A)
+        deltas0 = mlp.backward(self.layers, pre0, residual(pre0[-1]))
+        new = slice(self.filled + b, self.filled + 2 * b)
+        for layer, (_, b0) in enumerate(self.layers):
+            self.history_in[layer][:, new] = inputs0[layer]
+            self.history_grad[layer][:, new] = deltas0[layer]
+            self.bias[layer].add_(deltas0[layer].sum(1), alpha=self.lr).add_(b0, alpha=self.lr * self.decay).sub_(
+                self.anchor[layer][1], alpha=self.lr
+            )
+        self.coef[:, new] = self.lr
+        self.c = self.rho * self.c - self.lr
+
+    def rows(self) -> LowRankRows:
+        """The clients' final parameters, factored."""
+        anchor = self.anchor
+        dense_part = [
+            W * self.a if anchor is None else W * self.a + anchor[layer][0] * self.c
+            for layer, (W, _) in enumerate(self.layers)
+        ]
+        return LowRankRows(dense_part, self.history_in, [D.mul_(self.coef.T) for D in self.history_grad], self.bias)
 
 
 def private_weights_sgd(

@@ -1,0 +1,210 @@
+"""Optional writers of a run to TensorBoard and MLflow: two :mod:`~fednest_mpi.callbacks` that copy what the
+run file records, iteration by iteration, to a tracking tool.
+
+* :class:`TensorBoardWriter`: event files in a folder; every value of the run file's ``/iterations`` row
+  (the problem's metrics, the algorithm's diagnostics, the counted rounds and bytes, oracle counts, times) as
+  a float64 scalar at step = outer iteration k, the config as text and as hparams.
+* :class:`MLflowWriter`: one MLflow run; the flattened config as params, the same values as metrics at
+  step k, the run file as an artifact at the end, and the run's status (FINISHED, KILLED when stopped
+  by a signal, FAILED).
+
+Both write on rank 0 only (the rows are the same on every rank), so a script may give them to every rank.
+Their packages are extras, not dependencies: importing fednest-mpi imports neither; a writer imports its
+package when it is built, and a missing one is a :class:`~fednest_mpi.errors.UsageError` naming the extra
+(``pip install 'fednest-mpi[tensorboard]'``). A config switches them on with ``run.tensorboard_dir`` and
+``run.mlflow_uri`` (:func:`from_config`, built by the session on rank 0). No MPI, no HDF5 here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from fednest_mpi import __version__
+from fednest_mpi.callbacks import Callback
+from fednest_mpi.config import RunConfig, flatten_config
+from fednest_mpi.errors import UsageError
+from fednest_mpi.runner import TRAINING_COLUMNS
+
+
+def _require(module: str, extra: str, who: str):
+    """``module``, imported; a :class:`UsageError` naming the extra to install when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(
+            f"{who} needs the optional package {extra!r}, which cannot be imported ({exc}); "
+            f"install it with: pip install 'fednest-mpi[{extra}]'"
+        ) from None
+
+
+def tags_of(sim) -> dict[str, str]:
+    """The name under which a writer records each column of ``sim``'s rows (``iteration`` is the step):
+    ``metrics/NAME`` for the problem's metrics (and the training-set columns), ``diagnostics/NAME`` for the
+    algorithm's, ``run/NAME`` for the rest (``run/comm_rounds``, ``run/comm_bytes``, oracle counts, times)."""
+    metrics = set(sim.problem.metric_info()) | set(TRAINING_COLUMNS)
+    diagnostics = set(type(sim.algorithm).diagnostics)
+    tags = {}
+    for name in sim.columns():
+        group = "metrics" if name in metrics else "diagnostics" if name in diagnostics else "run"
+        tags[name] = f"{group}/{name}"
+    del tags["iteration"]
+    return tags
+
+
+def _values(tags: dict[str, str], row: dict) -> dict[str, float]:
+    """tag -> value of a row's columns, the NaNs left out (a training-set column between its evaluations)."""
+    return {tags[name]: float(value) for name, value in row.items() if name in tags and math.isfinite(value)}
+
+
+class TensorBoardWriter(Callback):
+    """TensorBoard event files of a run in ``log_dir`` (rank 0): each row's values as float64 scalars at step
+    k (:func:`tags_of`), the config as text (``config``) and as hparams with the problem's metrics. A resumed
+    run adds an event file and continues at step k + 1. Needs ``pip install 'fednest-mpi[tensorboard]'``."""
+
+    def __init__(self, log_dir: str | Path):
+        self.log_dir = Path(log_dir)
+        self._tb = _require("torch.utils.tensorboard", "tensorboard", "the TensorBoard writer")
+        self.writer: Any = None  # torch.utils.tensorboard.SummaryWriter, on rank 0 from the start on
+        self.tags: dict[str, str] = {}
+
+    def on_start(self, sim, k: int) -> None:
+        if sim.fed.rank != 0:
+            return
+        self.tags = tags_of(sim)
+        self.writer = self._tb.SummaryWriter(log_dir=str(self.log_dir))
+        if k == 0:  # not again when resumed (k > 0): its first session wrote them
+            config = json.dumps(sim.cfg.to_dict(), indent=2)
+            self.writer.add_text("config", f"```json\n{config}\n```", 0)
+            metrics = {tag: math.nan for tag in self.tags.values() if tag.startswith("metrics/")}
+            summary = importlib.import_module("torch.utils.tensorboard.summary")
+            for part in summary.hparams(flatten_config(sim.cfg.to_dict()), metrics):
+                self.writer.file_writer.add_summary(part)
+
+    def on_iteration(self, k: int, row: dict[str, float]) -> None:
+        if self.writer is not None:
+            for tag, value in _values(self.tags, row).items():
+                self.writer.add_scalar(tag, value, k, new_style=True, double_precision=True)
+
+    def on_checkpoint(self, k: int, folder) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def on_end(self, result) -> None:
+        self.close()
+
+    def on_error(self, error: BaseException) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush and close the event file (rank 0; again: nothing)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+MLFLOW_BATCH = 100  # params (and metrics) per log_batch call: MLflow's limit for params is 100
+
+
+class MLflowWriter(Callback):
+    """A run in MLflow at ``tracking_uri`` (rank 0), in ``experiment`` (created when missing), named
+    ``run_name`` (default: the run file's name without its suffix): the flattened config as params, each
+    row's values as metrics at step k (:func:`tags_of`), the file ``artifact`` (the run file) logged at the
+    end, and the status: FINISHED, KILLED (stopped by a signal, resumable) or FAILED (an exception; the
+    error as the tag ``fednest_mpi.error``). A resumed run is a new MLflow run from step k + 1 on.
+    Needs ``pip install 'fednest-mpi[mlflow]'`` (mlflow-skinny)."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str = "fednest-mpi",
+        run_name: str | None = None,
+        artifact: str | Path | None = None,
+    ):
+        self.experiment, self.run_name = experiment, run_name
+        self.artifact = Path(artifact) if artifact is not None else None
+        tracking, self._entities, errors = (
+            _require(f"mlflow.{module}", "mlflow", "the MLflow writer")
+            for module in ("tracking", "entities", "exceptions")
+        )
+        try:  # the store of the URI, checked now (MLflow 3 refuses file: stores unless MLFLOW_ALLOW_FILE_STORE)
+            self.client = tracking.MlflowClient(tracking_uri)
+        except errors.MlflowException as exc:
+            raise UsageError(f"MLflow refuses the tracking URI {tracking_uri!r}: {exc}") from None
+        self.run_id: str | None = None
+        self.tags: dict[str, str] = {}
+
+    def on_start(self, sim, k: int) -> None:
+        if sim.fed.rank != 0:
+            return
+        cfg: RunConfig = sim.cfg
+        self.tags = tags_of(sim)
+        found = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
+        tags = {
+            "fednest_mpi.version": __version__,
+            "fednest_mpi.problem": cfg.problem.name,
+            "fednest_mpi.algorithm": cfg.algorithm.name,
+            "fednest_mpi.mpi_size": str(sim.fed.size),
+            "fednest_mpi.resumed_after": str(k),
+        }
+        name = self.run_name or Path(cfg.run.output).stem
+        self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        params = [self._entities.Param(key, str(value)) for key, value in flatten_config(cfg.to_dict()).items()]
+        self._log(params=params)
+
+    def _log(self, metrics=(), params=()) -> None:
+        for start in range(0, max(len(metrics), len(params)), MLFLOW_BATCH):
+            end = start + MLFLOW_BATCH
+            self.client.log_batch(self.run_id, metrics=list(metrics[start:end]), params=list(params[start:end]))
+
+    def on_iteration(self, k: int, row: dict[str, float]) -> None:
+        if self.run_id is not None:
+            stamp, Metric = int(1000 * time.time()), self._entities.Metric
+            self._log(metrics=[Metric(tag, value, stamp, k) for tag, value in _values(self.tags, row).items()])
+
+    def on_end(self, result) -> None:
+        if self.run_id is None:
+            return
+        if self.artifact is not None and self.artifact.is_file():
+            self.client.log_artifact(self.run_id, str(self.artifact))
+        self._terminate("KILLED" if result.stopped_by else "FINISHED")
+
+    def on_error(self, error: BaseException) -> None:
+        if self.run_id is not None:
+            line = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            self.client.set_tag(self.run_id, "fednest_mpi.error", line[:5000])
+            self._terminate("FAILED")
+
+    def _terminate(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status)
+        self.run_id = None
+
+
+def from_config(cfg: RunConfig) -> list:
+    """The writers ``cfg``'s ``[run]`` section switches on: ``run.tensorboard_dir`` (its subfolder named after
+    the run file, so that the runs of a sweep are TensorBoard runs of one folder) and ``run.mlflow_uri`` (the
+    run file as the artifact); a missing package is a :class:`UsageError` naming the field and the extra."""
+    run = cfg.run
+    wanted = {
+        "run.tensorboard_dir": (
+            run.tensorboard_dir,
+            lambda: TensorBoardWriter(Path(run.tensorboard_dir) / Path(run.output).stem),
+        ),
+        "run.mlflow_uri": (
+            run.mlflow_uri,
+            lambda: MLflowWriter(run.mlflow_uri, run.mlflow_experiment, artifact=run.output),
+        ),
+    }
+    writers = []
+    for field, (value, build) in wanted.items():
+        if value:
+            try:
+                writers.append(build())
+            except UsageError as exc:
+                raise UsageError(f"{field} = {value!r}: {exc}") from None
+    return writers

@@ -1,0 +1,163 @@
+"""The TensorBoard and MLflow writers (fednest_mpi.writers): a small quadratic run written by each, read back
+with the tool's own reader (tensorboard's EventAccumulator, MLflow's client on a file: store) and compared with
+the run file; the status of an MLflow run that failed or was stopped; the one line of a missing package."""
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from fednest_mpi import config
+from fednest_mpi.api import MLflowWriter, SerialComm, Session, Simulation, TensorBoardWriter, read_run, simulate
+from fednest_mpi.cli import main
+from fednest_mpi.errors import UsageError
+from fednest_mpi.writers import tags_of
+
+EXTRA = "the {} extra is not installed: `make install` puts requirements-writers.txt in .venv"
+MlflowClient = pytest.importorskip("mlflow.tracking", reason=EXTRA.format("mlflow")).MlflowClient
+EventAccumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator", reason=EXTRA.format("tensorboard")
+).EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402 (only once the check above passed)
+from tensorboard.util import tensor_util  # noqa: E402
+
+ITERATIONS = 4
+
+
+@pytest.fixture
+def file_store(tmp_path, monkeypatch):
+    """An MLflow tracking URI of a file store in tmp_path (MLflow 3 needs MLFLOW_ALLOW_FILE_STORE for it)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (tmp_path / "mlruns").as_uri()
+
+
+def _session_run(small_config, tmp_path, **run):
+    """A 1-rank session of a small quadratic run; its config, tags and run file's columns."""
+    cfg = small_config(algorithm={"outer_iterations": ITERATIONS}, run={"output": str(tmp_path / "run.h5"), **run})
+    assert Session(cfg, SerialComm()).run_to_file() == 0
+    return cfg, tags_of(Simulation(cfg, SerialComm())), read_run(tmp_path / "run.h5")[1]
+
+
+def _finite(values) -> dict[int, float]:
+    """step -> value of a run file's column, its NaNs left out (as the writers leave them out)."""
+    return {k: float(v) for k, v in enumerate(values) if np.isfinite(v)}
+
+
+def test_tensorboard_holds_the_run_files_values_at_their_iterations(small_config, tmp_path, capsys):
+    cfg, tags, data = _session_run(small_config, tmp_path, tensorboard_dir=str(tmp_path / "tb"))
+    events = EventAccumulator(str(tmp_path / "tb" / "run"), size_guidance={"tensors": 0})  # the run file's name
+    events.Reload()
+    scalars = {tag for tag in events.Tags()["tensors"] if tag != "config/text_summary"}
+    assert scalars == set(tags.values()) and len(tags) == len(data) - 1  # every column but the step
+    assert {"metrics/x_error", "metrics/outer_loss", "run/comm_rounds", "run/comm_bytes"} <= scalars
+    for name, tag in tags.items():
+        written = {e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)}
+        assert written == _finite(data[name]), name  # float64, the same bits
+    assert sorted(_finite(data["hypergradient_estimate_norm"])) == [1, 2, 3, 4]  # no estimate at k = 0: NaN
+    (text,) = events.Tensors("config/text_summary")
+    shown = tensor_util.make_ndarray(text.tensor_proto).item().decode()
+    assert json.loads(shown.removeprefix("```json\n").removesuffix("\n```")) == cfg.to_dict()
+    start = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info.hparams
+    assert hparams["algorithm.outer_lr"].number_value == cfg.algorithm.outer_lr
+    assert hparams["problem.name"].string_value == "quadratic"
+    assert capsys.readouterr().err == ""
+
+
+def test_mlflow_holds_the_config_the_values_and_the_run_file(small_config, tmp_path, file_store):
+    cfg, tags, data = _session_run(small_config, tmp_path, mlflow_uri=file_store, mlflow_experiment="tests")
+    client = MlflowClient(file_store)
+    (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    assert run.data.params == {key: str(v) for key, v in config.flatten_config(cfg.to_dict()).items()}
+    assert run.data.tags["fednest_mpi.algorithm"] == "fednest" and run.data.tags["fednest_mpi.mpi_size"] == "1"
+    assert set(run.data.metrics) == set(tags.values())
+    for name, tag in tags.items():
+        written = {m.step: m.value for m in client.get_metric_history(run.info.run_id, tag)}
+        assert written == _finite(data[name]), name
+    (artifact,) = client.list_artifacts(run.info.run_id)
+    local = client.download_artifacts(run.info.run_id, artifact.path, str(tmp_path / "back"))
+    assert artifact.path == "run.h5" and open(local, "rb").read() == (tmp_path / "run.h5").read_bytes()
+
+
+def test_a_resumed_run_continues_both_writers_at_the_next_iteration(small_config, tmp_path, file_store):
+    first, _, _ = _session_run(small_config, tmp_path, tensorboard_dir=str(tmp_path / "tb"), mlflow_uri=file_store)
+    more = dataclasses.replace(first, algorithm=dataclasses.replace(first.algorithm, outer_iterations=ITERATIONS + 2))
+    assert Session(more, SerialComm(), resume=True).run_to_file() == 0
+    x_error = read_run(tmp_path / "run.h5")[1]["x_error"].tolist()
+    events = EventAccumulator(str(tmp_path / "tb" / "run"), size_guidance={"tensors": 0})
+    events.Reload()  # two event files, one per session
+    assert [float(tensor_util.make_ndarray(e.tensor_proto)) for e in events.Tensors("metrics/x_error")] == x_error
+    client = MlflowClient(file_store)
+    runs = client.search_runs([client.get_experiment_by_name("fednest-mpi").experiment_id], order_by=["start_time"])
+    assert [r.data.tags["fednest_mpi.resumed_after"] for r in runs] == ["0", str(ITERATIONS)]
+    steps = [[m.step for m in client.get_metric_history(r.info.run_id, "metrics/x_error")] for r in runs]
+    assert steps == [list(range(ITERATIONS + 1)), [ITERATIONS + 1, ITERATIONS + 2]]
+
+
+class Boom:
+    def on_iteration(self, k, row):
+        if k == 2:
+            raise RuntimeError("boom at 2")
+
+
+class StopAt:
+    """A stop request (runner's ``stop``) made at iteration 2: the run stops after it, with a checkpoint."""
+
+    received, requested = "SIGTERM", False
+
+    def on_iteration(self, k, row):
+        self.requested = k >= 1
+
+    def reached(self):
+        pass
+
+
+def test_an_mlflow_run_that_raised_is_failed_and_one_stopped_is_killed(small_config, tmp_path, file_store):
+    cfg = small_config(algorithm={"outer_iterations": ITERATIONS})
+    with pytest.raises(RuntimeError, match="boom at 2"):
+        simulate(cfg, SerialComm(), [Boom(), MLflowWriter(file_store, run_name="failed")])
+    stop = StopAt()
+    Simulation(cfg, SerialComm()).run([stop, MLflowWriter(file_store, run_name="stopped")], stop=stop)
+    client = MlflowClient(file_store)
+    runs = {
+        r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("fednest-mpi").experiment_id])
+    }
+    failed, stopped = runs["failed"], runs["stopped"]
+    assert failed.info.status == "FAILED" and failed.data.tags["fednest_mpi.error"] == "RuntimeError: boom at 2"
+    assert [m.step for m in client.get_metric_history(failed.info.run_id, "metrics/x_error")] == [0, 1]
+    assert stopped.info.status == "KILLED"
+    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "metrics/x_error")] == [0, 1, 2]
+    assert client.list_artifacts(stopped.info.run_id) == []  # simulate writes no run file
+
+
+@pytest.mark.parametrize(
+    "field, value, blocked, extra",
+    [
+        ("run.tensorboard_dir", "tb", ("torch.utils.tensorboard",), "tensorboard"),
+        ("run.mlflow_uri", "http://127.0.0.1:9", ("mlflow", "mlflow.tracking", "mlflow.entities"), "mlflow"),
+    ],
+)
+def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys, field, value, blocked, extra):
+    for module in blocked:  # as if it were not installed: the import of a None entry fails
+        monkeypatch.setitem(sys.modules, module, None)
+    cfg = tmp_path / "q.toml"
+    cfg.write_text('[problem]\nname = "quadratic"\n[algorithm]\nouter_iterations = 2\n')
+    out = tmp_path / "out.h5"
+    assert main(["run", str(cfg), "-q", "--output", str(out), "--set", f"{field}={value}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"fednest-mpi: error: {field} = {value!r}: the ")
+    assert line.endswith(f"install it with: pip install 'fednest-mpi[{extra}]'")
+    assert not out.exists()
+    writer = TensorBoardWriter if extra == "tensorboard" else MLflowWriter
+    with pytest.raises(UsageError, match=rf"pip install 'fednest-mpi\[{extra}\]'"):
+        writer(str(tmp_path / "x"))
+
+
+def test_an_mlflow_store_it_refuses_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(UsageError, match="MLflow refuses the tracking URI 'file:.*MLFLOW_ALLOW_FILE_STORE") as caught:
+        MLflowWriter((tmp_path / "mlruns").as_uri())
+    assert "\n" not in str(caught.value)
