@@ -193,8 +193,55 @@ class RunFiles(Callback):
         return lost
 
 
+def prior_run(cfg) -> tuple[str, str]:
+    """What a run of ``cfg`` finds of itself already done (``fednest-mpi run --skip-finished``), and why.
+
+    * ``("finished", why)``: ``run.output`` holds this run to its end, read as every reader reads a run file
+      (:func:`fednest_mpi.io.h5.read_run`, a file its writer closed): the config equal to ``cfg`` in every field
+      but those a resume may change (:data:`fednest_mpi.checkpoint.RESUMABLE_CHANGES`: logging, checkpoints,
+      timeouts), and exactly the rows of iterations 0, ..., ``algorithm.outer_iterations``;
+    * ``("resume", why)``: its checkpoint may be continued (every check of ``--resume`` passes: the same
+      config up to those fields, at or before ``algorithm.outer_iterations``, the client files and the output's
+      rows it recorded): an interrupted run, or a finished shorter one that a larger ``outer_iterations`` extends;
+    * ``("start", why)``: neither (no output, another config, a longer run than ``cfg``'s, a damaged file).
+
+    Reads files only (no MPI): the same answer on every rank of a job."""
+    from fednest_mpi import checkpoint
+    from fednest_mpi.io.h5 import check_resumable_output, read_run
+    from fednest_mpi.io.schema import SCALE
+
+    output, budget = cfg.run.output, cfg.algorithm.outer_iterations
+    if not Path(output).exists():
+        return "start", f"no run file {output!r}"
+    why = ""
+    try:
+        attrs, data = read_run(output, unclosed="refuse")
+        diffs = checkpoint.config_differences(attrs.get("config_json", "{}"), cfg)
+        done = data[SCALE].tolist()
+        if not diffs and done == list(range(budget + 1)):
+            return "finished", f"{output!r} holds this config's {budget} iterations"
+        if diffs:
+            why = f"another config ({diffs[0].replace(': checkpoint ', ': file ', 1)})"
+        else:
+            why = f"iterations 0..{done[-1] if done else '-'} of {budget}"
+    except UsageError as exc:  # unreadable, unclosed (killed), not a run file: its checkpoint may still serve
+        why = str(exc)
+    try:
+        folder = checkpoint.folder_of(cfg)
+        ckpt = checkpoint.load(folder)
+        checkpoint.check_resumable(ckpt, cfg)
+        checkpoint.check_client_files(folder, ckpt)
+        check_resumable_output(output, ckpt.output_rows, ckpt.row_digests)
+    except UsageError as exc:
+        return "start", f"{why}; not resumable: {exc}"
+    return "resume", f"{why}; its checkpoint is at iteration {ckpt.iteration}"
+
+
 class Session:
     """A run of ``cfg`` on ``comm`` to ``cfg.run.output`` (``resume``: continue from its checkpoint).
+
+    ``skip_finished``: first ask :func:`prior_run`: a finished run is not run again (its output line says so),
+    a resumable one is resumed, any other started (``resume`` is then ignored).
 
     :meth:`run_to_file` returns 0 when the run is done (or stopped by a signal after writing a
     checkpoint); it raises :class:`~fednest_mpi.errors.UsageError` (the same on every rank: a mistake in the
@@ -206,8 +253,18 @@ class Session:
     ``run.tensorboard_dir`` / ``run.mlflow_uri``; at ``on_end`` the run's files are closed. **Collective**.
     """
 
-    def __init__(self, cfg, comm, *, resume: bool = False, log: logging.Logger | None = None, callbacks=()):
+    def __init__(
+        self,
+        cfg,
+        comm,
+        *,
+        resume: bool = False,
+        skip_finished: bool = False,
+        log: logging.Logger | None = None,
+        callbacks=(),
+    ):
         self.cfg, self.comm, self.resume, self.log = cfg, comm, resume, log or logging.getLogger("fednest_mpi")
+        self.skip_finished = skip_finished
         self.callbacks = [c for c in callbacks if c is not None]
         self.writers: list = []  # rank 0's writers of run.tensorboard_dir and run.mlflow_uri (fednest_mpi.writers)
         self._locks: list = []
@@ -246,6 +303,14 @@ class Session:
         from fednest_mpi.stop import StopRequests
 
         run = self.cfg.run
+        if self.skip_finished:
+            state, why = prior_run(self.cfg)
+            if state == "finished":
+                if self.comm.Get_rank() == 0:
+                    print(f"output: {run.output} (finished earlier: {why}; not run again)")
+                return 0
+            self.resume = state == "resume"
+            self.log.info("--skip-finished: %s: %s", "resuming" if self.resume else "starting", why)
         with StopRequests(run.stop_timeout, run.round_timeout) as stop:  # from the start: checks may block too
             # until the files exist, ending at once is exiting (the locks released)
             stop.arm(lambda code, message: self._exit_now(code, message, self.comm.Get_rank() == 0))

@@ -40,6 +40,13 @@ def test_usage_error_of_argparse_exits_2(capsys):
         assert stop.value.code == 2
 
 
+def test_resume_and_skip_finished_are_one_or_the_other(capsys):
+    with pytest.raises(SystemExit) as stop:
+        _main(capsys, "run", CONFIG, "--resume", "--skip-finished")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--skip-finished: not allowed with argument --resume" in err
+
+
 # 4 ranks oversubscribe this 2-core machine (MPICH busy-polls), so that run is shorter
 @pytest.mark.processes  # starts mpiexec: make test-processes
 @pytest.mark.slow

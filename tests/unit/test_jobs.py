@@ -8,6 +8,7 @@ comments to bash. MPI runs use at most 2 ranks and a tiny config.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -581,6 +582,48 @@ def test_local_script_runs_the_sweep(tmp_path, fakebin):
     # an existing output is the run's usage error: reported, and the script fails
     res = subprocess.run(["bash", str(script), "0"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 1 and "FAILED with exit 2" in res.stderr and "failed tasks: 0" in res.stderr
+
+
+@needs_mpi
+def test_local_script_skips_finished_runs_and_resumes_a_killed_one(tmp_path, fakebin):
+    """FEDNEST_RUN_ARGS=--skip-finished (what the figure scripts pass unless -f): run again after a cut-off job,
+    the finished run is kept as it is and the killed one continues from its checkpoint, to the values of a
+    run that was never killed."""
+    from fednest_mpi import config
+    from fednest_mpi.comm import SerialComm
+    from fednest_mpi.runner import FAULT_ENV
+    from fednest_mpi.session import Session
+
+    _, env, _ = fakebin
+    sweep_path = tiny_sweep(tmp_path, "seed = [1, 2]", tasks_per_node=1)
+    paths = jobs.render_all(sweep_path, SITES["local"], tmp_path / "jobs", workdir=tmp_path)
+    script = str(next(p for p in paths if p.name == "tiny.local.sh"))
+    kept, killed = (jobs.expand(jobs.load_sweep(sweep_path))[i] for i in (0, 1))
+    skip = {**env, "VIRTUAL_ENV": sys.prefix, "FEDNEST_RUN_ARGS": "--skip-finished --set algorithm.outer_iterations=4"}
+
+    def local(*args, **more):
+        env = {**skip, **more}
+        return subprocess.run(["bash", script, *args], capture_output=True, text=True, timeout=120, env=env)
+
+    assert local("0").returncode == 0
+    cut = local("1", **{FAULT_ENV: "0:2:kill"})  # SIGKILL in iteration 2: the file unclosed, the checkpoint at 0
+    assert cut.returncode == 1 and "FAILED" in cut.stderr
+    before = (tmp_path / kept.output).stat()
+    res = local()
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"task 0/2 {kept.name}: done, output: {kept.output} (finished earlier: " in res.stdout
+    after = (tmp_path / kept.output).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert "resuming after iteration 0" in (tmp_path / "jobs" / "logs" / f"{killed.name}.log").read_text()
+    attrs, resumed = read_run(tmp_path / killed.output)
+    assert resumed["iteration"].tolist() == [0, 1, 2, 3, 4] and len(json.loads(attrs["resumes"])) == 1
+    whole = tmp_path / "whole.h5"
+    cfg = config.load(ROOT / "configs" / "quadratic.toml", [*killed.overrides, "algorithm.outer_iterations=4"],
+                      {"run.output": str(whole)})  # fmt: skip
+    assert Session(cfg, SerialComm()).run_to_file() == 0
+    _, direct = read_run(whole)
+    for name in ("x_error", "outer_objective", "hypergradient_norm", "comm_rounds"):
+        assert resumed[name].tolist() == direct[name].tolist(), name
 
 
 def test_render_all_writes_nothing_when_a_path_cannot_go_on_an_sbatch_line(tmp_path):

@@ -14,6 +14,9 @@ example:
   # after a preemption or SIGTERM (on any number of ranks):
   mpiexec -n 1 fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=50 \\
       --output runs/quadratic.h5 --resume
+  # a sweep run again (more seeds, a longer budget): finished runs are skipped, shorter ones extended
+  fednest-mpi run configs/quadratic.toml --set algorithm.outer_iterations=80 --output runs/quadratic.h5 \\
+      --skip-finished --overwrite
 """
 
 
@@ -22,11 +25,20 @@ def add(sub) -> None:
     run.add_argument("--output", "-o", help="HDF5 output path (run.output)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output file (run.overwrite)")
     run.add_argument("--quiet", "-q", action="store_true", help="warnings only")
-    run.add_argument(
+    again = run.add_mutually_exclusive_group()
+    again.add_argument(
         "--resume",
         action="store_true",
         help="continue from the run's latest checkpoint (run.checkpoint_dir): same config, any number of "
         "ranks; the output file is cut back to the checkpoint and appended to",
+    )
+    again.add_argument(
+        "--skip-finished",
+        action="store_true",
+        help="do not run again a run whose output file already holds it to its end (the same config up to "
+        "logging and checkpoint fields, iterations 0..algorithm.outer_iterations); continue one whose checkpoint "
+        "allows it (an interrupted run, or a shorter one: a larger outer_iterations extends it); else start it "
+        "(replacing the file only with --overwrite). For sweeps and figure scripts",
     )
 
 
@@ -50,7 +62,7 @@ def execute(args) -> int:
     except UsageError as exc:
         return report_usage_error(comm, exc)
     try:
-        return Session(cfg, comm, resume=args.resume, log=log).run_to_file()
+        return Session(cfg, comm, resume=args.resume, skip_finished=args.skip_finished, log=log).run_to_file()
     except UsageError as exc:
         return report_usage_error(comm, exc)
     except RunFailed as exc:
