@@ -458,7 +458,7 @@ class RunLoop:
         if fault_at == k and fault_kind == "raise":
             raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
         if fault_at == k and fault_kind == "term":
-            os.kill(os.getpid(), signal.SIGTERM)
+            self._signal_self()
         t0, rounds = time.perf_counter(), fed.stats.rounds
         out = step(k, self.x, self.y)
         broken = contract.violation(contract.check_step, sim.algorithm, out, self.x, self.y) or contract.violation(
@@ -473,6 +473,15 @@ class RunLoop:
         if fault_at == k and fault_kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         return self.record(k, time.perf_counter() - t0, diag, broken)
+
+    def _signal_self(self) -> None:
+        """The injected SIGTERM, waited for (up to 5 s) until the stop handlers' reader thread has noted it: the
+        signal arrives during this iteration, so its bookkeeping carries the stop request, however the threads
+        are scheduled (without the wait, a short iteration could reach its bookkeeping first)."""
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while self.stop is not None and not self.stop.requested and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def record(self, k: int, alg_seconds: float, diag: dict, broken: contract.PluginError | None = None) -> bool:
         """Evaluate, agree on the contract (``broken``: the step's violation on this rank), health and stop
