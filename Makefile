@@ -51,10 +51,10 @@ test-serial: test-unit test-processes
 # the MPI tests on 2 and 3 ranks; each rank runs only @pytest.mark.mpi tests. Not on 1 rank by default: the
 # tests compare COMM_WORLD with runs on COMM_SELF (1 rank) inside the same job, or check what only several
 # ranks have, and test-serial runs the command line without mpiexec (a 1-rank COMM_WORLD); MPI_RANKS="1 2 3"
-# adds the 1-rank pass. 3 rather than 4: an even and an uneven split of the clients, a power of two and not
-# (MPICH's Allreduce takes another path), more ranks than cores, as 4 gave, at 3/4 of its time (2 cores:
-# the 3-rank pass took 304 s against 412 s for 4 ranks, back to back on the loaded machine). The 4 -> 2
-# resumes run in test-processes; MPI_RANKS="2 3 4" runs all three.
+# adds the 1-rank pass. 3 rather than 4: with 2, an even and an uneven split of the clients, a power of two
+# and not (MPICH's Allreduce takes another path), more ranks than cores. Not faster on 2 cores when quiet
+# (167 s against 178 s for 4 ranks: a rank that shares a core slows every collective either way; 304 against
+# 412 s only on the loaded machine). The 4 -> 2 resumes run in test-processes; MPI_RANKS="2 3 4" runs all three.
 MPI_RANKS ?= 2 3
 test-mpi:
 	@for n in $(MPI_RANKS); do \
