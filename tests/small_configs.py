@@ -60,7 +60,7 @@ def small_synthetic(**fields) -> dict:
 #: a small problem section per registered problem, plugins included (an entry without one runs with its defaults)
 SMALL_PROBLEMS = {
     "quadratic": {"n_clients": 6, "dim_x": 3, "dim_y": 4, "gradient_noise": 0.1},
-    "hyper_representation": {"n_clients": 20, "hidden": 8, "batch_size": 4},
+    "hyper_representation": {"n_clients": 200, "hidden": 8, "batch_size": 4},  # ~300 images a client
     "loss_tuning": {"n_clients": 20, "hidden1": 6, "hidden2": 5, "batch_size": 4, "max_per_class": 100},
     "minimax": {"n_clients": 6, "dim": 3},
     "compositional": {"n_clients": 6, "dim_x": 2, "dim_y": 3},

@@ -78,7 +78,7 @@ def test_balanced_mnist_run_is_rank_count_invariant(name):
     """Every rank holds all clients' images; participants are dealt evenly; training sums
     (train_eval_every) still count each client once."""
     small = (
-        small_mnist_config(name, hidden=8)
+        small_mnist_config(name, hidden=8, n_clients=200)  # ~300 images a client
         if name == "hyper_representation"
         else small_mnist_config(name, hidden1=8, hidden2=6)
     )

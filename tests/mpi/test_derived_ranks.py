@@ -14,7 +14,13 @@ from fednest_mpi import config
 from fednest_mpi.runner import simulate
 
 PROBLEMS = {
-    "hyperrep": {"name": "hyper_representation", "partition": "dirichlet", "dirichlet_alpha": 0.3, "hidden": 8},
+    "hyperrep": {  # 200 clients: ~300 images each (the 20 of loss tuning hold ~100)
+        "name": "hyper_representation",
+        "partition": "dirichlet",
+        "dirichlet_alpha": 0.3,
+        "hidden": 8,
+        "n_clients": 200,
+    },
     "loss_tuning": {"name": "loss_tuning", "hidden1": 12, "hidden2": 8, "max_per_class": 300},
 }
 

@@ -110,7 +110,7 @@ def test_mnist_float32_with_fused_local_steps_of_different_lengths_is_bitwise_in
                 "problem": {
                     "name": "hyper_representation",
                     "data_dir": str(DATA),
-                    "n_clients": 20,
+                    "n_clients": 200,  # ~300 images a client
                     "batch_size": 4,
                     "partition": "dirichlet",
                     "hidden": 16,

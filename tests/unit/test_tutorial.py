@@ -87,7 +87,8 @@ def test_the_tutorial_runs_and_prints_what_it_quotes(tmp_path):
         for line in block.splitlines():
             assert re.sub(r"^\d\d:\d\d:\d\d ", "", line).split(" wall=")[0] in output, line
     # the value the tutorial quotes, printed in full: equal to the last digits that the CPU class decides
-    quoted, printed = (re.search(r"x_error after iteration 10: (\S+) after 350\.0 rounds", text) for text in (TUTORIAL, output))
+    line = re.compile(r"x_error after iteration 10: (\S+) after 350\.0 rounds")
+    quoted, printed = line.search(TUTORIAL), line.search(output)
     assert quoted and printed, "the tutorial's step 3 line is not in the tutorial or not in the output"
     assert float(printed[1]) == pytest.approx(float(quoted[1]), rel=1e-13, abs=0)
 
