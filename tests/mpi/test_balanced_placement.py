@@ -8,6 +8,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from one_rank import simulate_on_one_rank
 from shared_data import requires, small_mnist_config
 from small_configs import make_config, small_synthetic
 
@@ -53,7 +54,7 @@ def test_balanced_placement_is_rank_count_invariant(name):
             "run": {"dtype": "float64"},
         }
     )
-    world, single = simulate(cfg, MPI.COMM_WORLD), simulate(cfg, MPI.COMM_SELF)
+    world, single = simulate(cfg, MPI.COMM_WORLD), simulate_on_one_rank(cfg)
     # not bitwise: a rank's block of clients goes through one GEMM whose row results may depend on the
     # number of rows (BLAS blocking), so only rounding differs between rank counts
     torch.testing.assert_close(world.x, single.x, rtol=1e-10, atol=1e-12)
@@ -66,7 +67,7 @@ def test_balanced_quadratic_run_is_bitwise_the_one_rank_block_run():
     """Per-row oracles: neither the placement nor the rank count changes a single bit."""
     cfg = make_config(algorithm={"clients_per_round": 7}, federation={"placement": "balanced", "reduction": "ordered"})
     block = make_config(algorithm={"clients_per_round": 7}, federation={"reduction": "ordered"})
-    world, single = simulate(cfg, MPI.COMM_WORLD), simulate(block, MPI.COMM_SELF)
+    world, single = simulate(cfg, MPI.COMM_WORLD), simulate_on_one_rank(block)
     assert torch.equal(world.x, single.x) and torch.equal(world.y, single.y)
     assert_histories_match(world.history, single.history)
 
@@ -91,7 +92,7 @@ def test_balanced_mnist_run_is_rank_count_invariant(name):
             "run": {"dtype": "float64", "train_eval_every": 1},
         }
     )
-    world, single = simulate(cfg, MPI.COMM_WORLD), simulate(cfg, MPI.COMM_SELF)
+    world, single = simulate(cfg, MPI.COMM_WORLD), simulate_on_one_rank(cfg)
     torch.testing.assert_close(world.x, single.x, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(world.y, single.y, rtol=1e-10, atol=1e-12)
     assert_histories_match(world.history, single.history, rtol=1e-10, atol=1e-12)

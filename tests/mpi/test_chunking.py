@@ -8,6 +8,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from one_rank import simulate_on_one_rank
 from shared_data import DATA, requires, small_fairness_config
 from small_configs import register_test_plugins, small_problem_section, small_synthetic
 
@@ -68,7 +69,7 @@ def _same(a, b) -> None:
 @pytest.mark.parametrize("reduction", ["exact", "ordered"])
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name, reduction):
-    reference = simulate(_config(name, 0, reduction=reduction), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_config(name, 0, reduction=reduction))
     for chunk in (1, 7, 0):
         _same(simulate(_config(name, chunk, reduction=reduction), MPI.COMM_WORLD), reference)
 
@@ -89,7 +90,7 @@ def _problem_config(name: str, chunk: int) -> config.RunConfig:
 @pytest.mark.parametrize("name", sorted(config.PROBLEMS))
 def test_every_registered_problem_is_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
     """Every entry of the problem registry (plugins registered by the tests included), under FedNest."""
-    reference = simulate(_problem_config(name, 0), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_problem_config(name, 0))
     for chunk in (1, 3):
         _same(simulate(_problem_config(name, chunk), MPI.COMM_WORLD), reference)
 
@@ -97,14 +98,14 @@ def test_every_registered_problem_is_bitwise_the_same_for_every_chunk_size_and_r
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg", "simfbo", "fedmsa", "fedmbo"])
 def test_synthetic_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
-    reference = simulate(_config(name, 0, problem="synthetic"), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_config(name, 0, problem="synthetic"))
     for chunk in (1, 7, 0):
         _same(simulate(_config(name, chunk, problem="synthetic"), MPI.COMM_WORLD), reference)
 
 
 @pytest.mark.mpi
 def test_fedavg_s_chunks_are_bitwise_the_same():
-    reference = simulate(_config("fedavg_s", 0, problem="minimax"), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_config("fedavg_s", 0, problem="minimax"))
     for chunk in (1, 7):
         _same(simulate(_config("fedavg_s", chunk, problem="minimax"), MPI.COMM_WORLD), reference)
 
@@ -112,7 +113,7 @@ def test_fedavg_s_chunks_are_bitwise_the_same():
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", ["fednest", "lfednest_nonalt", "fedbioacc"])
 def test_sum_reduction_chunks_agree_to_rounding(name):
-    reference = simulate(_config(name, 0, reduction="sum"), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_config(name, 0, reduction="sum"))
     for chunk in (1, 7):
         run = simulate(_config(name, chunk, reduction="sum"), MPI.COMM_WORLD)
         assert_histories_match(run.history, reference.history, rtol=1e-12, atol=1e-13)
@@ -157,7 +158,7 @@ RAGGED_MNIST = {  # clients of different sizes (the padding must not depend on t
 @pytest.mark.parametrize("problem", sorted(RAGGED_MNIST))
 @pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg", "simfbo", "fedmsa"])
 def test_ragged_mnist_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(problem, name):
-    reference = simulate(_mnist_config(RAGGED_MNIST[problem], name, 0), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_mnist_config(RAGGED_MNIST[problem], name, 0))
     for chunk in (1, 7, 0):
         _same(simulate(_mnist_config(RAGGED_MNIST[problem], name, chunk), MPI.COMM_WORLD), reference)
 
@@ -169,6 +170,6 @@ def test_fairness_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(
     """Per-client classifiers through autograd (FedBiOAcc) and the pooled worst-group loss: the
     logistic loss and its sigmoid must not depend on an element's place in the block."""
     cells = "group_label" if objective == "worst_group" else "group"
-    reference = simulate(small_fairness_config(name, objective, cells), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(small_fairness_config(name, objective, cells))
     for chunk in (1, 2, 0):
         _same(simulate(small_fairness_config(name, objective, cells, chunk=chunk), MPI.COMM_WORLD), reference)

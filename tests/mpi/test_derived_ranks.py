@@ -8,6 +8,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from one_rank import simulate_on_one_rank
 from shared_data import DATA, requires
 
 from fednest_mpi import config
@@ -54,7 +55,7 @@ def _config(problem: str, name: str, chunk: int) -> config.RunConfig:
 @pytest.mark.parametrize("problem, name", [("hyperrep", "fednest"), ("loss_tuning", "fedbioacc")])
 def test_derived_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(problem, name):
     """FedNest (FedInn's local steps at the shared x, FedIHGP) and FedBiOAcc (empty blocks, per-client y)."""
-    reference = simulate(_config(problem, name, 0), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_config(problem, name, 0))
     for chunk in (1, 0):
         run = simulate(_config(problem, name, chunk), MPI.COMM_WORLD)
         assert_histories_match(run.history, reference.history)

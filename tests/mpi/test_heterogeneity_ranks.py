@@ -12,6 +12,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from one_rank import simulate_on_one_rank
 from shared_data import DATA, requires
 
 from fednest_mpi import checkpoint, config
@@ -64,7 +65,7 @@ def _config(name: str, chunk: int = 0, iterations: int = 3, **run) -> config.Run
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_heterogeneous_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
-    reference = simulate(_config(name), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(_config(name))
     assert sum(reference.history["clients_dropped"]) > 0
     for chunk in (1, 3, 0):
         run = simulate(_config(name, chunk), MPI.COMM_WORLD)
@@ -86,7 +87,7 @@ def folder():
 @pytest.mark.parametrize("name", ["fednest", "fedbioacc"])
 def test_resume_on_another_rank_count_equals_the_uninterrupted_run(folder, name):
     comm = MPI.COMM_WORLD
-    whole = simulate(_config(name, iterations=6), MPI.COMM_SELF)
+    whole = simulate_on_one_rank(_config(name, iterations=6))
     first = Simulation(_config(name, iterations=3, checkpoint_every=2), comm).run(checkpoint_dir=folder)
     if comm.rank == 0:  # the rest on one rank
         second = Simulation(_config(name, iterations=6, checkpoint_every=2), MPI.COMM_SELF).run(
@@ -125,7 +126,7 @@ def test_mnist_float32_with_fused_local_steps_of_different_lengths_is_bitwise_in
             }
         )
 
-    reference = simulate(cfg(0), MPI.COMM_SELF)
+    reference = simulate_on_one_rank(cfg(0))
     for chunk in (1, 3, 0):
         run = simulate(cfg(chunk), MPI.COMM_WORLD)
         assert_histories_match(run.history, reference.history)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from one_rank import simulate_on_one_rank
 
 from fednest_mpi import config
 from fednest_mpi.federation import Federation, block_range
@@ -32,7 +33,7 @@ def test_ordered_reduction_is_bitwise_rank_count_invariant(small_config, name):
         problem={"gradient_noise": 0.1},
     )
     world = simulate(cfg, MPI.COMM_WORLD)
-    single = simulate(cfg, MPI.COMM_SELF)
+    single = simulate_on_one_rank(cfg)
     _compare(world.history, single.history, exact=True)
     assert torch.equal(world.x, single.x) and torch.equal(world.y, single.y)
 
@@ -41,7 +42,7 @@ def test_ordered_reduction_is_bitwise_rank_count_invariant(small_config, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_sum_reduction_is_rank_count_invariant_to_rounding(small_config, name):
     cfg = small_config(algorithm={"name": name}, problem={"gradient_noise": 0.1})
-    _compare(simulate(cfg, MPI.COMM_WORLD).history, simulate(cfg, MPI.COMM_SELF).history, exact=False)
+    _compare(simulate(cfg, MPI.COMM_WORLD).history, simulate_on_one_rank(cfg).history, exact=False)
 
 
 @pytest.mark.mpi
@@ -88,6 +89,6 @@ def test_ordered_reduction_is_bitwise_with_single_client_blocks(small_config):
         problem={"dim_x": 10, "dim_y": 20},
     )
     world = simulate(cfg, MPI.COMM_WORLD)
-    single = simulate(cfg, MPI.COMM_SELF)
+    single = simulate_on_one_rank(cfg)
     _compare(world.history, single.history, exact=True)
     assert torch.equal(world.x, single.x) and torch.equal(world.y, single.y)

@@ -15,9 +15,10 @@ import pytest
 import torch
 from histories import assert_histories_match
 from mpi4py import MPI
+from one_rank import simulate_on_one_rank
 
 from fednest_mpi import checkpoint
-from fednest_mpi.runner import Simulation, simulate
+from fednest_mpi.runner import Simulation
 
 CASES = {
     "fednest": ({"name": "fednest", "ihgp_mode": "randomized"}, {}),
@@ -70,7 +71,7 @@ def test_resume_on_another_number_of_ranks(small_config, folder, case, start):
     """Started on every rank and resumed on half of them, or started on rank 0 alone and resumed on every rank."""
     comm = MPI.COMM_WORLD
     short, full = _configs(small_config, case)
-    whole = simulate(full, MPI.COMM_SELF)
+    whole = simulate_on_one_rank(full)
     if start == "all ranks":
         first = Simulation(short, comm).run(checkpoint_dir=folder)
         resume_comm = comm.Split(0 if comm.rank < max(1, comm.size // 2) else MPI.UNDEFINED, comm.rank)
@@ -93,7 +94,7 @@ def test_resume_with_sum_reduction_agrees_to_rounding(small_config, folder):
     """federation.reduction = "sum": the rank count enters only through summation order."""
     comm = MPI.COMM_WORLD
     short, full = _configs(small_config, "fednest", reduction="sum")
-    whole = simulate(full, MPI.COMM_SELF)
+    whole = simulate_on_one_rank(full)
     first = Simulation(short, comm).run(checkpoint_dir=folder)
     if comm.rank == 0:  # the rest on one rank
         second = Simulation(full, MPI.COMM_SELF).run(checkpoint_dir=folder, resume=checkpoint.load(folder))
