@@ -24,7 +24,7 @@ install:
 	$(BIN)/pip install -q --no-deps -e .
 	@echo "== done: $(BIN)/fednest-mpi --version: $$($(BIN)/fednest-mpi --version); next: make test"
 
-test: lint test-unit test-processes test-mpi
+test: lint test-serial test-mpi
 
 # ruff (lint, import order; line length 120) and mypy on the package (pyproject.toml)
 lint:
@@ -45,21 +45,27 @@ test-unit:
 test-processes:
 	$(TIMEOUT) $(BIN)/python -m pytest -q $(XDIST) -m "processes and not packaging" tests
 
-# both: every test but the MPI-marked ones (skipped without mpiexec) and the wheel builds (test-examples runs those)
-test-serial: test-unit test-processes
+# both tiers in ONE pytest-xdist session (what make test runs): every test but the MPI-marked ones (skipped
+# without mpiexec) and the wheel builds (test-examples runs those). One start-up and one tail instead of two: the
+# long tests (@pytest.mark.slow, mostly the processes tier) go first, the short unit tests fill the workers' ends.
+test-serial:
+	$(TIMEOUT) $(BIN)/python -m pytest -q $(XDIST) -m "not packaging" tests
 
 # the MPI tests on 2 and 3 ranks; each rank runs only @pytest.mark.mpi tests. Not on 1 rank by default: the
 # tests compare COMM_WORLD with runs on COMM_SELF (1 rank) inside the same job, or check what only several
 # ranks have, and test-serial runs the command line without mpiexec (a 1-rank COMM_WORLD); MPI_RANKS="1 2 3"
 # adds the 1-rank pass. 3 rather than 4: with 2, an even and an uneven split of the clients, a power of two
-# and not (MPICH's Allreduce takes another path), more ranks than cores. Not faster on 2 cores when quiet
-# (167 s against 178 s for 4 ranks: a rank that shares a core slows every collective either way; 304 against
-# 412 s only on the loaded machine). The 4 -> 2 resumes run in test-processes; MPI_RANKS="2 3 4" runs all three.
+# and not (MPICH's Allreduce takes another path), more ranks than cores (4 took 178 s against 167 s for 3 on 2
+# quiet cores; the 4 -> 2 resumes run in test-processes; MPI_RANKS="2 3 4" runs all three). The first count
+# runs every MPI test; the later ones leave out @pytest.mark.problem_invariance (one problem's oracles on its
+# data, chunk- and rank-count invariant through the same block split that the quadratic tests check at every
+# count): 183 s -> about 55 s for the 3-rank pass on this 2-core Intel Xeon (docs/testing.md).
 MPI_RANKS ?= 2 3
 test-mpi:
-	@for n in $(MPI_RANKS); do \
-	  echo "== MPI tests on $$n ranks"; \
-	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q --only-mpi tests/mpi || exit 1; \
+	@first=1; for n in $(MPI_RANKS); do \
+	  if [ $$first = 1 ]; then only="mpi"; else only="mpi and not problem_invariance"; fi; first=0; \
+	  echo "== MPI tests on $$n ranks (-m '$$only')"; \
+	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(BIN)/python -m pytest -q --only-mpi -m "$$only" tests/mpi || exit 1; \
 	done
 
 # the packaging tests (a wheel built offline and installed outside the tree), then the examples as a user

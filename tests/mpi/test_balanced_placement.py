@@ -73,6 +73,7 @@ def test_balanced_quadratic_run_is_bitwise_the_one_rank_block_run():
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @requires("mnist")
 @pytest.mark.parametrize("name", ["hyper_representation", "loss_tuning"])
 def test_balanced_mnist_run_is_rank_count_invariant(name):

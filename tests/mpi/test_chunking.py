@@ -87,6 +87,7 @@ def _problem_config(name: str, chunk: int) -> config.RunConfig:
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @pytest.mark.parametrize("name", sorted(config.PROBLEMS))
 def test_every_registered_problem_is_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
     """Every entry of the problem registry (plugins registered by the tests included), under FedNest."""
@@ -96,6 +97,7 @@ def test_every_registered_problem_is_bitwise_the_same_for_every_chunk_size_and_r
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg", "simfbo", "fedmsa", "fedmbo"])
 def test_synthetic_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
     reference = simulate_on_one_rank(_config(name, 0, problem="synthetic"))
@@ -154,6 +156,7 @@ RAGGED_MNIST = {  # clients of different sizes (the padding must not depend on t
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @requires("mnist")
 @pytest.mark.parametrize("problem", sorted(RAGGED_MNIST))
 @pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg", "simfbo", "fedmsa"])
@@ -164,6 +167,7 @@ def test_ragged_mnist_float32_runs_are_bitwise_the_same_for_every_chunk_size_and
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @requires("adult")
 @pytest.mark.parametrize("name, objective", [("fednest", "worst_group"), ("fedbioacc", "balanced")])
 def test_fairness_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name, objective):

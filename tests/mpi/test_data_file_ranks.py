@@ -37,6 +37,7 @@ def data_file():
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @pytest.mark.parametrize("name,fields", [("hyper_representation", {"hidden": 5}), ("loss_tuning", {"hidden1": 6})])
 def test_data_file_run_is_bitwise_rank_and_chunk_invariant(data_file, name, fields):
     def cfg(chunk):

@@ -51,6 +51,7 @@ def _config(problem: str, name: str, chunk: int) -> config.RunConfig:
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @requires("mnist")
 @pytest.mark.parametrize("problem, name", [("hyperrep", "fednest"), ("loss_tuning", "fedbioacc")])
 def test_derived_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(problem, name):

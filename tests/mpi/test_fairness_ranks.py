@@ -16,6 +16,7 @@ pytestmark = requires("adult")
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @pytest.mark.parametrize("reduction", ["ordered", "sum"])
 @pytest.mark.parametrize(
     "objective, cells", [("balanced", "group"), ("worst_group", "group"), ("worst_group", "group_label")]

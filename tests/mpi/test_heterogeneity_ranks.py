@@ -99,6 +99,7 @@ def test_resume_on_another_rank_count_equals_the_uninterrupted_run(folder, name)
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @requires("mnist")
 @pytest.mark.parametrize("name", ["fednest", "fedavg"])
 def test_mnist_float32_with_fused_local_steps_of_different_lengths_is_bitwise_invariant(name):

@@ -18,6 +18,7 @@ pytestmark = requires("mnist")
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @pytest.mark.parametrize("name", ["fednest", "lfednest"])
 def test_run_is_bitwise_rank_and_chunk_invariant(name):
     problem = {

@@ -11,6 +11,7 @@ from fednest_mpi.runner import simulate
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @requires("mnist")
 def test_training_metrics_do_not_depend_on_the_rank_count():
     cfg = config.from_dict(
@@ -33,6 +34,7 @@ def test_training_metrics_do_not_depend_on_the_rank_count():
 
 
 @pytest.mark.mpi
+@pytest.mark.problem_invariance
 @requires("mnist")
 def test_with_the_ordered_reduction_the_training_metrics_are_bitwise_the_same_on_any_rank_count():
     cfg = config.from_dict(
