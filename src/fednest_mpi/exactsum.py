@@ -170,6 +170,9 @@ class BinnedSum:
         by its float64 weight first when ``weights`` (B,) is given (one rounding, per element)."""
         if values.shape[0] == 0:
             return
+        if values.shape[0] > 1 and values.stride(0) == 0 and (weights is None or bool((weights == weights[0]).all())):
+            self._add_copies(values[:1], None if weights is None else weights[:1], int(values.shape[0]))
+            return
         if self._add_compiled(values, weights):
             return
         d = values.shape[1]
@@ -183,6 +186,18 @@ class BinnedSum:
             top = torch.maximum(self.top[lo:hi], tops(block))
             self._align_columns(lo, hi, top)
             self._deposit(block, lo, hi)
+
+    def _add_copies(self, row: torch.Tensor, weight: torch.Tensor | None, n: int) -> None:
+        """Add ``n`` copies of the (1, d) ``row`` (a shared block, stride 0, with one weight for all): its slices
+        are cut once, in the window the copies would have moved to, and added times ``n``. The same bits as ``n``
+        deposits: a slice is an integer of at most ``BIN_BITS - 1`` bits on its bin's grid, so ``n`` times it and
+        the bin's total stay exact while the bin receives at most :data:`MAX_SUMMANDS` summands (the limit of
+        every sum here, checked by the config). A non-finite slice stays what ``n`` additions make of it."""
+        once = BinnedSum(int(row.shape[1]), self.n_bins, device=self.bins.device)
+        once.top = self.top.clone()
+        once.add(row, weight)
+        self.align(once.top)
+        self.bins += once.bins * n
 
     def _add_compiled(self, values: torch.Tensor, weights: torch.Tensor | None) -> bool:
         """:meth:`add` by the compiled kernel (:func:`kernel`): False, having done nothing, where it does not apply

@@ -131,6 +131,7 @@ def _weighted_sum(rows: list, w: torch.Tensor) -> torch.Tensor:
     """sum_b w_b rows[b] of each block, concatenated. Plain tensors go through one product of their
     concatenation; a factored form computes its own ``weighted_sum(w)`` without forming its rows."""
     if all(isinstance(r, torch.Tensor) for r in rows):
+        rows = [r.contiguous() if r.stride(0) == 0 else r for r in rows]  # a shared row: the product of its copies
         return w @ (torch.cat(rows, dim=1) if len(rows) > 1 else rows[0])
     return torch.cat([w @ r if isinstance(r, torch.Tensor) else r.weighted_sum(w) for r in rows])
 

@@ -165,3 +165,30 @@ def test_compiled_kernel_marks_non_finite_columns_as_the_torch_operations(monkey
     finite = torch.isfinite(plain.value())
     assert torch.equal(finite, torch.isfinite(compiled.value())) and not finite[4:7].any()
     assert torch.equal(compiled.value()[finite], plain.value()[finite])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kernel", ["auto", "off"])
+def test_a_shared_row_is_deposited_once_with_the_bits_of_its_copies(monkeypatch, dtype, kernel):
+    """A shared block (one row, stride 0: FedOut's x - alpha h of every client at tau = 1) with one weight for all
+    is sliced once and added n times over: bins, tops and value bit for bit those of its n copies, after other
+    rows (the window already up in some columns, rising in others) and with non-finite values; with unequal
+    weights the copies are deposited one by one."""
+    monkeypatch.setenv(exactsum.KERNEL_VARIABLE, kernel)
+    exactsum.kernel.cache_clear()
+    once = []
+    cut_once = exactsum.BinnedSum._add_copies
+    monkeypatch.setattr(exactsum.BinnedSum, "_add_copies", lambda acc, *a: once.append(a[2]) or cut_once(acc, *a))
+    rows = _rows(dtype, n=41, d=300)
+    row = rows[6].clone()
+    row[20], row[21] = float("inf"), float("nan")
+    for n, weights in ((1000, torch.full((1000,), 1e-3, dtype=torch.float64)), (7, None), (5, torch.arange(5.0))):
+        shared, copies = (exactsum.BinnedSum(300, exactsum.bins_for(dtype)) for _ in range(2))
+        for acc, block in ((shared, row.expand(n, -1)), (copies, row.expand(n, -1).contiguous())):
+            acc.add(rows[:3])
+            acc.add(block, weights)
+        assert torch.equal(shared.top, copies.top)
+        for a, b in ((shared.bins, copies.bins), (shared.value(), copies.value())):
+            assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    assert once == [1000, 7]  # the shared blocks with one weight were cut once; the unequal weights were not
+    exactsum.kernel.cache_clear()

@@ -312,7 +312,9 @@ class FedNest(InnerLevel, LocalHypergradient, GlobalHypergradient, Algorithm):
         def local_steps(piece):
             ids, n = piece.local_ids, piece.local_ids.size
             X, Y = self._rows(x, n), self._rows(y, n)
-            Xi = X - cfg.outer_lr * h
+            Xi = self._rows(x - cfg.outer_lr * h, n)  # step 0 is the same for every client: one shared row
+            if cfg.outer_local_steps > 1:
+                Xi = Xi.contiguous()  # the local steps make the rows differ; the oracles see separate rows
             steps = self.fed.local_steps(ids, k, cfg.outer_local_steps)  # each client's own tau
             for nu in range(1, cfg.outer_local_steps):
                 s, a = Sample(self.key(P.OUTER_SAMPLE, k), nu), active_rows(steps, nu)
