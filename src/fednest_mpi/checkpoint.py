@@ -95,6 +95,13 @@ class Checkpoint:
     # a 64-bit digest of each of the output's first output_rows rows of /iterations (io.h5.row_digests);
     # empty for a run without an output file
     row_digests: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    # a 64-bit digest of each attribute of the output file (io.h5.attr_digests); empty for a run without an output
+    # file, and in checkpoints written before them (OPTIONAL: such a checkpoint still resumes, unchecked)
+    attr_digests: dict[str, int] = field(default_factory=dict)
+
+
+#: fields a checkpoint of this version may lack (written before they were added): their defaults then
+OPTIONAL = frozenset({"attr_digests"})
 
 
 def folder_of(cfg) -> Path:
@@ -263,7 +270,7 @@ def load(folder: str | Path) -> Checkpoint:
         )
     data = _load(path)
     names = {f.name for f in dataclasses.fields(Checkpoint)}
-    missing = sorted(names - set(data))
+    missing = sorted(names - set(data) - OPTIONAL)
     if missing:
         raise UsageError(f"checkpoint file '{path}' lacks {', '.join(missing)}; start the run again without --resume")
     ckpt = Checkpoint(**{k: v for k, v in data.items() if k in names})

@@ -231,7 +231,7 @@ def prior_run(cfg) -> tuple[str, str]:
         ckpt = checkpoint.load(folder)
         checkpoint.check_resumable(ckpt, cfg)
         checkpoint.check_client_files(folder, ckpt)
-        check_resumable_output(output, ckpt.output_rows, ckpt.row_digests)
+        check_resumable_output(output, ckpt.output_rows, ckpt.row_digests, ckpt.attr_digests)
     except UsageError as exc:
         return "start", f"{why}; not resumable: {exc}"
     return "resume", f"{why}; its checkpoint is at iteration {ckpt.iteration}"
@@ -367,7 +367,7 @@ class Session:
                 locks = lock.acquire_all(targets, take_stale=self.resume or cfg.run.overwrite)
                 if resume is not None:
                     checkpoint.check_client_files(folder, resume)
-                    check_resumable_output(cfg.run.output, resume.output_rows, resume.row_digests)
+                    check_resumable_output(cfg.run.output, resume.output_rows, resume.row_digests, resume.attr_digests)
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
                 self.writers = writers.from_config(cfg)
             except UsageError as exc:

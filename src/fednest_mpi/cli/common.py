@@ -4,6 +4,9 @@ overrides, the line of a usage error."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import sys
 
 from fednest_mpi.errors import UsageError
@@ -33,3 +36,25 @@ def usage_error(exc: UsageError) -> int:
     """Print a usage error's one line and return the exit status 2."""
     print(f"fednest-mpi: error: {exc}", file=sys.stderr)
     return 2
+
+
+#: where launchers put a process's rank before MPI starts: MPICH's Hydra, PMIx (Open MPI 5), Open MPI 4, SLURM's srun
+RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launcher_rank(environ=os.environ) -> int:
+    """This process's rank as its launcher announced it (before MPI starts), 0 when none did."""
+    for name in RANK_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def parsed(parser: argparse.ArgumentParser, argv, environ=os.environ) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, whose usage errors, ``--help`` and ``--version`` (argparse prints them and
+    exits) only the first rank of an MPI job prints: ``mpiexec -n 2 fednest-mpi run --bad`` says it once."""
+    if launcher_rank(environ) == 0:
+        return parser.parse_args(argv)
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        return parser.parse_args(argv)

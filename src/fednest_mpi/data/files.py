@@ -76,6 +76,13 @@ def find_file(data_dir: Path, name: str, dataset: str) -> Path:
                 f"{DATASETS[dataset].title} file '{candidate}' {not_a_file(candidate)}; replace it with the data "
                 f"file, or run `fednest-mpi download {dataset} --dest {root}`"
             )
+    sub = data_dir / DATASETS[dataset].folder  # where resolve_data_dir looked first: a link to nothing, a loop, a file
+    if os.path.lexists(sub) and not sub.is_dir():
+        raise DataError(
+            f"{DATASETS[dataset].title} folder '{sub}' {not_a_file(sub) or 'is a file, not a folder'}, and "
+            f"'{data_dir}' itself holds no {name}.gz; replace it with the folder of the data files, or run "
+            f"`fednest-mpi download {dataset} --dest {data_dir}`"
+        )
     raise DataError(
         f"{DATASETS[dataset].title} file '{data_dir / name}.gz' not found in data directory '{data_dir}' "
         f"(looked for {name}.gz or {name}); set {ENV_VAR} or problem.data_dir, "

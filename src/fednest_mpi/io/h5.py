@@ -228,9 +228,48 @@ def row_digests(columns, rows: range) -> list[int]:
     return out
 
 
-def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
+#: file attributes that change without a checkpoint: a resume appends to ``resumes`` (and may be stopped before
+#: its first checkpoint), ``fednest-mpi recover`` adds its record
+_UNCHECKED_ATTRS = frozenset({"resumes", "recovered"})
+
+
+def attr_digests(attrs) -> dict[str, int]:
+    """A 64-bit BLAKE2b digest of each file attribute of a run file (its name -> digest; the value's dtype and
+    bytes as stored; not ``resumes`` and ``recovered``, nor the parts :func:`read_run` adds; bytes decoded as it
+    does): what a checkpoint records of the file's attributes, so that one changed since is found at ``--resume``."""
+    out = {}
+    for name, value in attrs.items():
+        if name in _UNCHECKED_ATTRS or name in ("config", COLUMN_INFO):
+            continue
+        stored = np.asarray(value.decode() if isinstance(value, bytes) else value)
+        h = hashlib.blake2b(digest_size=8)
+        h.update(stored.dtype.str.encode() + b"\0" + stored.tobytes())
+        out[str(name)] = int.from_bytes(h.digest(), "little", signed=True)
+    return out
+
+
+def _changed_attribute(path: Path, attrs: dict, recorded: dict) -> str | None:
+    """The line refusing a resume into ``path`` whose attributes ``attrs`` differ from the ``recorded``
+    :func:`attr_digests`, or None (also when nothing was recorded: a checkpoint written before them)."""
+    if not recorded:
+        return None
+    found = attr_digests(attrs)
+    changed = sorted(name for name in found.keys() | recorded.keys() if found.get(name) != recorded.get(name))
+    if not changed:
+        return None
+    name = changed[0]
+    how = "removed" if name not in found else "added" if name not in recorded else "changed"
+    more = f" (and {len(changed) - 1} more attribute(s))" if len(changed) > 1 else ""
+    return (
+        f"--resume: the attribute {name!r} of {str(path)!r}{more} was {how} since the checkpoint recorded it; "
+        "restore the file, or recompute it: the same command with --overwrite in place of --resume"
+    )
+
+
+def check_resumable_output(path: str | Path, rows: int, digests=(), attributes=None) -> None:
     """Refuse to resume into ``path`` unless it is a readable run file holding at least ``rows``
-    iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`),
+    iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`) and
+    whose attributes the digests ``attributes`` (:func:`attr_digests`; None or empty: not checked),
     with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`)."""
     from fednest_mpi.io.clients import check_client_files  # clients imports this module
 
@@ -245,7 +284,7 @@ def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
             f"--resume: the output file {str(p)!r} of the checkpointed run does not exist; "
             "run without --resume to start again"
         )
-    _, data = read_run(p, unclosed="read")
+    attrs, data = read_run(p, unclosed="read")
     if len(data.get(SCALE, ())) < rows:
         raise UsageError(
             f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
@@ -261,6 +300,9 @@ def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
             "was changed since the checkpoint recorded it; restore the file, or recompute it: the same command with "
             "--overwrite in place of --resume (the checkpoint holds digests of the rows, not the rows)"
         )
+    changed_attribute = _changed_attribute(p, attrs, dict(attributes or {}))
+    if changed_attribute:
+        raise UsageError(changed_attribute)
     check_client_files(p, rows, unclosed="read", what="--resume: ")
     check_directory(p.parent, "run.output")
 
@@ -353,6 +395,7 @@ class RunWriter:
         self.file = h5py.File(tmp, "x", libver="latest")
         f = self.file
         _write_attrs(f, attrs, now, kept_attrs, keep_rows, recovered)
+        self.attr_digests = attr_digests(dict(f.attrs))  # what a checkpoint records of them
         group = f.create_group(GROUP)
         self.columns = list(columns)
         _create_columns(group, columns, kept, keep_rows)
