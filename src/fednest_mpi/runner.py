@@ -616,7 +616,8 @@ class RunLoop:
         attributes = self.hooks.first("attr_digests")  # and of the run file's attributes
         if attributes is not None:
             saved.attr_digests = attributes
-        ckpt_io.save(fed.comm, self.checkpoint_dir, saved, sim.algorithm.client_states())
+        series = self.series.client_digests(k + 1) if self.series is not None else None
+        ckpt_io.save(fed.comm, self.checkpoint_dir, saved, sim.algorithm.client_states(), series)
         self.hooks.call("on_checkpoint", k, self.checkpoint_dir)
 
 

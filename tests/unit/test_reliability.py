@@ -352,6 +352,15 @@ def resume_after_attribute_edit(tmp):
     return _one_line_error(res) + f", names the attribute 'seed': {named}, file kept: {kept}"
 
 
+def resume_after_client_edit(tmp):
+    cfg, out = _finished_run(tmp)
+    with h5py.File(S.client_dir(out) / S.rank_file(0), "r+") as f:
+        f["clients/outer_loss"][1, 2] = 0.0  # the checkpoint after iteration 6 covers iteration 2
+    res = run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT)
+    named = "iteration 2 of the per-client series" in res.stderr
+    return _one_line_error(res) + f", names iteration 2: {named}"
+
+
 def config_is(make):
     def case(tmp):
         path = tmp / "c.toml"
@@ -900,6 +909,12 @@ CASES = [
         "an attribute of the run file (`seed`) edited (h5py) before the last checkpoint, then `run --resume`",
         resume_after_attribute_edit,
         ONE_LINE + ", names the attribute 'seed': True, file kept: True",
+    ),
+    (
+        "a value of the per-client series (`RUN.clients/rank00000.h5`) edited before the last checkpoint, then "
+        "`run --resume`",
+        resume_after_client_edit,
+        ONE_LINE + ", names iteration 2: True",
     ),
     (
         "an exception on rank 1 of 2",
