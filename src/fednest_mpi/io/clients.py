@@ -191,6 +191,21 @@ def column_digests(first_client: int, columns: dict[str, np.ndarray], start: int
     return out
 
 
+_DIGEST_BLOCK = 1 << 20  # entries read and hashed at once: bounded memory for any number of clients and iterations
+
+
+def stored_digests(first_client: int, group, columns: int) -> np.ndarray:
+    """:func:`column_digests` of the first ``columns`` iterations of the series in the HDF5 group ``group`` (a
+    client file's /clients) of the clients ``first_client``, ..., read a block of iterations at a time."""
+    out = np.zeros(columns, dtype=np.uint64)
+    n = max(1, group[next(iter(S.CLIENT_SERIES))].shape[0])
+    step = max(1, _DIGEST_BLOCK // n)
+    for lo in range(0, columns, step):
+        hi = min(columns, lo + step)
+        out[lo:hi] = column_digests(first_client, {name: group[name][:, lo:hi] for name in S.CLIENT_SERIES}, lo)
+    return out
+
+
 class ClientFile:
     """One rank's per-client rows (the clients ``hosted``), streamed to ``RUN.clients/rankNNNNN.h5``.
 
@@ -210,7 +225,8 @@ class ClientFile:
         self._identity = file_identity(path)
         self.first = hosted.start
         # the digests of the columns written (column_digests): those of a resumed file read back once
-        self.digests = list(column_digests(self.first, {name: d[()] for name, d in self.datasets.items()}))
+        columns = self.datasets["participation"].shape[1]
+        self.digests = list(stored_digests(self.first, self.file[S.CLIENTS], columns))
 
     def lost(self) -> str | None:
         """Why the file under :attr:`path` is no longer the one being written (deleted, replaced), or None."""
@@ -405,8 +421,7 @@ def check_series_digests(run_path: str | Path, files, rows: int, recorded) -> No
     with np.errstate(over="ignore"):
         for ids, g in files:
             with reading(g.filename, "client file"):
-                columns = {name: g[S.CLIENTS][name][:, : recorded.size] for name in S.CLIENT_SERIES}
-            found += column_digests(ids.start, columns)
+                found += stored_digests(ids.start, g[S.CLIENTS], recorded.size)
     changed = np.flatnonzero(found != recorded)
     if changed.size:
         more = f" (and {changed.size - 1} more iteration(s))" if changed.size > 1 else ""
