@@ -302,9 +302,8 @@ class Session:
         self.comm.Abort(code)
 
     def run_to_file(self) -> int:
-        from fednest_mpi.stop import StopRequests
-
         from fednest_mpi.io.h5 import check_names
+        from fednest_mpi.stop import StopRequests
 
         run = self.cfg.run
         if self.skip_finished:
