@@ -247,4 +247,13 @@ def test_argparse_errors_are_printed_by_the_first_rank_only(capsys, variable):
 def test_argparse_error_under_mpiexec_is_one_message(tmp_path):
     res = run_cli("run", CONFIG, "--output", ranks=2, timeout=60)
     assert res.returncode == 2
-    assert res.stderr.count("expected one argument") == 1 and res.stderr.count("usage:") == 1, res.stderr
+    assert res.stderr.count("expected one argument") == 1 and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_an_argparse_error_is_one_line_with_the_way_out(capsys):
+    """``--output -x.h5``: argparse reads '-x.h5' as an option; the line says how to pass such a value."""
+    with pytest.raises(SystemExit) as stop:
+        _main(capsys, "run", CONFIG, "--output", "-x.h5")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert "--output/-o: expected one argument; a value that starts with '-' goes after '=' (--output=-run.h5)" in err

@@ -17,7 +17,7 @@ import sys
 
 from fednest_mpi import __version__
 from fednest_mpi.cli import analyse, check, data, download, jobs, recover, run
-from fednest_mpi.cli.common import parsed
+from fednest_mpi.cli.common import Parser, parsed
 
 #: each subcommand's module: ``add(sub)`` makes its parser, ``execute(args)`` runs it and returns the exit code
 COMMANDS = {
@@ -33,7 +33,7 @@ COMMANDS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(  # its subcommands' parsers are of its class: usage errors in one line
         prog="fednest-mpi",
         description="MPI simulator for federated bilevel optimisation (FedNest family).",
         epilog="example: mpiexec -n 2 fednest-mpi run configs/quadratic.toml",

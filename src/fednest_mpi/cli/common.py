@@ -12,6 +12,17 @@ import sys
 from fednest_mpi.errors import UsageError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line, as every other usage error of the program, with the
+    way out: ``fednest-mpi run: error: argument --output/-o: expected one argument; ...; see fednest-mpi run -h``."""
+
+    def error(self, message: str):
+        hint = ""
+        if "expected one argument" in message:  # --output -x.h5: argparse takes '-x.h5' for an option
+            hint = "; a value that starts with '-' goes after '=' (--output=-run.h5) or as a path (./-run.h5)"
+        self.exit(2, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
+
+
 def config_command(sub, name: str, help_text: str, epilog: str):
     """The subcommand ``name`` that reads a config file and its ``--set`` overrides (``run``, ``check``)."""
     parser = subcommand(sub, name, help_text, epilog)

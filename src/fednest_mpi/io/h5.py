@@ -436,6 +436,17 @@ class RunWriter:
             raise
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         self.file = h5py.File(tmp, "x", libver="latest")
+        try:
+            self._build(tmp, attrs, now, kept_attrs, kept, columns, keep_rows, extend, recovered)
+        except BaseException:  # the half-built file goes, the old one (a resume's) stays as it was
+            self.file.close()
+            tmp.unlink(missing_ok=True)
+            self.release()
+            raise
+        self._identity = file_identity(path)
+
+    def _build(self, tmp: Path, attrs, now, kept_attrs, kept, columns, keep_rows, extend, recovered) -> None:
+        """Write the new file's structure at ``tmp`` and rename it to :attr:`path` once it is complete."""
         f = self.file
         _write_attrs(f, attrs, now, kept_attrs, keep_rows, recovered)
         self.attr_digests = attr_digests(dict(f.attrs))  # what a checkpoint records of them
@@ -451,8 +462,7 @@ class RunWriter:
             extend(f)
         f.swmr_mode = True
         # the file appears under its name only once its structure is complete and readers may open it
-        os.replace(tmp, path)
-        self._identity = file_identity(path)
+        os.replace(tmp, self.path)
 
     def lost(self) -> str | None:
         """Why the file under :attr:`path` is no longer the one being written (deleted, replaced), or None."""
