@@ -95,6 +95,16 @@ class Checkpoint:
     # a 64-bit digest of each of the output's first output_rows rows of /iterations (io.h5.row_digests);
     # empty for a run without an output file
     row_digests: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    # a 64-bit digest of each attribute of the output file (io.h5.attr_digests); empty for a run without an output
+    # file, and in checkpoints written before them (OPTIONAL: such a checkpoint still resumes, unchecked)
+    attr_digests: dict[str, int] = field(default_factory=dict)
+    # a 64-bit digest of each iteration of the per-client series, over every client (io.clients.column_digests,
+    # as int64); empty without them (OPTIONAL, as attr_digests)
+    client_series_digests: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+
+
+#: fields a checkpoint of this version may lack (written before they were added): their defaults then
+OPTIONAL = frozenset({"attr_digests", "client_series_digests"})
 
 
 def folder_of(cfg) -> Path:
@@ -205,12 +215,14 @@ def _identity_of(data: bytes) -> str:
         return ""
 
 
-def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates) -> None:
+def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates, series_digests=None) -> None:
     """Write ``ckpt`` and every rank's ``client_states`` (name -> (ids, rows)) to ``folder``.
 
     **Collective** over ``comm`` (a gather of file names to rank 0, then a barrier: every rank
     returns once the checkpoint is complete). Rank 0's ``ckpt`` is saved; ``ckpt.client_files``
-    and ``ckpt.client_digests`` are filled in here.
+    and ``ckpt.client_digests`` are filled in here, and ``ckpt.client_series_digests``: the sum over the ranks
+    of their ``series_digests`` (uint64, :func:`fednest_mpi.io.clients.column_digests` of the clients each
+    records; None: none), which rides in the same gather.
     """
     folder = Path(folder)
     rank = comm.Get_rank()
@@ -230,9 +242,14 @@ def save(comm, folder: str | Path, ckpt: Checkpoint, client_states: ClientStates
         }
         sha = atomic_save({"identity": identity, "states": states}, folder / name)
         mine = (name, torch.unique(torch.cat([ids for ids, _ in states.values()])), sha)
-    written = comm.gather(mine, root=0)
+    gathered = comm.gather((mine, series_digests), root=0)
     if rank == 0:
-        _commit(folder, ckpt, written)
+        parts = [np.asarray(d, dtype=np.uint64) for _, d in gathered if d is not None]
+        if parts:
+            with np.errstate(over="ignore"):
+                total = np.sum(parts, axis=0, dtype=np.uint64)
+            ckpt.client_series_digests = torch.from_numpy(total.view(np.int64).copy())
+        _commit(folder, ckpt, [w for w, _ in gathered])
     comm.Barrier()
 
 
@@ -263,7 +280,7 @@ def load(folder: str | Path) -> Checkpoint:
         )
     data = _load(path)
     names = {f.name for f in dataclasses.fields(Checkpoint)}
-    missing = sorted(names - set(data))
+    missing = sorted(names - set(data) - OPTIONAL)
     if missing:
         raise UsageError(f"checkpoint file '{path}' lacks {', '.join(missing)}; start the run again without --resume")
     ckpt = Checkpoint(**{k: v for k, v in data.items() if k in names})

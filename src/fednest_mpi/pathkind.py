@@ -23,6 +23,8 @@ def not_a_file(path: str | os.PathLike) -> str | None:
     p = Path(path)
     try:
         mode = p.stat().st_mode
+    except ValueError:  # a NUL byte, or a lone surrogate (a JSON escape) that no file name can hold
+        return "holds a NUL byte or a character that no file name can hold; give the path as it is on disk"
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return "is a symbolic link loop (following its links leads back to one of them)"

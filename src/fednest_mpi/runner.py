@@ -613,7 +613,11 @@ class RunLoop:
         digests = self.hooks.first("row_digests", k + 1)  # rank 0's recorder: what a resume checks the rows against
         if digests is not None:
             saved.row_digests = torch.tensor(digests, dtype=torch.int64)
-        ckpt_io.save(fed.comm, self.checkpoint_dir, saved, sim.algorithm.client_states())
+        attributes = self.hooks.first("attr_digests")  # and of the run file's attributes
+        if attributes is not None:
+            saved.attr_digests = attributes
+        series = self.series.client_digests(k + 1) if self.series is not None else None
+        ckpt_io.save(fed.comm, self.checkpoint_dir, saved, sim.algorithm.client_states(), series)
         self.hooks.call("on_checkpoint", k, self.checkpoint_dir)
 
 

@@ -89,6 +89,11 @@ class RunSeries:
         slots[self.fed.rank] = local
         return slots.ravel()
 
+    def client_digests(self, iterations: int) -> np.ndarray | None:
+        """The digests of the first ``iterations`` columns of this rank's client series (what a checkpoint sums
+        over the ranks: :func:`fednest_mpi.io.clients.column_digests`), or None when it records none."""
+        return np.asarray(self.file.digests[:iterations], dtype=np.uint64) if self.file is not None else None
+
     def lost(self) -> str | None:
         """Why one of this rank's files is no longer the one it writes (deleted or replaced mid-run), or None."""
         for f in (self.writer, self.file):

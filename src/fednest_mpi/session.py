@@ -231,7 +231,9 @@ def prior_run(cfg) -> tuple[str, str]:
         ckpt = checkpoint.load(folder)
         checkpoint.check_resumable(ckpt, cfg)
         checkpoint.check_client_files(folder, ckpt)
-        check_resumable_output(output, ckpt.output_rows, ckpt.row_digests)
+        check_resumable_output(
+            output, ckpt.output_rows, ckpt.row_digests, ckpt.attr_digests, ckpt.client_series_digests
+        )
     except UsageError as exc:
         return "start", f"{why}; not resumable: {exc}"
     return "resume", f"{why}; its checkpoint is at iteration {ckpt.iteration}"
@@ -300,10 +302,12 @@ class Session:
         self.comm.Abort(code)
 
     def run_to_file(self) -> int:
+        from fednest_mpi.io.h5 import check_names
         from fednest_mpi.stop import StopRequests
 
         run = self.cfg.run
         if self.skip_finished:
+            check_names(run.output, run.checkpoint_dir)  # before prior_run looks at them (every rank, no MPI)
             state, why = prior_run(self.cfg)
             if state == "finished":
                 if self.comm.Get_rank() == 0:
@@ -367,7 +371,13 @@ class Session:
                 locks = lock.acquire_all(targets, take_stale=self.resume or cfg.run.overwrite)
                 if resume is not None:
                     checkpoint.check_client_files(folder, resume)
-                    check_resumable_output(cfg.run.output, resume.output_rows, resume.row_digests)
+                    check_resumable_output(
+                        cfg.run.output,
+                        resume.output_rows,
+                        resume.row_digests,
+                        resume.attr_digests,
+                        resume.client_series_digests,
+                    )
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
                 self.writers = writers.from_config(cfg)
             except UsageError as exc:

@@ -85,6 +85,12 @@ BAD_SETTINGS = [
     (["federation=3"], "federation: expected a table of fields, got 3"),
     (["run.checkpoint_every=-1"], "run.checkpoint_every: must be >= 0"),
     (["run.checkpoint_dir=3"], "run.checkpoint_dir: expected a string, got 3"),
+    # a name that TOML reads as a number or a boolean: the line says how to give it as text
+    (["run.output=1e3"], "run.output: expected a string, got 1000.0; put the text in quotes"),
+    (["run.output=true"], "(on the command line: --set 'run.output=\"...\"')"),
+    # a line break and more TOML after the value: refused, not dropped unread (the seed would stay 1)
+    (["algorithm.outer_lr=0.1\nseed=7"], "--set algorithm.outer_lr: '0.1\\nseed=7' holds more than one value"),
+    (['run.output="x.h5"\n[problem]\nn_clients=3'], "holds more than one value (a line break, then 'problem')"),
     (["run.overwrite=yes"], "run.overwrite: expected true or false, got 'yes'"),
     (["run.log_every=0"], "run.log_every: must be >= 1"),
     (["seed=1.5"], "seed: expected an integer, got 1.5"),
@@ -216,6 +222,11 @@ def write_tiny_mnist(folder, n_train=200, n_test=50):
     return folder
 
 
+def _empty(folder: Path) -> None:
+    for path in folder.iterdir():
+        path.unlink()
+
+
 def _replace(folder, make, name="train-labels-idx1-ubyte.gz"):
     """Put what ``make(path)`` creates (a FIFO, folder, link) in place of the data file ``name``."""
     (folder / name).unlink()
@@ -249,6 +260,18 @@ BAD_DATA = [
         lambda f: _replace(f, lambda p: os.symlink("gone.gz", p)),
         "",
         "train-labels-idx1-ubyte.gz' is a symbolic link to 'gone.gz', which does not exist",
+    ),
+    (  # data_dir holds no data files but a link named for the data set, to nothing: that link is named
+        "data set folder is a dangling link",
+        lambda f: (_empty(f), os.symlink("gone", f / "mnist")),
+        "",
+        "/mnist' is a symbolic link to 'gone', which does not exist, and",
+    ),
+    (
+        "data set folder is a file",
+        lambda f: (_empty(f), (f / "mnist").write_text("x")),
+        "",
+        "/mnist' is a file, not a folder, and",
     ),
     (
         "missing file",

@@ -465,3 +465,71 @@ def test_a_row_changed_since_the_checkpoint_is_named_at_resume(tmp_path, capsys,
         f["iterations"][column][2] = before
     assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 0
     assert read_run(out)[1]["iteration"].tolist() == list(range(7))
+
+
+def _set_attr(name, value):
+    def edit(f):
+        f.attrs[name] = value(f.attrs[name]) if callable(value) else value
+
+    return edit
+
+
+def _del_attr(name):
+    def edit(f):
+        del f.attrs[name]
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "name,edit,how",
+    [
+        ("seed", _set_attr("seed", 99), "changed"),
+        ("config_json", _set_attr("config_json", lambda text: json.dumps({**json.loads(text), "seed": 6})), "changed"),
+        ("created_utc", _del_attr("created_utc"), "removed"),
+        ("note", _set_attr("note", "mine"), "added"),
+    ],
+)
+def test_an_attribute_changed_since_the_checkpoint_is_named_at_resume(tmp_path, capsys, name, edit, how):
+    """The checkpoint records a digest of every attribute of the run file (but ``resumes``): one edited, removed or
+    added since is refused at --resume, naming it, rather than carried into the resumed file; restored, the run
+    continues, also with the ``resumes`` that a resume stopped before its first checkpoint leaves (not checked)."""
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "r") as f:
+        before = dict(f.attrs)
+    with h5py.File(out, "r+") as f:
+        edit(f)
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the attribute {name!r} of" in err and f"was {how} since the checkpoint" in err
+    with h5py.File(out, "r+") as f:
+        for key in set(f.attrs) - set(before):
+            del f.attrs[key]
+        f.attrs.update(before)
+        f.attrs["resumes"] = json.dumps([{"iteration": 4, "mpi_size": 2, "utc": "2026-12-06T17:00:00+00:00"}])
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 0
+    assert read_run(out)[1]["iteration"].tolist() == list(range(7))
+
+
+@pytest.mark.parametrize("series", ["participation", "inner_loss"])
+def test_a_client_series_value_changed_since_the_checkpoint_is_named_at_resume(tmp_path, capsys, series):
+    """The checkpoint records a digest of every iteration of the per-client series (summed over the ranks' blocks,
+    so any rank count resumes): a value edited since in a client file is refused at --resume, naming the iteration;
+    restored, the run continues."""
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    out = tmp_path / "out.h5"
+    client_file = tmp_path / "out.clients" / "rank00000.h5"
+    with h5py.File(client_file, "r+") as f:
+        d = f["clients"][series]
+        before = d[5, 2]
+        d[5, 2] = before + 1 if d.dtype.kind in "iu" else np.nextafter(before, np.inf)
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "iteration 2 of the per-client series" in err and "changed since" in err, err
+    with h5py.File(client_file, "r+") as f:
+        f["clients"][series][5, 2] = before
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 0
+    assert read_run(out)[1]["iteration"].tolist() == list(range(7))

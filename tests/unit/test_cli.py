@@ -226,3 +226,34 @@ def test_plot_options_reach_the_figure(two_algorithms, tmp_path, capsys):
     for bad, message in ((["--size", "big"], "--size: expected WIDTHxHEIGHT"), (["--label", "x"], "--label: expected")):
         rc, _, err = _main(capsys, "plot", two_algorithms, "-o", tmp_path / "x.png", *bad)
         assert rc == 2 and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("variable", ["PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"])
+def test_argparse_errors_are_printed_by_the_first_rank_only(capsys, variable):
+    """Under mpiexec every rank parses the same arguments: a usage error (or --help) is printed once, by the
+    rank its launcher numbered 0 (the ranks are known from the environment before MPI starts); all exit 2."""
+    from fednest_mpi.cli import _parser
+    from fednest_mpi.cli.common import parsed
+
+    for rank, printed in ((1, False), (0, True)):
+        with pytest.raises(SystemExit) as stop:
+            parsed(_parser(), ["run", str(CONFIG), "--output"], environ={variable: str(rank)})
+        err = capsys.readouterr().err
+        assert stop.value.code == 2
+        assert ("--output/-o: expected one argument" in err) is printed, (rank, err)
+
+
+@pytest.mark.processes  # starts mpiexec: make test-processes
+def test_argparse_error_under_mpiexec_is_one_message(tmp_path):
+    res = run_cli("run", CONFIG, "--output", ranks=2, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.count("expected one argument") == 1 and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_an_argparse_error_is_one_line_with_the_way_out(capsys):
+    """``--output -x.h5``: argparse reads '-x.h5' as an option; the line says how to pass such a value."""
+    with pytest.raises(SystemExit) as stop:
+        _main(capsys, "run", CONFIG, "--output", "-x.h5")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert "--output/-o: expected one argument; a value that starts with '-' goes after '=' (--output=-run.h5)" in err

@@ -131,3 +131,18 @@ def test_output_path_checks(tmp_path, monkeypatch):
         monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != ro)
     with pytest.raises(UsageError, match="not writable"):
         check_output_path(ro / "r.h5", overwrite=False)
+
+
+def test_a_run_file_whose_building_fails_leaves_no_partial_file_and_no_lock(tmp_path):
+    """An error while the new file's structure is made (here in ``extend``, where the client groups are added:
+    HDF5 refused a '%' in a source name this way) leaves neither the hidden ``.NAME.RANDOM.partial`` file nor the
+    writer's lock behind, and raises the error itself."""
+
+    def broken(f):
+        raise RuntimeError("no such layout")
+
+    with pytest.raises(RuntimeError, match="no such layout"):
+        RunWriter(tmp_path / "r.h5", {}, COLUMNS, extend=broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    RunWriter(tmp_path / "r.h5", {}, COLUMNS).close()  # the path is free
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.h5"]

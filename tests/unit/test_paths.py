@@ -85,6 +85,13 @@ def test_names_a_file_system_cannot_hold_stop_with_one_line_and_nothing_written(
         ("e" * (NAME_MAX - 10), "", "by at least 12 bytes"),  # the worst name's excess, not the first one's
         ("run.h5", "f" * (NAME_MAX - 2), "run.checkpoint_dir: the checkpoint folder's lock file"),
         ("bad\ud83d.h5", "", "a lone surrogate"),  # from a JSON escape; no file name can hold it
+        ("bad\ud83d/run.h5", "", "a lone surrogate"),  # in a folder's name: stat() would raise, not say so
+        # names the kernel refuses whatever exists (ENAMETOOLONG): stat() raised there, a traceback after the start
+        ("g" * (NAME_MAX + 1) + "/run.h5", "", "the folder name 'ggg.*is 256 bytes long, over the 255 bytes"),
+        ("/".join(["h" * 200] * 21) + "/run.h5", "", "would be a path of .* bytes .made absolute., over the 4095"),
+        # two of the run's names the same path: the output would be its own client-file folder
+        ("x.clients", "", "'.*x.clients' would be both the output and its client-file folder"),
+        ("run.h5", "run.clients", "run.checkpoint_dir: .* would be both its client-file folder and its checkpoint"),
     ],
 )
 def test_every_derived_name_is_checked(tmp_path, output, checkpoint_dir, message):
@@ -110,3 +117,23 @@ def test_an_override_is_a_toml_value_or_the_bare_word_never_a_mangled_mix():
         parse_override("run.output='/tmp/x.h5")
     cfg = config.load(CONFIG, ["run.output=ignored.h5"], {"run.output": '/tmp/"\udcff\U0001f680".h5'})
     assert cfg.run.output == '/tmp/"\udcff\U0001f680".h5'  # the value as given, after the --set overrides
+
+
+def test_a_percent_sign_in_the_output_name_keeps_the_client_series_readable(tmp_path):
+    """HDF5 reads '%b' in a virtual dataset's source file name as the run file's own name and '%%' as '%': a run
+    named with '%' maps /clients/* to its client files all the same (read here through plain h5py, the VDS)."""
+    import h5py
+    import numpy as np
+
+    from fednest_mpi.comm import SerialComm
+    from fednest_mpi.io.clients import read_clients
+    from fednest_mpi.session import Session
+
+    out = tmp_path / "50% of %b %%d.h5"
+    cfg = config.load(CONFIG, ["algorithm.outer_iterations=2"], {"run.output": str(out)})
+    assert Session(cfg, SerialComm()).run_to_file() == 0
+    direct = read_clients(out)  # the per-rank files themselves
+    with h5py.File(out, "r") as f:
+        through_vds = f["clients/participation"][()]
+    assert through_vds.shape == direct["participation"].shape and through_vds.any()
+    np.testing.assert_array_equal(through_vds, direct["participation"])

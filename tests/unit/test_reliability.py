@@ -341,6 +341,26 @@ def resume_after_edit(tmp):
     )
 
 
+def resume_after_attribute_edit(tmp):
+    cfg, out = _finished_run(tmp)
+    with h5py.File(out, "r+") as f:
+        f.attrs["seed"] = 99  # the file would then claim a seed its rows were not computed with
+    res = run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT)
+    with h5py.File(out, "r") as f:
+        kept = int(f.attrs["seed"]) == 99 and f["iterations/iteration"].shape[0] == 7
+    named = "the attribute 'seed'" in res.stderr
+    return _one_line_error(res) + f", names the attribute 'seed': {named}, file kept: {kept}"
+
+
+def resume_after_client_edit(tmp):
+    cfg, out = _finished_run(tmp)
+    with h5py.File(S.client_dir(out) / S.rank_file(0), "r+") as f:
+        f["clients/outer_loss"][1, 2] = 0.0  # the checkpoint after iteration 6 covers iteration 2
+    res = run_cli("run", cfg, "-q", "--resume", "--set", "algorithm.outer_iterations=9", timeout=LIMIT)
+    named = "iteration 2 of the per-client series" in res.stderr
+    return _one_line_error(res) + f", names iteration 2: {named}"
+
+
 def config_is(make):
     def case(tmp):
         path = tmp / "c.toml"
@@ -884,6 +904,17 @@ CASES = [
         resume_after_edit,
         ONE_LINE + ", names row 3, offers --overwrite: True; that rerun: exit 0, 10 rows, row 3 recomputed and the"
         " others the same: True",
+    ),
+    (
+        "an attribute of the run file (`seed`) edited (h5py) before the last checkpoint, then `run --resume`",
+        resume_after_attribute_edit,
+        ONE_LINE + ", names the attribute 'seed': True, file kept: True",
+    ),
+    (
+        "a value of the per-client series (`RUN.clients/rank00000.h5`) edited before the last checkpoint, then "
+        "`run --resume`",
+        resume_after_client_edit,
+        ONE_LINE + ", names iteration 2: True",
     ),
     (
         "an exception on rank 1 of 2",

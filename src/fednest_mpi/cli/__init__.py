@@ -17,6 +17,7 @@ import sys
 
 from fednest_mpi import __version__
 from fednest_mpi.cli import analyse, check, data, download, jobs, recover, run
+from fednest_mpi.cli.common import Parser, parsed
 
 #: each subcommand's module: ``add(sub)`` makes its parser, ``execute(args)`` runs it and returns the exit code
 COMMANDS = {
@@ -32,7 +33,7 @@ COMMANDS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(  # its subcommands' parsers are of its class: usage errors in one line
         prog="fednest-mpi",
         description="MPI simulator for federated bilevel optimisation (FedNest family).",
         epilog="example: mpiexec -n 2 fednest-mpi run configs/quadratic.toml",
@@ -59,7 +60,8 @@ def main(argv=None) -> int:
         from fednest_mpi import stop
 
         stop.install()
-    args = _parser().parse_args(argv)
+    # the program under MPI: argparse's errors (and --help) printed by the first rank only
+    args = parsed(_parser(), argv) if argv is None else _parser().parse_args(argv)
     if program_run and args.command == "run":
         code = run.execute(args)
         stop.ignore_from_now()  # the run is over: the interpreter's teardown would put back SIG_DFL (exit 15)

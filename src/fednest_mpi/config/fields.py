@@ -55,7 +55,10 @@ def coerce(path: str, value: Any, typ: Any) -> Any:
     if typ is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{path}: expected a string, got {value!r}")
+        raise ConfigError(  # a path or a name that TOML reads as a number, a boolean, a list: 1e3, true, [1]
+            f"{path}: expected a string, got {value!r}; put the text in quotes, as a TOML string "
+            f"(on the command line: --set '{path}=\"...\"')"
+        )
     raise TypeError(f"unsupported config type {typ!r}")
 
 

@@ -96,7 +96,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(keys):
         raise ConfigError(f"--set {text!r}: empty field name in {keypath!r}")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        table = tomllib.loads(f"v = {raw}")
+        value = table["v"]
     except tomllib.TOMLDecodeError as exc:
         if raw.lstrip()[:1] in ("\"", "'"):  # meant as a TOML string: never kept as a bare word, quotes and all
             raise ConfigError(
@@ -107,6 +108,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = raw  # a bare word: the string as the shell passed it (any bytes, any characters)
     except RecursionError:
         raise ConfigError(f"--set {keypath}: the value is nested too deeply") from None
+    else:
+        if len(table) > 1:  # 'a=1\nb=2': a line break and more TOML after the value, never dropped unread
+            more = ", ".join(repr(key) for key in table if key != "v")
+            raise ConfigError(
+                f"--set {keypath}: {raw!r} holds more than one value (a line break, then {more}); "
+                "give one field per --set, e.g. --set a.b=1 --set c.d=2"
+            )
     _check_values(Path("--set"), {keypath: value})
     return keys, value
 

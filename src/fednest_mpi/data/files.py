@@ -51,14 +51,14 @@ def resolve_data_dir(explicit: str | os.PathLike | None, dataset: str) -> Path:
             f"or run `fednest-mpi download {dataset} --dest DIR` and point {ENV_VAR} at DIR"
         )
     root = Path(base).expanduser()
-    if not root.is_dir():
+    if not os.path.isdir(root):  # never raises (a name too long, a loop): not_a_file says what is wrong
         what = not_a_file(root) or "is a file, not a folder"
         raise DataError(
             f"data directory '{root}' (from {source}) {what}; "
             f"fix {source}, or run `fednest-mpi download {dataset} --dest DIR` and point {source} at DIR"
         )
     sub = root / DATASETS[dataset].folder
-    return sub if sub.is_dir() else root
+    return sub if os.path.isdir(sub) else root
 
 
 def find_file(data_dir: Path, name: str, dataset: str) -> Path:
@@ -76,6 +76,13 @@ def find_file(data_dir: Path, name: str, dataset: str) -> Path:
                 f"{DATASETS[dataset].title} file '{candidate}' {not_a_file(candidate)}; replace it with the data "
                 f"file, or run `fednest-mpi download {dataset} --dest {root}`"
             )
+    sub = data_dir / DATASETS[dataset].folder  # where resolve_data_dir looked first: a link to nothing, a loop, a file
+    if os.path.lexists(sub) and not os.path.isdir(sub):
+        raise DataError(
+            f"{DATASETS[dataset].title} folder '{sub}' {not_a_file(sub) or 'is a file, not a folder'}, and "
+            f"'{data_dir}' itself holds no {name}.gz; replace it with the folder of the data files, or run "
+            f"`fednest-mpi download {dataset} --dest {data_dir}`"
+        )
     raise DataError(
         f"{DATASETS[dataset].title} file '{data_dir / name}.gz' not found in data directory '{data_dir}' "
         f"(looked for {name}.gz or {name}); set {ENV_VAR} or problem.data_dir, "

@@ -131,8 +131,8 @@ class SeriesLayout:
             layout = h5py.VirtualLayout(shape=(self.n_clients, 1), dtype=dtype, maxshape=(self.n_clients, None))
             for rank, rows in enumerate(self.blocks):
                 if len(rows):
-                    source = h5py.VirtualSource(
-                        f"{folder}/{S.rank_file(rank)}",
+                    source = h5py.VirtualSource(  # HDF5 reads '%b' in the name as the run file's, '%%' as '%'
+                        f"{folder}/{S.rank_file(rank)}".replace("%", "%%"),
                         f"{S.CLIENTS}/{name}",
                         shape=(len(rows), 1),
                         maxshape=(len(rows), None),
@@ -154,6 +154,58 @@ def _extend_columns(d, k: int) -> None:
     d.resize((d.shape[0], k + 1))
 
 
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    """The stored bits of ``values`` as uint64 (floats bit for bit, NaN payloads included)."""
+    a = np.ascontiguousarray(values)
+    if a.dtype.kind == "f":
+        return a.view(f"u{a.dtype.itemsize}").astype(np.uint64)
+    return a.astype(np.int64).view(np.uint64)
+
+
+def column_digests(first_client: int, columns: dict[str, np.ndarray], start: int = 0) -> np.ndarray:
+    """A 64-bit digest of each iteration (column) of a block of clients' series (``columns``: series -> (clients,
+    iterations) as stored, clients ``first_client``, ...; the first column is iteration ``start``): the sum over
+    its clients and series of a hash of (client id, series, iteration, value), so that the digests of the blocks
+    of any partition of the clients add up (mod 2**64) to the same numbers. What a checkpoint records of the
+    per-client series, so that a value changed since is found at ``--resume`` (:func:`check_series_digests`)."""
+    names = sorted(S.CLIENT_SERIES)
+    width = next(iter(columns.values())).shape[1] if columns else 0
+    out = np.zeros(width, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for name, values in columns.items():
+            n = values.shape[0]
+            ids = np.arange(first_client, first_client + n, dtype=np.uint64)[:, None]
+            its = np.arange(start, start + width, dtype=np.uint64)[None, :]
+            key = _mix(_mix(ids) + np.uint64(names.index(name) + 1) * np.uint64(0x9E3779B97F4A7C15) + its)
+            out += _mix(key ^ _bits(values)).sum(axis=0, dtype=np.uint64)
+    return out
+
+
+_DIGEST_BLOCK = 1 << 20  # entries read and hashed at once: bounded memory for any number of clients and iterations
+
+
+def stored_digests(first_client: int, group, columns: int) -> np.ndarray:
+    """:func:`column_digests` of the first ``columns`` iterations of the series in the HDF5 group ``group`` (a
+    client file's /clients) of the clients ``first_client``, ..., read a block of iterations at a time."""
+    out = np.zeros(columns, dtype=np.uint64)
+    n = max(1, group[next(iter(S.CLIENT_SERIES))].shape[0])
+    step = max(1, _DIGEST_BLOCK // n)
+    for lo in range(0, columns, step):
+        hi = min(columns, lo + step)
+        out[lo:hi] = column_digests(first_client, {name: group[name][:, lo:hi] for name in S.CLIENT_SERIES}, lo)
+    return out
+
+
 class ClientFile:
     """One rank's per-client rows (the clients ``hosted``), streamed to ``RUN.clients/rankNNNNN.h5``.
 
@@ -171,6 +223,10 @@ class ClientFile:
         self.datasets = {name: self.file[S.CLIENTS][name] for name in S.CLIENT_SERIES}
         self.path = path
         self._identity = file_identity(path)
+        self.first = hosted.start
+        # the digests of the columns written (column_digests): those of a resumed file read back once
+        columns = self.datasets["participation"].shape[1]
+        self.digests = list(stored_digests(self.first, self.file[S.CLIENTS], columns))
 
     def lost(self) -> str | None:
         """Why the file under :attr:`path` is no longer the one being written (deleted, replaced), or None."""
@@ -183,14 +239,20 @@ class ClientFile:
         member = [records[name] > 0 for name in ("participation", "answered_rounds", "dropped_rounds")]
         rows = np.flatnonzero(np.logical_or.reduce(member))  # took part, answered or did not answer a round
         dense = rows.size and 2 * rows.size >= rows[-1] - rows[0] + 1
+        stored = {}  # column k as the file will hold it: the fill value, and the entries written
         with failure.guard():
             for name, d in self.datasets.items():
                 _extend_columns(d, k)
+                stored[name] = np.full((d.shape[0], 1), S.CLIENT_SERIES[name][1], dtype=d.dtype)
                 if dense:  # the entries between participants already hold the fill value
                     d[rows[0] : rows[-1] + 1, k] = records[name][rows[0] : rows[-1] + 1]
+                    stored[name][rows[0] : rows[-1] + 1, 0] = records[name][rows[0] : rows[-1] + 1]
                 elif rows.size:
                     d[rows, k] = records[name][rows]
+                    stored[name][rows, 0] = records[name][rows]
             self.file.flush()
+        del self.digests[k:]
+        self.digests += list(column_digests(self.first, stored, start=k))
 
     def close(self, columns: int | None = None) -> None:
         """Close the file, first cutting it to ``columns`` iterations (None: as it is): the
@@ -346,6 +408,28 @@ def check_client_files(
             f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; {fix}"
         )
     return found
+
+
+def check_series_digests(run_path: str | Path, files, rows: int, recorded) -> None:
+    """Refuse (UsageError naming the iteration) per-client series whose first ``rows`` iterations in the client
+    ``files`` (:func:`check_client_files`) differ from the digests a checkpoint ``recorded``
+    (:func:`column_digests`; empty: not checked, a checkpoint written before them)."""
+    recorded = np.asarray(recorded, dtype=np.int64).view(np.uint64)[:rows]
+    if not recorded.size:
+        return
+    found = np.zeros(recorded.size, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for ids, g in files:
+            with reading(g.filename, "client file"):
+                found += stored_digests(ids.start, g[S.CLIENTS], recorded.size)
+    changed = np.flatnonzero(found != recorded)
+    if changed.size:
+        more = f" (and {changed.size - 1} more iteration(s))" if changed.size > 1 else ""
+        raise UsageError(
+            f"--resume: iteration {int(changed[0])} of the per-client series (/{S.CLIENTS}, in "
+            f"{str(S.client_dir(run_path))!r}){more} was changed since the checkpoint recorded it; restore the "
+            "files, or recompute them: the same command with --overwrite in place of --resume"
+        )
 
 
 def read_ranks(path: str | Path) -> dict[str, np.ndarray]:

@@ -144,7 +144,7 @@ def derived_paths(output: str | Path, checkpoint_dir: str | Path | None = None) 
 
 def _name_max(folder: Path) -> int:
     """The longest file name (bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
-    while not folder.exists() and folder != folder.parent:
+    while not os.path.exists(folder) and folder != folder.parent:  # os.path.exists: never raises
         folder = folder.parent
     try:
         return os.pathconf(folder, "PC_NAME_MAX")
@@ -164,23 +164,60 @@ def _check_names_a_file(output: str | Path) -> None:
         )
 
 
+def _path_max() -> int:
+    """The longest path (bytes, with its final NUL) the kernel takes in one call (PATH_MAX)."""
+    try:
+        return os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 4096
+
+
+def _check_path_lengths(field: str, what: str, p: Path) -> None:
+    """Refuse a path the kernel refuses whatever exists (ENAMETOOLONG): a folder name over NAME_MAX bytes, or
+    the whole path (made absolute, as the run's files are named) of PATH_MAX bytes or more."""
+    limit = _name_max(p.parent)
+    for part in p.parent.parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            raise UsageError(
+                f"{field}: the folder name {part[:40]!r}... in {what} is {size} bytes long, over the "
+                f"{limit} bytes a file name may have; shorten it"
+            )
+    size, limit = len(os.fsencode(os.path.abspath(p))), _path_max()
+    if size >= limit:
+        raise UsageError(
+            f"{field}: {what} would be a path of {size} bytes (made absolute), over the {limit - 1} bytes a path "
+            f"may have; choose a shorter path (by at least {size - limit + 1} bytes)"
+        )
+
+
 def check_names(output: str | Path, checkpoint_dir: str | Path | None = None) -> None:
     """Refuse an output path whose bytes or derived names (:func:`derived_paths`) the file system cannot
-    take -- a NUL byte, a character with no bytes (a lone surrogate), a name over NAME_MAX bytes -- so
-    that a run never fails on them after it started. No I/O beyond stat."""
+    take -- a NUL byte, a character with no bytes (a lone surrogate), a name over NAME_MAX bytes, a path over
+    PATH_MAX, two of them the same path (an output named ``x.clients`` would be its own client-file folder) --
+    so that a run never fails on them after it started. No I/O beyond stat."""
     _check_names_a_file(output)
     over = []  # (bytes over the limit, field, what, path, its name's bytes, the limit)
+    seen: dict[str, str] = {}  # absolute path -> what it is
     for what, p in derived_paths(output, checkpoint_dir).items():
         field = "run.checkpoint_dir" if "checkpoint" in what and checkpoint_dir else "run.output"
         if "\0" in str(p):
             raise UsageError(f"{field}: {str(p)!r} holds a NUL byte; give a path without it")
         try:
             name = os.fsencode(p.name)
+            os.fsencode(p)
         except UnicodeEncodeError as exc:
             raise UsageError(
                 f"{field}: {str(p)!r} holds {exc.object[exc.start:exc.end]!r}, a character no file name can hold "
                 "(a lone surrogate, e.g. from a JSON escape); give the path as it is on disk"
             ) from None
+        _check_path_lengths(field, what, p)
+        same = seen.setdefault(os.path.normpath(os.path.abspath(p)), what)
+        if same != what:
+            raise UsageError(
+                f"{field}: {str(p)!r} would be both {same} and {what}; choose another name (a run file's name "
+                "should end in .h5)"
+            )
         limit = _name_max(p.parent)
         if len(name) > limit:
             over.append((len(name) - limit, field, what, p, len(name), limit))
@@ -228,11 +265,51 @@ def row_digests(columns, rows: range) -> list[int]:
     return out
 
 
-def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
+#: file attributes that change without a checkpoint: a resume appends to ``resumes`` (and may be stopped before
+#: its first checkpoint), ``fednest-mpi recover`` adds its record
+_UNCHECKED_ATTRS = frozenset({"resumes", "recovered"})
+
+
+def attr_digests(attrs) -> dict[str, int]:
+    """A 64-bit BLAKE2b digest of each file attribute of a run file (its name -> digest; the value's dtype and
+    bytes as stored; not ``resumes`` and ``recovered``, nor the parts :func:`read_run` adds; bytes decoded as it
+    does): what a checkpoint records of the file's attributes, so that one changed since is found at ``--resume``."""
+    out = {}
+    for name, value in attrs.items():
+        if name in _UNCHECKED_ATTRS or name in ("config", COLUMN_INFO):
+            continue
+        stored = np.asarray(value.decode() if isinstance(value, bytes) else value)
+        h = hashlib.blake2b(digest_size=8)
+        h.update(stored.dtype.str.encode() + b"\0" + stored.tobytes())
+        out[str(name)] = int.from_bytes(h.digest(), "little", signed=True)
+    return out
+
+
+def _changed_attribute(path: Path, attrs: dict, recorded: dict) -> str | None:
+    """The line refusing a resume into ``path`` whose attributes ``attrs`` differ from the ``recorded``
+    :func:`attr_digests`, or None (also when nothing was recorded: a checkpoint written before them)."""
+    if not recorded:
+        return None
+    found = attr_digests(attrs)
+    changed = sorted(name for name in found.keys() | recorded.keys() if found.get(name) != recorded.get(name))
+    if not changed:
+        return None
+    name = changed[0]
+    how = "removed" if name not in found else "added" if name not in recorded else "changed"
+    more = f" (and {len(changed) - 1} more attribute(s))" if len(changed) > 1 else ""
+    return (
+        f"--resume: the attribute {name!r} of {str(path)!r}{more} was {how} since the checkpoint recorded it; "
+        "restore the file, or recompute it: the same command with --overwrite in place of --resume"
+    )
+
+
+def check_resumable_output(path: str | Path, rows: int, digests=(), attributes=None, series=()) -> None:
     """Refuse to resume into ``path`` unless it is a readable run file holding at least ``rows``
-    iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`),
-    with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`)."""
-    from fednest_mpi.io.clients import check_client_files  # clients imports this module
+    iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`) and
+    whose attributes the digests ``attributes`` (:func:`attr_digests`; None or empty: not checked),
+    with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`),
+    whose per-client series have the digests ``series`` (:func:`fednest_mpi.io.clients.column_digests`)."""
+    from fednest_mpi.io.clients import check_client_files, check_series_digests  # clients imports this module
 
     p = Path(path)
     if (p.exists() or p.is_symlink()) and not p.is_file():
@@ -245,7 +322,7 @@ def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
             f"--resume: the output file {str(p)!r} of the checkpointed run does not exist; "
             "run without --resume to start again"
         )
-    _, data = read_run(p, unclosed="read")
+    attrs, data = read_run(p, unclosed="read")
     if len(data.get(SCALE, ())) < rows:
         raise UsageError(
             f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
@@ -261,7 +338,15 @@ def check_resumable_output(path: str | Path, rows: int, digests=()) -> None:
             "was changed since the checkpoint recorded it; restore the file, or recompute it: the same command with "
             "--overwrite in place of --resume (the checkpoint holds digests of the rows, not the rows)"
         )
-    check_client_files(p, rows, unclosed="read", what="--resume: ")
+    changed_attribute = _changed_attribute(p, attrs, dict(attributes or {}))
+    if changed_attribute:
+        raise UsageError(changed_attribute)
+    files = check_client_files(p, rows, unclosed="read", what="--resume: ")
+    try:
+        check_series_digests(p, files, rows, series)
+    finally:
+        for _, g in files:
+            g.close()
     check_directory(p.parent, "run.output")
 
 
@@ -351,8 +436,20 @@ class RunWriter:
             raise
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         self.file = h5py.File(tmp, "x", libver="latest")
+        try:
+            self._build(tmp, attrs, now, kept_attrs, kept, columns, keep_rows, extend, recovered)
+        except BaseException:  # the half-built file goes, the old one (a resume's) stays as it was
+            self.file.close()
+            tmp.unlink(missing_ok=True)
+            self.release()
+            raise
+        self._identity = file_identity(path)
+
+    def _build(self, tmp: Path, attrs, now, kept_attrs, kept, columns, keep_rows, extend, recovered) -> None:
+        """Write the new file's structure at ``tmp`` and rename it to :attr:`path` once it is complete."""
         f = self.file
         _write_attrs(f, attrs, now, kept_attrs, keep_rows, recovered)
+        self.attr_digests = attr_digests(dict(f.attrs))  # what a checkpoint records of them
         group = f.create_group(GROUP)
         self.columns = list(columns)
         _create_columns(group, columns, kept, keep_rows)
@@ -365,8 +462,7 @@ class RunWriter:
             extend(f)
         f.swmr_mode = True
         # the file appears under its name only once its structure is complete and readers may open it
-        os.replace(tmp, path)
-        self._identity = file_identity(path)
+        os.replace(tmp, self.path)
 
     def lost(self) -> str | None:
         """Why the file under :attr:`path` is no longer the one being written (deleted, replaced), or None."""
