@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -223,7 +224,7 @@ def _benchmark(args) -> None:
                 print(f"skipped {why}", file=sys.stderr)
             if not done.skipped:
                 what = f"{done.changed} new or changed" if done.written else "unchanged"
-                print(f"{done.path}: {done.runs} runs ({what})")
+                print(f"{os.path.normpath(done.path)}: {done.runs} runs ({what})")
     elif args.follow_up:
         for sweep in post.benchmark.follow_up_sweeps(args.benchmark, args.follow_up, not args.no_extend):
             print(sweep)
