@@ -543,6 +543,12 @@ def _setting_text(row: TaskRow) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.setting.items()) or "-"
 
 
+def _where(task: BenchmarkTask) -> str:
+    """Where the task's runs are, for the table's words (the same whether the run files are there or not)."""
+    records = "" if task.records is None else f" (where absent, their records in `{os.path.relpath(task.records)}`)"
+    return f"runs in `{os.path.relpath(task.runs)}`{records}"
+
+
 def benchmark_table(
     path: str | Path, configs_dir: str | Path | None = None, link_base: str | Path | None = None
 ) -> str:
@@ -569,7 +575,7 @@ def benchmark_table(
             f"### {task.name}",
             "",
             f"{task.metric}: target {format_number(task.target)}, budget {task.budget_rounds} rounds; "
-            f"runs in `{os.path.relpath(task.runs)}`. Each algorithm's setting is chosen on seeds {tune} "
+            f"{_where(task)}. Each algorithm's setting is chosen on seeds {tune} "
             "(the `tuning` columns) by the rule of docs/benchmarks.md (rounds to target first; the metric at the "
             f"budget among settings that miss it; ties within {tie} {TIE_RTOL:g} of the metric); the other "
             f"columns report seeds {report}, mean ± sd. 'edge of grid': the chosen value is the smallest or "
