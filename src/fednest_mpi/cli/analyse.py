@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from fednest_mpi.cli.common import subcommand, usage_error
@@ -101,6 +103,13 @@ def _benchmark_arguments(rep) -> None:
         action="store_true",
         help="with --follow-up: no grid extension, only the chosen settings on the reported seeds",
     )
+    rep.add_argument(
+        "--archive",
+        action="store_true",
+        help="with --benchmark: instead of the table, write the benchmark records of the closed run files of its "
+        "tasks to the records folder that FILE names (one .jsonl.gz per task and algorithm, to commit: the table "
+        "reads them where run files are absent) and print what was written",
+    )
 
 
 def _axes_arguments(plot) -> None:
@@ -191,8 +200,8 @@ def _report(args) -> None:
         _benchmark(args)
     elif not args.runs:
         raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
-    elif args.configs_dir or args.follow_up or args.no_extend:
-        raise UsageError("--configs-dir, --follow-up and --no-extend go with --benchmark FILE")
+    elif args.configs_dir or args.follow_up or args.no_extend or args.archive:
+        raise UsageError("--configs-dir, --follow-up, --no-extend and --archive go with --benchmark FILE")
     elif args.at:
         metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
         print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))
@@ -207,7 +216,16 @@ def _benchmark(args) -> None:
 
     if args.runs:
         raise UsageError("--benchmark reads the runs its file names; drop the run files from the command")
-    if args.follow_up:
+    if args.archive and (args.follow_up or args.configs_dir):
+        raise UsageError("--archive writes the records only; run --follow-up or --configs-dir in another command")
+    if args.archive:
+        for done in post.benchmark.archive(args.benchmark):
+            for why in done.skipped:
+                print(f"skipped {why}", file=sys.stderr)
+            if not done.skipped:
+                what = f"{done.changed} new or changed" if done.written else "unchanged"
+                print(f"{os.path.normpath(done.path)}: {done.runs} runs ({what})")
+    elif args.follow_up:
         for sweep in post.benchmark.follow_up_sweeps(args.benchmark, args.follow_up, not args.no_extend):
             print(sweep)
     else:

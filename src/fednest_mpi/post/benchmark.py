@@ -15,6 +15,10 @@ its run files (one sweep per algorithm and task), the metric, the target and the
     report_seeds = [0, 1, 2]                 # (default) the seeds the table reports; none in tune_seeds
     tie_tolerance = 0.0                      # (default) metric values this close tie (besides relative 1e-9)
 
+and, at the top of the file, optionally, the folder of the committed benchmark records (:mod:`.records`)::
+
+    records = "../../docs/benchmarks/records"   # relative to the benchmark file's folder; task T's in records/T
+
 For every task the runs are grouped by ``algorithm.name`` and by every other config field (seeds
 aside) that differs between the runs of one algorithm (a tuning grid shows one row per setting).
 Each row gives, on the tuning seeds and, separately, on the reported seeds, mean ± sd of: the rounds
@@ -26,6 +30,10 @@ other seeds are not read. Each algorithm's setting is chosen on the tuning seeds
 is the smallest or largest tried (:func:`grid_edges`). The configs of the rows are written as JSON
 files beside the table, so each cell links the config that produced it (``fednest-mpi run
 CONFIG.json --set seed=S``).
+
+A run whose file is absent from the task's runs folder is read from the task's benchmark records, if the
+benchmark file names a ``records`` folder (:func:`archive` writes them, :mod:`.records`): the table, and the
+follow-up sweeps, come out the same from the records as from the run files.
 """
 
 from __future__ import annotations
@@ -42,21 +50,26 @@ from pathlib import Path
 import numpy as np
 
 from fednest_mpi.errors import UsageError
+from fednest_mpi.post import records as records_io
 from fednest_mpi.post.load import Run, check_columns, read_runs
 from fednest_mpi.post.stats import higher_is_better
 from fednest_mpi.post.tables import format_mean_sd, format_number
 from fednest_mpi.text import format_bytes
 
 __all__ = [
+    "Archived",
     "BenchmarkTask",
     "Numbers",
     "TaskRow",
+    "archive",
     "benchmark_table",
     "chosen_rows",
     "follow_up_sweeps",
     "grid_edges",
+    "has_runs",
     "read_benchmark_file",
     "task_rows",
+    "task_runs",
     "ties",
 ]
 
@@ -83,6 +96,7 @@ class BenchmarkTask:
     tune_seeds: tuple[int, ...] = TUNE_SEEDS
     report_seeds: tuple[int, ...] = REPORT_SEEDS
     tie_tolerance: float = 0.0
+    records: Path | None = None  # the folder of the task's benchmark records (None: the file names none)
 
 
 def _seeds(where: str, key: str, value) -> tuple[int, ...]:
@@ -94,6 +108,19 @@ def _seeds(where: str, key: str, value) -> tuple[int, ...]:
     ):
         raise UsageError(f"{where}: {key}: expected a list of distinct integer seeds such as [0, 1, 2], got {value!r}")
     return tuple(value)
+
+
+def _beside(path: Path, value: str) -> Path:
+    """``value``, a path relative to the folder of the file ``path`` unless absolute."""
+    return Path(value) if Path(value).is_absolute() else path.parent / value
+
+
+def _records_folder(path: Path, data: dict, task: str) -> Path | None:
+    """The folder of ``task``'s records in the benchmark file's ``records`` folder (None: it names none)."""
+    value = data.get("records")
+    if value is not None and not isinstance(value, str):
+        raise UsageError(f"{path}: records: expected the path of a folder (a string), got {value!r}")
+    return None if value is None else _beside(path, value) / task
 
 
 def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
@@ -145,17 +172,17 @@ def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
             raise UsageError(
                 f"{where}: tie_tolerance: expected a number >= 0 (0: ties at relative 1e-9 only), got {tolerance!r}"
             )
-        runs = Path(task["runs"])
         out.append(
             BenchmarkTask(
                 task["name"],
-                runs if runs.is_absolute() else p.parent / runs,
+                _beside(p, task["runs"]),
                 task["metric"],
                 float(task["target"]),
                 task["budget_rounds"],
                 tune,
                 report,
                 float(tolerance),
+                _records_folder(p, data, task["name"]),
             )
         )
     return out
@@ -211,14 +238,41 @@ def _order(value) -> tuple:
     return (1, 0.0, json.dumps(value, sort_keys=True, default=str))
 
 
+def _run_files(task: BenchmarkTask) -> list[Path]:
+    return sorted(task.runs.glob("*.h5")) if task.runs.is_dir() else []
+
+
+def _records(task: BenchmarkTask) -> list[Run]:
+    return records_io.read_records(task.records, task.runs, task.name) if task.records is not None else []
+
+
+def has_runs(task: BenchmarkTask) -> bool:
+    """Whether the task has runs: its runs folder exists, or its records folder holds records."""
+    return task.runs.exists() or (
+        task.records is not None and task.records.is_dir() and any(task.records.glob("*" + records_io.SUFFIX))
+    )
+
+
+def task_runs(task: BenchmarkTask) -> list[Run]:
+    """The task's runs, in file-name order: its run files, and the records (:mod:`.records`) of the run files
+    that are absent."""
+    files = _run_files(task)
+    records = _records(task)
+    if not files and not records:
+        if not task.runs.exists():
+            raise UsageError(
+                f"task {task.name!r}: runs: {str(task.runs)!r} does not exist; run the task's sweep "
+                "first (docs/benchmarks.md)"
+            )
+        return read_runs(task.runs)  # the error that says the folder holds no run files
+    present = {p.name for p in files}
+    runs = (read_runs(files) if files else []) + [r for r in records if r.path.name not in present]
+    return sorted(runs, key=lambda r: r.path.name)
+
+
 def task_rows(task: BenchmarkTask) -> list[TaskRow]:
     """The rows of one task, in the order of algorithm name then setting (numbers by size)."""
-    if not task.runs.exists():
-        raise UsageError(
-            f"task {task.name!r}: runs: {str(task.runs)!r} does not exist; run the task's sweep "
-            "first (docs/benchmarks.md)"
-        )
-    runs = read_runs(task.runs)
+    runs = task_runs(task)
     check_columns(runs, [task.metric, "comm_rounds", "comm_bytes"], "metric")
     by_algorithm: dict[str, list[Run]] = {}
     for run in runs:
@@ -423,7 +477,7 @@ def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) 
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for task in read_benchmark_file(path):
-        if not task.runs.exists():
+        if not has_runs(task):
             continue
         rows = task_rows(task)
         for i in sorted(chosen_rows(rows, task)):
@@ -489,6 +543,12 @@ def _setting_text(row: TaskRow) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.setting.items()) or "-"
 
 
+def _where(task: BenchmarkTask) -> str:
+    """Where the task's runs are, for the table's words (the same whether the run files are there or not)."""
+    records = "" if task.records is None else f" (where absent, their records in `{os.path.relpath(task.records)}`)"
+    return f"runs in `{os.path.relpath(task.runs)}`{records}"
+
+
 def benchmark_table(
     path: str | Path, configs_dir: str | Path | None = None, link_base: str | Path | None = None
 ) -> str:
@@ -501,10 +561,10 @@ def benchmark_table(
     folder = Path(configs_dir) if configs_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-    if not any(task.runs.exists() for task in tasks):
+    if not any(has_runs(task) for task in tasks):
         task_rows(tasks[0])  # the error that names the sweep to run
     for task in tasks:
-        if not task.runs.exists():
+        if not has_runs(task):
             lines += [f"### {task.name}", "", f"Not run here yet: `bash jobs/benchmarks/run.sh {task.name}`.", ""]
             continue
         rows = task_rows(task)
@@ -515,7 +575,7 @@ def benchmark_table(
             f"### {task.name}",
             "",
             f"{task.metric}: target {format_number(task.target)}, budget {task.budget_rounds} rounds; "
-            f"runs in `{os.path.relpath(task.runs)}`. Each algorithm's setting is chosen on seeds {tune} "
+            f"{_where(task)}. Each algorithm's setting is chosen on seeds {tune} "
             "(the `tuning` columns) by the rule of docs/benchmarks.md (rounds to target first; the metric at the "
             f"budget among settings that miss it; ties within {tie} {TIE_RTOL:g} of the metric); the other "
             f"columns report seeds {report}, mean ± sd. 'edge of grid': the chosen value is the smallest or "
@@ -569,3 +629,48 @@ def benchmark_table(
             )
         lines.append("")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Archived:
+    """What :func:`archive` did with one records file (or, with ``skipped``, the run files of a task it left)."""
+
+    path: Path
+    runs: int  # records in the file
+    changed: int  # records new or changed by this call
+    written: bool
+    skipped: tuple[str, ...] = ()  # run files not archived (not closed, damaged), each with why
+
+
+def archive(path: str | Path) -> list[Archived]:
+    """Write the benchmark records (:mod:`.records`) of the run files of every task of the benchmark file
+    ``path`` that has run files: one file per task and algorithm in the file's ``records`` folder, the records
+    of run files that are gone kept. A run file that is not closed (a run still writing it, or killed) or
+    cannot be read is skipped and named."""
+    p = Path(path)
+    out = []
+    tasks = read_benchmark_file(p)
+    if any(task.records is None for task in tasks):
+        raise UsageError(
+            f"--archive: {str(p)!r} names no records folder; add a top-level line such as "
+            'records = "../../docs/benchmarks/records" (relative to the benchmark file)'
+        )
+    for task in tasks:
+        assert task.records is not None
+        by_algorithm: dict[str, list[dict]] = {}
+        skipped = []
+        for file in _run_files(task):
+            try:
+                (run,) = read_runs([file], unclosed="refuse")
+                record = records_io.record_of(run, task.metric)
+            except UsageError as exc:
+                skipped.append(f"{file}: {exc}")
+                continue
+            by_algorithm.setdefault(record["algorithm"], []).append(record)
+        for algorithm in sorted(by_algorithm):
+            target = task.records / f"{algorithm}{records_io.SUFFIX}"
+            n, changed, written = records_io.write_records(target, task.name, task.metric, by_algorithm[algorithm])
+            out.append(Archived(target, n, changed, written))
+        if skipped:
+            out.append(Archived(task.records, 0, 0, False, tuple(skipped)))
+    return out

@@ -144,14 +144,16 @@ def common_primary_metrics(runs: Sequence[Run]) -> list[str]:
     return common
 
 
-def read_runs(paths) -> list[Run]:
-    """The run files ``paths`` (a directory stands for its ``*.h5``) as :class:`Run` records."""
+def read_runs(paths, unclosed: str = "live") -> list[Run]:
+    """The run files ``paths`` (a directory stands for its ``*.h5``) as :class:`Run` records (``unclosed``: a
+    file its writer has not closed, as :func:`fednest_mpi.io.h5.open_run`: "live" reads it while a run writes
+    it, "refuse" never)."""
     from fednest_mpi.io.h5 import read_run
 
     paths = _as_paths(paths)
     runs = []
     for path, name in zip(paths, run_names(paths)):
-        attrs, data = read_run(path)
+        attrs, data = read_run(path, unclosed)
         flat = flatten_config(attrs.get("config", {}))
         if "mpi_size" in attrs:  # not a config field, but it matters for timings: treated as one
             flat.setdefault("mpi_size", int(attrs["mpi_size"]))

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The tuning protocol of docs/benchmarks.md for the named algorithms of the quadratic tasks, one algorithm after the
+# other, resumable across sessions: a run whose run file or benchmark record (docs/benchmarks/records) exists is not
+# run again, and an algorithm whose chosen setting has run on the reported seeds is complete and skipped.
+# Usage: bash jobs/benchmarks/protocol.sh TASK/ALG ...   (a sweep jobs/benchmarks/TASK/ALG.toml of table.toml's tasks)
+# Example: nice -n 19 bash jobs/benchmarks/protocol.sh quadratic_local/fedmsa quadratic_uneven/fedmbo
+# Then: fednest-mpi report --benchmark jobs/benchmarks/table.toml --archive, and commit docs/benchmarks/records.
+# DRY_RUN=1 prints what would run and runs nothing. One run at a time (-j 1).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+FEDNEST=${FEDNEST:-.venv/bin/fednest-mpi}
+EXTENSIONS=${EXTENSIONS:-2}   # at most this many grid extensions per algorithm (per call: see docs/benchmarks.md)
+TABLE=jobs/benchmarks/table.toml
+RECORDS=docs/benchmarks/records
+if [ $# -eq 0 ] || [ "${1:-}" = "-h" ]; then sed -n '2,8p' "$0"; exit 2; fi
+failed=()
+done_names() {   # done_names TASK: the names of the runs of TASK that have a run file or a record
+    ls runs/benchmarks/"$1"/ 2> /dev/null | sed -n 's/\.h5$//p'
+    for f in "$RECORDS/$1"/*.jsonl.gz; do
+        [ -e "$f" ] && gzip -dc "$f" | grep -o '"file":"[^"]*\.h5"' | sed 's/^"file":"//; s/\.h5"$//'
+    done
+    true
+}
+run_sweep() {   # run_sweep TASK SWEEP_FILE OUT_DIR: render, then run the tasks without a run file or record
+    local name ids
+    name=$(basename "$2" .toml)
+    "$FEDNEST" jobs render "$2" --site local -o "$3/$name" > /dev/null
+    ids=$(awk 'NR == FNR { done[$1] = 1; next } !($1 in done) { print FNR - 1 }' \
+        <(echo "#"; done_names "$1") "$3/$name/$name.tasks" | tr '\n' ' ')
+    echo "== $name: $(wc -l < "$3/$name/$name.tasks") runs, to run: ${ids:-none}"
+    [ -n "$ids" ] && [ -z "${DRY_RUN:-}" ] || return 0
+    # shellcheck disable=SC2086  # the task ids, one word each
+    bash "$3/$name/$name.local.sh" -j 1 $ids || failed+=("$name")   # a diverged run exits 1: a result
+}
+follow_up() {   # follow_up TASK ALG DIR [--no-extend]: the printed sweeps of ALG on TASK
+    rm -rf "$3"
+    "$FEDNEST" report --benchmark "$TABLE" --follow-up "$3" ${4:-} | grep "/${1}_${2}_" || true
+}
+for pair in "$@"; do
+    task=${pair%%/*}; alg=${pair#*/}
+    [ -f "jobs/benchmarks/$task/$alg.toml" ] || { echo "protocol.sh: no sweep jobs/benchmarks/$task/$alg.toml" >&2; exit 2; }
+    dir=runs/jobs/benchmarks/protocol/follow-up/${task}_$alg
+    echo "== $task/$alg ($(date -u +%H:%M:%S) UTC)"
+    run_sweep "$task" "jobs/benchmarks/$task/$alg.toml" "runs/jobs/benchmarks/protocol/$task"
+    if [ -z "$(follow_up "$task" "$alg" "$dir/check" --no-extend)" ] && done_names "$task" | grep -q "^${alg}_.*_seed${REPORT_SEED:-0}$"; then
+        echo "== $task/$alg: complete (the chosen setting has run on the reported seeds)"
+        continue
+    fi
+    for pass in $(seq 0 "$EXTENSIONS"); do
+        flag=$([ "$pass" -lt "$EXTENSIONS" ] && echo "" || echo "--no-extend")
+        sweeps=$(follow_up "$task" "$alg" "$dir/$pass" $flag)
+        [ -n "$sweeps" ] || break
+        for sweep in $sweeps; do run_sweep "$task" "$sweep" "$dir/$pass"; done
+        [ -z "${DRY_RUN:-}" ] || break   # nothing ran: the next pass would print the same
+    done
+    echo "== $task/$alg: done ($(date -u +%H:%M:%S) UTC)"
+done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "protocol.sh: sweeps with failed runs (diverged, or see their logs under runs/jobs/benchmarks/): ${failed[*]}" >&2
+    exit 1
+fi

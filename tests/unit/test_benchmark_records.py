@@ -1,0 +1,213 @@
+"""Benchmark records (post.records, `fednest-mpi report --benchmark FILE --archive`): the committed record of each
+benchmark run gives the same table, configs and follow-up sweeps as the run files, once the run files are gone."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from small_configs import make_config, write_run
+
+from fednest_mpi import cli, post
+from fednest_mpi.errors import UsageError
+from fednest_mpi.post import records
+
+TARGET, BUDGET = 0.3, 90
+
+
+def _write_run(path, seed: int, **algorithm) -> None:
+    write_run(path, make_config(seed=seed, algorithm={"outer_iterations": 12, **algorithm}, run={"output": str(path)}))
+
+
+def _bench(root: Path) -> Path:
+    """Tiny quadratic runs of a benchmark task: FedNest (one setting) and an LFedNest grid of outer_lr with an edge,
+    on the tuning and the reported seeds; the benchmark file names a records folder."""
+    runs = root / "runs" / "quadratic"
+    runs.mkdir(parents=True)
+    for seed in (0, 1, 2, 100, 101, 102):
+        _write_run(runs / f"fednest_s{seed}.h5", seed, name="fednest")
+        for lr in (0.05, 0.2):
+            if seed < 100 and lr == 0.05:
+                continue  # the reported seeds of one setting only, as the protocol runs them
+            _write_run(runs / f"lfednest_lr{lr}_s{seed}.h5", seed, name="lfednest", outer_lr=lr)
+    path = root / "jobs" / "table.toml"
+    path.parent.mkdir()
+    path.write_text(
+        'records = "../records"\n\n[[task]]\nname = "quadratic"\nruns = "../runs/quadratic"\nmetric = "x_error"\n'
+        f"target = {TARGET}\nbudget_rounds = {BUDGET}\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> Path:
+    return _bench(tmp_path_factory.mktemp("records"))
+
+
+def _outputs(path: Path, where: Path, capsys) -> dict[str, bytes]:
+    """The table (stdout of the command), the config files written beside it and the follow-up sweeps and configs,
+    every file's bytes by its name."""
+    configs = where / "configs"
+    assert cli.main(["report", "--benchmark", str(path), "--configs-dir", str(configs)]) == 0
+    out = {"table.md": capsys.readouterr().out.encode()}
+    out.update({f"configs/{p.name}": p.read_bytes() for p in sorted(configs.iterdir())})
+    follow = where / "follow-up"
+    sweeps = post.benchmark.follow_up_sweeps(path, follow)
+    assert sweeps  # the LFedNest edge is extended
+    here = str(follow.resolve()).encode()  # a sweep names its config by its absolute path
+    out.update({f"follow-up/{p.name}": p.read_bytes().replace(here, b"FOLLOW") for p in sorted(follow.iterdir())})
+    return out
+
+
+def test_the_table_from_the_records_alone_is_the_table_from_the_run_files(tmp_path, capsys):
+    path = _bench(tmp_path)
+    runs = tmp_path / "runs" / "quadratic"
+    from_files = _outputs(path, tmp_path / "a", capsys)
+    assert cli.main(["report", "--benchmark", str(path), "--archive"]) == 0
+    printed = capsys.readouterr().out
+    written = sorted((tmp_path / "records" / "quadratic").iterdir())
+    assert [p.name for p in written] == ["fednest.jsonl.gz", "lfednest.jsonl.gz"]
+    assert "fednest.jsonl.gz: 6 runs (6 new or changed)" in printed
+    assert "lfednest.jsonl.gz: 9 runs (9 new or changed)" in printed
+    assert sum(p.stat().st_size for p in written) < sum(p.stat().st_size for p in runs.glob("*.h5")) / 5
+    shutil.rmtree(runs)
+    from_records = _outputs(path, tmp_path / "b", capsys)
+    assert from_records.keys() == from_files.keys()
+    for name in from_files:  # bit for bit: the Markdown, each linked config, each sweep and its config
+        assert from_records[name] == from_files[name], name
+    assert b"| lfednest | **outer_lr=0.2** (chosen; edge of grid: outer_lr largest) |" in from_records["table.md"]
+
+
+def test_records_stand_in_for_the_absent_run_files_only(bench, tmp_path, capsys):
+    """Half the run files gone: the table is the same; a run file present wins over its record."""
+    root = tmp_path / "copy"
+    shutil.copytree(bench.parent.parent, root)
+    path = root / "jobs" / "table.toml"
+    shutil.rmtree(root / "records", ignore_errors=True)
+    reference = _outputs(path, tmp_path / "a", capsys)
+    post.benchmark.archive(path)
+    for file in sorted((root / "runs" / "quadratic").glob("*.h5"))[::2]:
+        file.unlink()
+    assert _outputs(path, tmp_path / "b", capsys) == reference
+    (task,) = post.read_benchmark_file(path)
+    runs = post.benchmark.task_runs(task)
+    assert [r.path.name for r in runs] == sorted(r.path.name for r in runs)
+    from_files = {r.path.name for r in runs if "record" not in r.attrs}
+    assert from_files == {p.name for p in (root / "runs" / "quadratic").glob("*.h5")}
+
+
+def test_archiving_again_keeps_the_records_of_gone_run_files_and_rewrites_nothing(bench, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(bench.parent.parent, root)
+    path = root / "jobs" / "table.toml"
+    shutil.rmtree(root / "records", ignore_errors=True)
+    first = post.benchmark.archive(path)
+    assert [(a.path.name, a.runs, a.changed, a.written) for a in first] == [
+        ("fednest.jsonl.gz", 6, 6, True),
+        ("lfednest.jsonl.gz", 9, 9, True),
+    ]
+    data = {a.path: a.path.read_bytes() for a in first}
+    for file in (root / "runs" / "quadratic").glob("fednest_*.h5"):
+        file.unlink()
+    again = post.benchmark.archive(path)
+    assert [(a.path.name, a.runs, a.changed, a.written) for a in again] == [("lfednest.jsonl.gz", 9, 0, False)]
+    assert {p: p.read_bytes() for p in data} == data  # the same bytes: no time stamp in the gzip header
+    # a rerun (here: another config under the same name) replaces its record
+    _write_run(root / "runs" / "quadratic" / "lfednest_lr0.2_s0.h5", 0, name="lfednest", outer_lr=0.2, inner_lr=0.1)
+    (changed,) = post.benchmark.archive(path)
+    assert (changed.runs, changed.changed, changed.written) == (9, 1, True)
+
+
+def test_a_record_holds_the_columns_bit_for_bit_and_whether_the_run_finished(tmp_path):
+    """A run that stopped short (diverged), with NaN and infinite values: the record gives back the same arrays,
+    bit for bit, and says that it stopped."""
+    from fednest_mpi.io.h5 import RunWriter
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    columns = {"iteration": ("k", "1"), "comm_rounds": ("r", "1"), "comm_bytes": ("b", "B"), "x_error": ("e", "1")}
+    values = [1.0, 1 / 3, math.pi * 1e-300, 5e-324, math.inf, math.nan]
+    for name, n in (("finished", 4), ("stopped", 6)):
+        cfg = {"seed": 100, "algorithm": {"name": "fedmsa", "outer_iterations": n if name == "finished" else 9}}
+        w = RunWriter(runs / f"{name}.h5", {"config_json": json.dumps(cfg), "mpi_size": 1}, columns)
+        for k in range(n + 1):
+            w.append({"iteration": k, "comm_rounds": 3 * k, "comm_bytes": 24 * k, "x_error": values[k % 6]})
+        w.close()
+    path = tmp_path / "t.toml"
+    path.write_text(
+        f'records = "rec"\n[[task]]\nname = "t"\nruns = "{runs}"\nmetric = "x_error"\ntarget = 1e-4\n'
+        "budget_rounds = 12\n"
+    )
+    (archived,) = post.benchmark.archive(path)
+    with gzip.open(archived.path, "rt") as f:
+        header, *lines = [json.loads(line) for line in f]
+    assert header == {"format": records.FORMAT, "version": records.VERSION, "task": "t", "metric": "x_error"}
+    assert [(r["file"], r["status"], r["iterations"], r["outer_iterations"]) for r in lines] == [
+        ("finished.h5", "finished", 4, 4),
+        ("stopped.h5", "stopped", 6, 9),
+    ]
+    assert set(lines[0]["data"]) == {"comm_rounds", "comm_bytes", "x_error"}  # what the table reads, no more
+    (task,) = post.read_benchmark_file(path)
+    from_files = post.benchmark.task_runs(task)
+    shutil.rmtree(runs)
+    from_records = post.benchmark.task_runs(task)
+    for a, b in zip(from_files, from_records, strict=True):
+        assert a.config == b.config and a.attrs["config"] == b.attrs["config"]
+        for column in b.data:
+            assert a.data[column].dtype == b.data[column].dtype
+            assert a.data[column].tobytes() == b.data[column].tobytes(), column
+
+
+def test_an_unclosed_run_file_is_not_archived(tmp_path, capsys):
+    from fednest_mpi.io.h5 import RunWriter
+
+    path = _bench(tmp_path)
+    columns = {"iteration": ("k", "1"), "comm_rounds": ("r", "1"), "comm_bytes": ("b", "B"), "x_error": ("e", "1")}
+    cfg = {"seed": 100, "algorithm": {"name": "fedmsa"}}
+    live = tmp_path / "runs" / "quadratic" / "live.h5"
+    w = RunWriter(live, {"config_json": json.dumps(cfg)}, columns)
+    w.append({"iteration": 0, "comm_rounds": 0, "comm_bytes": 0, "x_error": 1.0})
+    try:
+        assert cli.main(["report", "--benchmark", str(path), "--archive"]) == 0
+    finally:
+        w.close()
+    captured = capsys.readouterr()
+    assert "skipped " in captured.err and "live.h5: run file " in captured.err
+    assert "was not closed by the run that wrote it" in captured.err
+    assert not (tmp_path / "records" / "quadratic" / "fedmsa.jsonl.gz").exists()
+
+
+def test_archive_needs_a_records_folder_and_refuses_an_edited_record(bench, tmp_path, capsys):
+    plain = tmp_path / "plain.toml"
+    plain.write_text(bench.read_text().replace('records = "../records"\n', ""))
+    assert cli.main(["report", "--benchmark", str(plain), "--archive"]) == 2
+    assert "names no records folder" in capsys.readouterr().err
+    root = tmp_path / "copy"
+    shutil.copytree(bench.parent.parent, root)
+    path = root / "jobs" / "table.toml"
+    (archived, _) = post.benchmark.archive(path)
+    with gzip.open(archived.path, "rt") as f:
+        lines = f.read().splitlines()
+    record = json.loads(lines[1])
+    record["config_json"] = record["config_json"].replace('"seed": 0', '"seed": 7')  # edited, the old digest
+    assert record["config_json"] != json.loads(lines[1])["config_json"]
+    lines[1] = json.dumps(record)
+    archived.path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    shutil.rmtree(root / "runs")
+    with pytest.raises(UsageError, match="does not match its config digest"):
+        post.benchmark_table(path)
+    assert cli.main(["report", "runs", "--archive"]) == 2  # --archive goes with --benchmark
+    assert "go with --benchmark" in capsys.readouterr().err
+
+
+def test_the_shipped_benchmark_files_name_the_committed_records():
+    repo = Path(__file__).resolve().parents[2]
+    for name in ("table.toml", "mnist.toml"):
+        for task in post.read_benchmark_file(repo / "jobs/benchmarks" / name):
+            assert task.records == repo / "jobs/benchmarks/../../docs/benchmarks/records" / task.name
+            assert np.all([p.suffixes[-2:] == [".jsonl", ".gz"] for p in task.records.glob("*")])
