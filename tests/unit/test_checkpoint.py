@@ -245,9 +245,9 @@ def test_checkpoint_schedule(tmp_path, small_config, monkeypatch):
     seen = []
     real = checkpoint.save
 
-    def spy(comm, folder, ck, states):
+    def spy(comm, folder, ck, states, *series):
         seen.append(ck.iteration)
-        real(comm, folder, ck, states)
+        real(comm, folder, ck, states, *series)
 
     monkeypatch.setattr(checkpoint, "save", spy)
     simulate(cfg, MPI.COMM_SELF, checkpoint_dir=tmp_path)
