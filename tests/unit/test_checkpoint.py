@@ -533,3 +533,20 @@ def test_a_client_series_value_changed_since_the_checkpoint_is_named_at_resume(t
         f["clients"][series][5, 2] = before
     assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 0
     assert read_run(out)[1]["iteration"].tolist() == list(range(7))
+
+
+def test_rows_deleted_since_the_checkpoint_name_the_command_that_starts_again(tmp_path, capsys):
+    """Rows of /iterations deleted since the checkpoint (h5py resize): refused at --resume with the one command
+    that recomputes the run (--overwrite; a plain rerun would only say that the output exists)."""
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "r+") as f:
+        for column in f["iterations"].values():
+            column.resize((3,))
+    assert main(["run", str(cfg), "-q", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds 3 iterations, fewer than the 5 of the checkpoint (rows deleted" in err, err
+    assert "the same command with --overwrite in place of --resume" in err
+    assert main(["run", str(cfg), "-q", "--overwrite"]) == 0
+    assert read_run(out)[1]["iteration"].tolist() == list(range(5))

@@ -326,7 +326,8 @@ def check_resumable_output(path: str | Path, rows: int, digests=(), attributes=N
     if len(data.get(SCALE, ())) < rows:
         raise UsageError(
             f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
-            "checkpoint: it is not this checkpoint's output; run without --resume to start again"
+            "checkpoint (rows deleted, or another run's file); restore the file, or start again: the same command "
+            "with --overwrite in place of --resume"
         )
     recorded = [int(d) for d in digests]
     found = row_digests(data, range(min(len(recorded), rows)))
@@ -619,7 +620,8 @@ def _read_head(path: Path, rows: int, columns) -> tuple[dict, dict[str, np.ndarr
     if set(data) != set(columns):
         raise UsageError(
             f"--resume: {str(path)!r} has the columns {sorted(data)}, this run records {sorted(columns)}; "
-            "it was written by another fednest-mpi version or problem; run without --resume to start again"
+            "it was written by another fednest-mpi version or problem; start again: the same command with "
+            "--overwrite in place of --resume"
         )
     if len(data[SCALE]) < rows:
         raise UsageError(
