@@ -7,6 +7,7 @@ The in-process tests use ``COMM_SELF``; the command-line tests run ``mpiexec`` s
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -550,3 +551,27 @@ def test_rows_deleted_since_the_checkpoint_name_the_command_that_starts_again(tm
     assert "the same command with --overwrite in place of --resume" in err
     assert main(["run", str(cfg), "-q", "--overwrite"]) == 0
     assert read_run(out)[1]["iteration"].tolist() == list(range(5))
+
+
+def test_client_files_whose_client_ranges_were_edited_are_refused_naming_them(tmp_path, capsys):
+    """A client file's first_client attribute edited (its range beyond the run's clients), or a second file with
+    the same clients: one line naming the file, from --resume and from the readers. (The first case used to end
+    in a traceback: the message read the name of a file it had just closed.)"""
+    from fednest_mpi.io.clients import read_clients
+
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    out, folder = tmp_path / "out.h5", tmp_path / "out.clients"
+    with h5py.File(folder / "rank00000.h5", "r+") as f:
+        f.attrs["first_client"] = 1
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rank00000.h5' holds clients 1..8 (its attributes" in err, err
+    assert "the run has 8: it was edited or belongs to another run" in err
+    with h5py.File(folder / "rank00000.h5", "r+") as f:
+        f.attrs["first_client"] = 0
+    shutil.copy(folder / "rank00000.h5", folder / "rank00001.h5")  # two files of the same clients
+    with pytest.raises(UsageError, match=r"rank00001.h5' holds clients 0..7 .*, so does '.*rank00000.h5'"):
+        read_clients(out)
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
+    assert "so does" in capsys.readouterr().err

@@ -378,8 +378,9 @@ def check_client_files(
     folder = S.client_dir(run_path)
     fix = f"restore {str(folder)!r} next to the run file (it holds the per-client series)"
     found = _rank_files(run_path, unclosed)
-    covered = np.zeros(n_clients, dtype=bool)
-    for ids, g in found:
+    covered = np.full(n_clients, -1)  # the file (its index in found) holding each client
+    for index, (ids, g) in enumerate(found):
+        filename = g.filename  # named after the files are closed
         for name in S.CLIENT_SERIES:
             shape = g[S.CLIENTS][name].shape if name in g.get(S.CLIENTS, {}) else None
             if shape is None or shape[0] != len(ids) or shape[1] < rows:
@@ -387,22 +388,25 @@ def check_client_files(
                     h.close()
                 held = "no such series" if shape is None else f"shape {shape}"
                 raise UsageError(
-                    f"{what}client file {g.filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
+                    f"{what}client file {filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
                     f"has {held}, "
                     f"expected {len(ids)} clients x at least {rows} iterations; {fix}"
                 )
-        if ids.stop > n_clients:
+        twice = covered[ids.start : min(ids.stop, n_clients)]
+        if ids.stop > n_clients or (twice >= 0).any():
+            other = found[int(twice[twice >= 0][0])][1].filename if (twice >= 0).any() else ""
             for _, h in found:
                 h.close()
+            why = f"the run has {n_clients}" if ids.stop > n_clients else f"so does {other!r}"
             raise UsageError(
-                f"{what}client file {g.filename!r} holds clients {ids.start}..{ids.stop - 1}, the run has "
-                f"{n_clients}; it belongs to another run; {fix}"
+                f"{what}client file {filename!r} holds clients {ids.start}..{ids.stop - 1} (its attributes "
+                f"first_client and n_hosted), {why}: it was edited or belongs to another run; {fix}"
             )
-        covered[ids.start : ids.stop] = True
-    if not covered.all():
+        covered[ids.start : ids.stop] = index
+    if (covered < 0).any():
         for _, h in found:
             h.close()
-        missing = int(np.flatnonzero(~covered)[0])
+        missing = int(np.flatnonzero(covered < 0)[0])
         state = "is missing" if not folder.is_dir() else f"holds no file with client {missing}"
         raise UsageError(
             f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; {fix}"
