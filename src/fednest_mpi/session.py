@@ -252,7 +252,12 @@ def prior_run(cfg) -> tuple[str, str]:
         checkpoint.check_resumable(ckpt, cfg)
         checkpoint.check_client_files(folder, ckpt)
         check_resumable_output(
-            output, ckpt.output_rows, ckpt.row_digests, ckpt.attr_digests, ckpt.client_series_digests
+            output,
+            ckpt.output_rows,
+            ckpt.row_digests,
+            ckpt.attr_digests,
+            ckpt.client_series_digests,
+            ckpt.main_digests,
         )
     except UsageError as exc:
         return "start", f"{why}; not resumable: {exc}"
@@ -398,6 +403,7 @@ class Session:
                         resume.row_digests,
                         resume.attr_digests,
                         resume.client_series_digests,
+                        resume.main_digests,
                     )
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
                 self.writers = writers.from_config(cfg)

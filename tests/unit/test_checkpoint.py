@@ -575,3 +575,27 @@ def test_client_files_whose_client_ranges_were_edited_are_refused_naming_them(tm
         read_clients(out)
     assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
     assert "so does" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["ranks/compute_seconds", "snapshots/x"])
+def test_a_phase_time_or_snapshot_changed_since_the_checkpoint_is_named_at_resume(tmp_path, capsys, where):
+    """The checkpoint records a digest of each iteration of /ranks and /snapshots too (rank 0 reads them back)."""
+    cfg = _cli_config(tmp_path, iterations=4)
+    sets = ["--set", "run.snapshot_every=1"]
+    assert main(["run", str(cfg), "-q", *sets]) == 0
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "r+") as f:
+        before = f[where][()]
+        edited = before.copy()
+        if where.startswith("ranks"):
+            edited[0, 2] += 1.0  # rank 0's phase time of iteration 2
+        else:
+            edited[2, 0] += 1.0  # the snapshot of iteration 2
+        f[where][...] = edited
+    assert main(["run", str(cfg), "-q", "--resume", *sets, "--set", "algorithm.outer_iterations=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "iteration 2 of /ranks or /snapshots in" in err and "changed since" in err, err
+    with h5py.File(out, "r+") as f:
+        f[where][...] = before
+    assert main(["run", str(cfg), "-q", "--resume", *sets, "--set", "algorithm.outer_iterations=6"]) == 0
+    assert read_run(out)[1]["iteration"].tolist() == list(range(7))
