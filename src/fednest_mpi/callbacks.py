@@ -62,6 +62,10 @@ class Recorder(Callback):
         """Digests of the first ``rows`` rows written (what a checkpoint records for ``--resume`` to check)."""
         return self.writer.row_digests(rows)
 
+    def main_digests(self, rows: int):
+        """Digests of the first ``rows`` iterations of the run file's /ranks and /snapshots (the same for --resume)."""
+        return self.writer.main_digests(rows)
+
     def attr_digests(self):
         """Digests of the run file's attributes (what a checkpoint records for ``--resume`` to check)."""
         return dict(self.writer.attr_digests)

@@ -101,10 +101,12 @@ class Checkpoint:
     # a 64-bit digest of each iteration of the per-client series, over every client (io.clients.column_digests,
     # as int64); empty without them (OPTIONAL, as attr_digests)
     client_series_digests: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    # and of each iteration of the output's /ranks and /snapshots (io.clients.main_digests, as int64; OPTIONAL)
+    main_digests: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
 
 #: fields a checkpoint of this version may lack (written before they were added): their defaults then
-OPTIONAL = frozenset({"attr_digests", "client_series_digests"})
+OPTIONAL = frozenset({"attr_digests", "client_series_digests", "main_digests"})
 
 
 def folder_of(cfg) -> Path:

@@ -616,6 +616,9 @@ class RunLoop:
         attributes = self.hooks.first("attr_digests")  # and of the run file's attributes
         if attributes is not None:
             saved.attr_digests = attributes
+        main = self.hooks.first("main_digests", k + 1)  # and of its /ranks and /snapshots
+        if main is not None:
+            saved.main_digests = torch.from_numpy(np.asarray(main, dtype=np.uint64).view(np.int64).copy())
         series = self.series.client_digests(k + 1) if self.series is not None else None
         ckpt_io.save(fed.comm, self.checkpoint_dir, saved, sim.algorithm.client_states(), series)
         self.hooks.call("on_checkpoint", k, self.checkpoint_dir)

@@ -44,14 +44,34 @@ def report_usage_error(comm, exc: UsageError) -> int:
     return 2
 
 
-def report_failure(comm, exc: RunFailed) -> int:
-    """Print a failed run's line once (rank 0; the traceback of its cause when the run raised) and return 1."""
+def report_failure(comm, exc: RunFailed, folder=None) -> int:
+    """Print a failed run's line once (rank 0) and return 1. When the run raised, the traceback of its cause goes
+    to ``folder/traceback-rank00000.log`` (the run's failure folder, :func:`fednest_mpi.failure.folder_of`), which
+    the line names, as under MPI (:func:`fednest_mpi.logs.log_failure`); without ``folder``, to stderr."""
+    from fednest_mpi.logs import log_failure
+
     if comm.Get_rank() == 0:
-        print(f"fednest-mpi: {exc}", file=sys.stderr)
+        line = f"fednest-mpi: {exc}"
         cause = exc.__cause__
-        if cause is not None and not isinstance(cause, (FloatingPointError, OutputLost, RanksDisagree)):
+        if cause is None or isinstance(cause, (FloatingPointError, OutputLost, RanksDisagree)):
+            print(line, file=sys.stderr)
+        elif folder is not None:
+            log_failure(cause, line, folder, comm.Get_rank())
+        else:
+            print(line, file=sys.stderr)
             _traceback.print_exception(cause, file=sys.stderr)
     return 1
+
+
+def quiet_stderr() -> None:
+    """From now on this process's stderr (file descriptor 2) goes nowhere: its one line is written."""
+    sys.stderr.flush()
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+    except OSError:
+        pass
 
 
 def failure_line(exc: BaseException, rank: int, size: int, last: int | None) -> str:
@@ -232,7 +252,12 @@ def prior_run(cfg) -> tuple[str, str]:
         checkpoint.check_resumable(ckpt, cfg)
         checkpoint.check_client_files(folder, ckpt)
         check_resumable_output(
-            output, ckpt.output_rows, ckpt.row_digests, ckpt.attr_digests, ckpt.client_series_digests
+            output,
+            ckpt.output_rows,
+            ckpt.row_digests,
+            ckpt.attr_digests,
+            ckpt.client_series_digests,
+            ckpt.main_digests,
         )
     except UsageError as exc:
         return "start", f"{why}; not resumable: {exc}"
@@ -299,6 +324,7 @@ class Session:
             watch.fail(line)  # every rank closes its files, then the job is aborted
         else:
             close_files()
+        quiet_stderr()  # MPICH's own "Abort(1) on node 1 ...: application called MPI_Abort" would be a second line
         self.comm.Abort(code)
 
     def run_to_file(self) -> int:
@@ -377,6 +403,7 @@ class Session:
                         resume.row_digests,
                         resume.attr_digests,
                         resume.client_series_digests,
+                        resume.main_digests,
                     )
                 failure.clear(cfg.run.output)  # the failure notes of an earlier run
                 self.writers = writers.from_config(cfg)

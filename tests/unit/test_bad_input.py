@@ -86,8 +86,13 @@ BAD_SETTINGS = [
     (["run.checkpoint_every=-1"], "run.checkpoint_every: must be >= 0"),
     (["run.checkpoint_dir=3"], "run.checkpoint_dir: expected a string, got 3"),
     # a name that TOML reads as a number or a boolean: the line says how to give it as text
-    (["run.output=1e3"], "run.output: expected a string, got 1000.0; put the text in quotes"),
-    (["run.output=true"], "(on the command line: --set 'run.output=\"...\"')"),
+    (["run.checkpoint_dir=1e3"], "run.checkpoint_dir: expected a string, got 1000.0; put the text in quotes"),
+    (["run.checkpoint_dir=true"], "(on the command line: --set 'run.checkpoint_dir=\"...\"')"),
+    # a data folder named with a NUL byte (a TOML escape): stat() raised ValueError, an internal failure (exit 1)
+    (
+        ['problem={name="hyper_representation", data_dir="a\\u0000b", n_clients=4, partition="iid"}'],
+        "data directory 'a\x00b' (from problem.data_dir) holds a NUL byte or a character that no file name can hold",
+    ),
     # a line break and more TOML after the value: refused, not dropped unread (the seed would stay 1)
     (["algorithm.outer_lr=0.1\nseed=7"], "--set algorithm.outer_lr: '0.1\\nseed=7' holds more than one value"),
     (['run.output="x.h5"\n[problem]\nn_clients=3'], "holds more than one value (a line break, then 'problem')"),
@@ -291,7 +296,8 @@ BAD_DATA = [
         "",
         "magic number 2051, expected 2049",
     ),
-    ("empty file", lambda f: _gz(f, "t10k-images-idx3-ubyte", b""), "", "magic number None, expected 2051"),
+    ("empty file", lambda f: _gz(f, "t10k-images-idx3-ubyte", b""), "", "is empty: 0 bytes once gunzipped"),
+    ("empty gz file", lambda f: (f / "t10k-images-idx3-ubyte.gz").write_bytes(b""), "", "is empty (0 bytes); delete"),
     (
         "truncated payload",
         lambda f: _gz(f, "train-images-idx3-ubyte", idx(2051, np.zeros((200, 28, 28)))[:-784]),
@@ -335,7 +341,12 @@ BAD_DATA = [
         "",
         "holds images of 14x14 pixels, expected 28x28",
     ),
-    ("md5 mismatch", lambda f: (f / "MD5SUMS").write_text("0" * 32 + "  train-labels-idx1-ubyte.gz\n"), "", "has md5"),
+    (
+        "md5 mismatch",
+        lambda f: (f / "MD5SUMS").write_text("0" * 32 + "  train-labels-idx1-ubyte.gz\n"),
+        "",
+        "a file replaced on purpose: delete its line from",
+    ),
     ("bad MD5SUMS", lambda f: (f / "MD5SUMS").write_text("not a checksum line\n"), "", "is not `MD5  FILENAME`"),
     (
         "batch > smallest client",

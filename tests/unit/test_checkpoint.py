@@ -7,6 +7,7 @@ The in-process tests use ``COMM_SELF``; the command-line tests run ``mpiexec`` s
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,9 +246,9 @@ def test_checkpoint_schedule(tmp_path, small_config, monkeypatch):
     seen = []
     real = checkpoint.save
 
-    def spy(comm, folder, ck, states):
+    def spy(comm, folder, ck, states, *series):
         seen.append(ck.iteration)
-        real(comm, folder, ck, states)
+        real(comm, folder, ck, states, *series)
 
     monkeypatch.setattr(checkpoint, "save", spy)
     simulate(cfg, MPI.COMM_SELF, checkpoint_dir=tmp_path)
@@ -532,4 +533,69 @@ def test_a_client_series_value_changed_since_the_checkpoint_is_named_at_resume(t
     with h5py.File(client_file, "r+") as f:
         f["clients"][series][5, 2] = before
     assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 0
+    assert read_run(out)[1]["iteration"].tolist() == list(range(7))
+
+
+def test_rows_deleted_since_the_checkpoint_name_the_command_that_starts_again(tmp_path, capsys):
+    """Rows of /iterations deleted since the checkpoint (h5py resize): refused at --resume with the one command
+    that recomputes the run (--overwrite; a plain rerun would only say that the output exists)."""
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "r+") as f:
+        for column in f["iterations"].values():
+            column.resize((3,))
+    assert main(["run", str(cfg), "-q", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds 3 iterations, fewer than the 5 of the checkpoint (rows deleted" in err, err
+    assert "the same command with --overwrite in place of --resume" in err
+    assert main(["run", str(cfg), "-q", "--overwrite"]) == 0
+    assert read_run(out)[1]["iteration"].tolist() == list(range(5))
+
+
+def test_client_files_whose_client_ranges_were_edited_are_refused_naming_them(tmp_path, capsys):
+    """A client file's first_client attribute edited (its range beyond the run's clients), or a second file with
+    the same clients: one line naming the file, from --resume and from the readers. (The first case used to end
+    in a traceback: the message read the name of a file it had just closed.)"""
+    from fednest_mpi.io.clients import read_clients
+
+    cfg = _cli_config(tmp_path, iterations=4)
+    assert main(["run", str(cfg), "-q"]) == 0
+    out, folder = tmp_path / "out.h5", tmp_path / "out.clients"
+    with h5py.File(folder / "rank00000.h5", "r+") as f:
+        f.attrs["first_client"] = 1
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rank00000.h5' holds clients 1..8 (its attributes" in err, err
+    assert "the run has 8: it was edited or belongs to another run" in err
+    with h5py.File(folder / "rank00000.h5", "r+") as f:
+        f.attrs["first_client"] = 0
+    shutil.copy(folder / "rank00000.h5", folder / "rank00001.h5")  # two files of the same clients
+    with pytest.raises(UsageError, match=r"rank00001.h5' holds clients 0..7 .*, so does '.*rank00000.h5'"):
+        read_clients(out)
+    assert main(["run", str(cfg), "-q", "--resume", "--set", "algorithm.outer_iterations=6"]) == 2
+    assert "so does" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["ranks/compute_seconds", "snapshots/x"])
+def test_a_phase_time_or_snapshot_changed_since_the_checkpoint_is_named_at_resume(tmp_path, capsys, where):
+    """The checkpoint records a digest of each iteration of /ranks and /snapshots too (rank 0 reads them back)."""
+    cfg = _cli_config(tmp_path, iterations=4)
+    sets = ["--set", "run.snapshot_every=1"]
+    assert main(["run", str(cfg), "-q", *sets]) == 0
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "r+") as f:
+        before = f[where][()]
+        edited = before.copy()
+        if where.startswith("ranks"):
+            edited[0, 2] += 1.0  # rank 0's phase time of iteration 2
+        else:
+            edited[2, 0] += 1.0  # the snapshot of iteration 2
+        f[where][...] = edited
+    assert main(["run", str(cfg), "-q", "--resume", *sets, "--set", "algorithm.outer_iterations=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "iteration 2 of /ranks or /snapshots in" in err and "changed since" in err, err
+    with h5py.File(out, "r+") as f:
+        f[where][...] = before
+    assert main(["run", str(cfg), "-q", "--resume", *sets, "--set", "algorithm.outer_iterations=6"]) == 0
     assert read_run(out)[1]["iteration"].tolist() == list(range(7))

@@ -257,3 +257,27 @@ def test_an_argparse_error_is_one_line_with_the_way_out(capsys):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert "--output/-o: expected one argument; a value that starts with '-' goes after '=' (--output=-run.h5)" in err
+
+
+def test_an_exception_in_a_one_rank_run_is_one_line_naming_its_traceback_log(tmp_path, capfd, monkeypatch):
+    """Without mpiexec as under it: the run's one line names the log file that holds the traceback."""
+    from fednest_mpi.cli import main
+
+    monkeypatch.setenv("FEDNEST_MPI_INJECT_FAULT", "0:2:raise")
+    out = tmp_path / "x.h5"
+    rc = main(["run", str(CONFIG), "--set", "algorithm.outer_iterations=4", "--output", str(out), "-q"])
+    err = capfd.readouterr().err  # the line is written to file descriptor 2 in one write
+    log = tmp_path / "x.h5.failed" / "traceback-rank00000.log"
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "rank 0/1: run failed after iteration 1: RuntimeError: fault injected" in err
+    assert f"(traceback: {log})" in err and "Traceback (most recent call last)" in log.read_text()
+
+
+@pytest.mark.processes  # starts mpiexec: make test-processes
+def test_an_exception_on_one_rank_is_one_line_without_mpichs_abort_line(tmp_path):
+    """The failing rank's line is the job's only one: MPICH's own 'Abort(1) on node 1 ... MPI_Abort' is not added."""
+    res = run_cli("run", CONFIG, "--set", "algorithm.outer_iterations=4", "--output", tmp_path / "x.h5", "-q",
+                  ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:2:raise"})  # fmt: skip
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("fednest-mpi: rank 1/2: run failed after iteration 1") and "(traceback: " in lines[0]

@@ -115,6 +115,9 @@ def test_an_override_is_a_toml_value_or_the_bare_word_never_a_mangled_mix():
         parse_override('run.output="/tmp/\\ud83d.h5"')  # json.dumps of a non-BMP name: TOML refuses it
     with pytest.raises(ConfigError, match="close the quotes"):
         parse_override("run.output='/tmp/x.h5")
+    with pytest.raises(ConfigError, match=r"run.output: expected a string, got 1000.0; put the text in quotes"):
+        config.load(CONFIG, ["run.output=1e3"])  # TOML reads it as a number: the line says how to make it a name
+    assert config.load(CONFIG, ['run.output="1e3"']).run.output == "1e3"
     cfg = config.load(CONFIG, ["run.output=ignored.h5"], {"run.output": '/tmp/"\udcff\U0001f680".h5'})
     assert cfg.run.output == '/tmp/"\udcff\U0001f680".h5'  # the value as given, after the --set overrides
 

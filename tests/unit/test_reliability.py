@@ -372,14 +372,25 @@ def config_is(make):
     return case
 
 
-def rank_failure_log(tmp):
-    cfg = _cli_config(tmp, iterations=10, every=3)
-    res = run_cli("run", cfg, "-q", ranks=2, env={"FEDNEST_MPI_INJECT_FAULT": "1:5:raise"}, timeout=LIMIT)
-    ours = [line for line in res.stderr.splitlines() if line.startswith("fednest-mpi:")]
-    log = tmp / "out.h5.failed" / "traceback-rank00001.log"
-    named = len(ours) == 1 and f"(traceback: {log})" in ours[0] and "Traceback" not in res.stderr
-    logged = log.is_file() and "Traceback (most recent call last)" in log.read_text()
-    return f"exit {res.returncode}, {len(ours)} line(s) naming the log: {named}, traceback in the log: {logged}"
+def failure_log(rank=1, ranks=2):
+    """An exception on ``rank`` of ``ranks``: the job's lines on stderr (all of them, MPICH's included), the log."""
+
+    def case(tmp):
+        cfg = _cli_config(tmp, iterations=10, every=3)
+        env = {"FEDNEST_MPI_INJECT_FAULT": f"{rank}:5:raise"}
+        res = run_cli("run", cfg, "-q", ranks=ranks, env=env, timeout=LIMIT)
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        log = tmp / "out.h5.failed" / f"traceback-rank{rank:05d}.log"
+        named = len(lines) == 1 and f"(traceback: {log})" in lines[0] and "Traceback" not in res.stderr
+        logged = log.is_file() and "Traceback (most recent call last)" in log.read_text()
+        return f"exit {res.returncode}, {len(lines)} line(s) naming the log: {named}, traceback in the log: {logged}"
+
+    return case
+
+
+def edited_client_range(out):
+    with h5py.File(S.client_dir(out) / S.rank_file(0), "r+") as f:
+        f.attrs["first_client"] = 1  # its clients 1..M: beyond the run's
 
 
 def resume_without_clients(tmp):
@@ -918,8 +929,43 @@ CASES = [
     ),
     (
         "an exception on rank 1 of 2",
-        rank_failure_log,
+        failure_log(),
         "exit 1, 1 line(s) naming the log: True, traceback in the log: True",
+    ),
+    (
+        "an exception in a 1-rank run (no `mpiexec`)",
+        failure_log(0, 1),
+        "exit 1, 1 line(s) naming the log: True, traceback in the log: True",
+    ),
+    (
+        "`--output` named with `%` (`50%.h5`; HDF5 reads `%b` and `%%` in the client series' source file names)",
+        output_named(b"50%.h5"),
+        "exit 0, the run file at exactly that path: True",
+    ),
+    (
+        "`--output` in a folder whose name is 300 bytes long",
+        output_named(b"d" * 300 + b"/out.h5"),
+        "exit 2, one line, written: []",
+    ),
+    (
+        "`--output` a path of more than 4,096 bytes (21 folders of 200 bytes)",
+        output_named(b"/".join([b"p" * 200] * 21) + b"/out.h5"),
+        "exit 2, one line, written: []",
+    ),
+    (
+        "`--output x.clients` (the run file would be its own client-file folder)",
+        output_named(b"x.clients"),
+        "exit 2, one line, written: []",
+    ),
+    (
+        "`--set 'algorithm.outer_lr=0.1<newline>seed=7'` (a line break, then more TOML)",
+        bad_input("--set", "algorithm.outer_lr=0.1\nseed=7"),
+        ONE_LINE,
+    ),
+    (
+        "`run --resume`, the `first_client` attribute of `RUN.clients/rank00000.h5` edited",
+        resume_after(edited_client_range),
+        ONE_LINE,
     ),
 ]
 

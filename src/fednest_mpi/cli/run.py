@@ -65,5 +65,7 @@ def execute(args) -> int:
         return Session(cfg, comm, resume=args.resume, skip_finished=args.skip_finished, log=log).run_to_file()
     except UsageError as exc:
         return report_usage_error(comm, exc)
-    except RunFailed as exc:
-        return report_failure(comm, exc)
+    except RunFailed as exc:  # its traceback (an exception on one rank) goes to the run's failure folder
+        from fednest_mpi.failure import folder_of
+
+        return report_failure(comm, exc, folder_of(cfg.run.output))

@@ -97,6 +97,8 @@ def read_bytes(path: Path) -> bytes:
         raw = path.read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read data file '{path}': {exc.strerror or exc}") from None
+    if not raw:  # gzip reads an empty file as an empty stream
+        raise DataError(f"data file '{path}' is empty (0 bytes); delete it and download it again")
     if path.suffix != ".gz":
         return raw
     try:
@@ -115,7 +117,7 @@ def md5(data: bytes) -> str:
 def read_md5sums(data_dir: Path) -> dict[str, str]:
     """``{file name: md5}`` from ``data_dir/MD5SUMS`` (``md5sum`` output format); {} if absent."""
     path = Path(data_dir) / MD5SUMS
-    if not path.is_file():
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:  # none, or an empty list
         return {}
     sums = {}
     for number, line in enumerate(read_bytes(path).decode("utf-8", "replace").splitlines(), 1):
@@ -149,5 +151,6 @@ def check_md5sums(data_dir: Path, paths: list[Path]) -> None:
         if actual != expected:
             raise DataError(
                 f"data file '{path}' has md5 {actual} but {Path(data_dir) / MD5SUMS} says {expected}: "
-                f"the file is damaged or was replaced; download it again (or load with verify=False)"
+                f"the file is damaged or was replaced; download it again (a file replaced on purpose: delete its "
+                f"line from {Path(data_dir) / MD5SUMS}; from Python: load_mnist(..., verify=False))"
             )

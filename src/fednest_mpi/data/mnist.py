@@ -47,7 +47,12 @@ class MnistData:
 def read_idx(path: Path, magic: int) -> np.ndarray:
     """The uint8 array stored in IDX file ``path``, whose magic number must be ``magic``."""
     raw = read_bytes(path)
-    found = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
+    if len(raw) < 4:  # an empty file, or an empty gzip stream
+        unpacked = " once gunzipped" if Path(path).suffix == ".gz" else ""
+        raise DataError(
+            f"'{path}' is empty: {len(raw)} bytes{unpacked}, no IDX header (magic number); download the file again"
+        )
+    found = int.from_bytes(raw[:4], "big")
     if found != magic:
         raise DataError(
             f"'{path}' is not an IDX file of the expected kind: magic number {found}, "

@@ -206,6 +206,32 @@ def stored_digests(first_client: int, group, columns: int) -> np.ndarray:
     return out
 
 
+def main_digests(f: h5py.File, columns: int) -> np.ndarray:
+    """A 64-bit digest of each of the first ``columns`` iterations of the 2-D parts of the run file ``f`` that rank
+    0 writes: every rank's phase times (/ranks) and the snapshot of x and y taken at that iteration (/snapshots),
+    as :func:`column_digests` hashes the client series. What a checkpoint records of them, so that a value changed
+    since is found at ``--resume``."""
+    out = np.zeros(columns, dtype=np.uint64)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        names = sorted(name for name in S.RANK_SERIES if S.RANKS in f and name in f[S.RANKS])
+        for index, name in enumerate(names, 1):
+            values = f[S.RANKS][name][:, :columns]
+            ranks = np.arange(values.shape[0], dtype=np.uint64)[:, None] + np.uint64(1 << 40)
+            its = np.arange(values.shape[1], dtype=np.uint64)[None, :]
+            key = _mix(_mix(ranks) + np.uint64(index) * golden + its)
+            out[: values.shape[1]] += _mix(key ^ _bits(values)).sum(axis=0, dtype=np.uint64)
+        taken = f[S.SNAPSHOTS][S.SNAPSHOT_SCALE][()] if S.SNAPSHOTS in f else np.zeros(0, dtype=np.int64)
+        for row in np.flatnonzero((taken >= 0) & (taken < columns)):
+            k = int(taken[row])
+            for index, name in enumerate(("x", "y"), len(names) + 1):
+                values = f[S.SNAPSHOTS][name][row]
+                coords = np.arange(values.size, dtype=np.uint64) + np.uint64(1 << 41)
+                key = _mix(_mix(coords) + np.uint64(index) * golden + np.uint64(k))
+                out[k] += _mix(key ^ _bits(values)).sum(dtype=np.uint64)
+    return out
+
+
 class ClientFile:
     """One rank's per-client rows (the clients ``hosted``), streamed to ``RUN.clients/rankNNNNN.h5``.
 
@@ -378,8 +404,9 @@ def check_client_files(
     folder = S.client_dir(run_path)
     fix = f"restore {str(folder)!r} next to the run file (it holds the per-client series)"
     found = _rank_files(run_path, unclosed)
-    covered = np.zeros(n_clients, dtype=bool)
-    for ids, g in found:
+    covered = np.full(n_clients, -1)  # the file (its index in found) holding each client
+    for index, (ids, g) in enumerate(found):
+        filename = g.filename  # named after the files are closed
         for name in S.CLIENT_SERIES:
             shape = g[S.CLIENTS][name].shape if name in g.get(S.CLIENTS, {}) else None
             if shape is None or shape[0] != len(ids) or shape[1] < rows:
@@ -387,22 +414,25 @@ def check_client_files(
                     h.close()
                 held = "no such series" if shape is None else f"shape {shape}"
                 raise UsageError(
-                    f"{what}client file {g.filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
+                    f"{what}client file {filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
                     f"has {held}, "
                     f"expected {len(ids)} clients x at least {rows} iterations; {fix}"
                 )
-        if ids.stop > n_clients:
+        twice = covered[ids.start : min(ids.stop, n_clients)]
+        if ids.stop > n_clients or (twice >= 0).any():
+            other = found[int(twice[twice >= 0][0])][1].filename if (twice >= 0).any() else ""
             for _, h in found:
                 h.close()
+            why = f"the run has {n_clients}" if ids.stop > n_clients else f"so does {other!r}"
             raise UsageError(
-                f"{what}client file {g.filename!r} holds clients {ids.start}..{ids.stop - 1}, the run has "
-                f"{n_clients}; it belongs to another run; {fix}"
+                f"{what}client file {filename!r} holds clients {ids.start}..{ids.stop - 1} (its attributes "
+                f"first_client and n_hosted), {why}: it was edited or belongs to another run; {fix}"
             )
-        covered[ids.start : ids.stop] = True
-    if not covered.all():
+        covered[ids.start : ids.stop] = index
+    if (covered < 0).any():
         for _, h in found:
             h.close()
-        missing = int(np.flatnonzero(~covered)[0])
+        missing = int(np.flatnonzero(covered < 0)[0])
         state = "is missing" if not folder.is_dir() else f"holds no file with client {missing}"
         raise UsageError(
             f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; {fix}"

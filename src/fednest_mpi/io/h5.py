@@ -303,13 +303,16 @@ def _changed_attribute(path: Path, attrs: dict, recorded: dict) -> str | None:
     )
 
 
-def check_resumable_output(path: str | Path, rows: int, digests=(), attributes=None, series=()) -> None:
+def check_resumable_output(
+    path: str | Path, rows: int, digests=(), attributes=None, series=(), main=()
+) -> None:
     """Refuse to resume into ``path`` unless it is a readable run file holding at least ``rows``
     iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`) and
     whose attributes the digests ``attributes`` (:func:`attr_digests`; None or empty: not checked),
     with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`),
-    whose per-client series have the digests ``series`` (:func:`fednest_mpi.io.clients.column_digests`)."""
-    from fednest_mpi.io.clients import check_client_files, check_series_digests  # clients imports this module
+    whose per-client series have the digests ``series`` (:func:`fednest_mpi.io.clients.column_digests`) and its
+    /ranks and /snapshots the digests ``main`` (:func:`fednest_mpi.io.clients.main_digests`)."""
+    from fednest_mpi.io.clients import check_client_files, check_series_digests, main_digests  # they import this
 
     p = Path(path)
     if (p.exists() or p.is_symlink()) and not p.is_file():
@@ -326,7 +329,8 @@ def check_resumable_output(path: str | Path, rows: int, digests=(), attributes=N
     if len(data.get(SCALE, ())) < rows:
         raise UsageError(
             f"--resume: {str(p)!r} holds {len(data.get(SCALE, ()))} iterations, fewer than the {rows} of the "
-            "checkpoint: it is not this checkpoint's output; run without --resume to start again"
+            "checkpoint (rows deleted, or another run's file); restore the file, or start again: the same command "
+            "with --overwrite in place of --resume"
         )
     recorded = [int(d) for d in digests]
     found = row_digests(data, range(min(len(recorded), rows)))
@@ -341,6 +345,17 @@ def check_resumable_output(path: str | Path, rows: int, digests=(), attributes=N
     changed_attribute = _changed_attribute(p, attrs, dict(attributes or {}))
     if changed_attribute:
         raise UsageError(changed_attribute)
+    main_recorded = np.asarray(main, dtype=np.int64).view(np.uint64)[:rows]
+    if main_recorded.size:
+        with open_run(p, "read") as f, reading(p, "run file"):
+            main_found = main_digests(f, main_recorded.size)
+        main_changed = np.flatnonzero(main_found != main_recorded)
+        if main_changed.size:
+            raise UsageError(
+                f"--resume: iteration {int(main_changed[0])} of /{RANKS} or /{SNAPSHOTS} in {str(p)!r} was changed "
+                "since the checkpoint recorded it; restore the file, or recompute it: the same command with "
+                "--overwrite in place of --resume"
+            )
     files = check_client_files(p, rows, unclosed="read", what="--resume: ")
     try:
         check_series_digests(p, files, rows, series)
@@ -476,6 +491,13 @@ class RunWriter:
     def row_digests(self, rows: int) -> list[int]:
         """The :func:`row_digests` of the first ``rows`` rows written (a checkpoint's record of them)."""
         return self._digests[:rows]
+
+    def main_digests(self, rows: int):
+        """:func:`fednest_mpi.io.clients.main_digests` of the first ``rows`` iterations of this file's /ranks and
+        /snapshots, read back (what a checkpoint records of them)."""
+        from fednest_mpi.io.clients import main_digests  # clients imports this module
+
+        return main_digests(self.file, rows)
 
     def _append(self, row: dict[str, float]) -> None:
         group = self.file[GROUP]
@@ -619,7 +641,8 @@ def _read_head(path: Path, rows: int, columns) -> tuple[dict, dict[str, np.ndarr
     if set(data) != set(columns):
         raise UsageError(
             f"--resume: {str(path)!r} has the columns {sorted(data)}, this run records {sorted(columns)}; "
-            "it was written by another fednest-mpi version or problem; run without --resume to start again"
+            "it was written by another fednest-mpi version or problem; start again: the same command with "
+            "--overwrite in place of --resume"
         )
     if len(data[SCALE]) < rows:
         raise UsageError(
