@@ -146,7 +146,10 @@ def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
         grad = " that requires grad (return it detached: .detach())" if value.requires_grad else ""
         return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}{grad}"
-    return f"{type(value).__name__} {value!r}"[:120]
+    if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value):
+        parts = ", ".join(_describe(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
+        return f"a {type(value).__name__} of {len(value)} ({parts})"
+    return " ".join(f"{type(value).__name__} {value!r}".split())[:120]  # one line
 
 
 def _is_like(value, shape: tuple[int, ...], like: torch.Tensor) -> bool:
@@ -334,6 +337,12 @@ def check_step(algorithm, out, x: torch.Tensor, y: torch.Tensor) -> None:
             f"{plugin} hook step: expected the diagnostics {cls}.diagnostics declares, got also "
             f"{', '.join(map(repr, extra))}; add name -> (description, units) to {cls}.diagnostics"
         )
+    for name, value in out[2].items():
+        if not isinstance(value, numbers.Real):
+            raise PluginError(
+                f"{plugin} hook step: expected a float for the diagnostic {name!r}, got {_describe(value)}; "
+                "return float(value)"
+            )
     check_state(algorithm, "step")
 
 

@@ -145,6 +145,10 @@ class FaultyFedNest(FedNest):
             return x[:-1], y, diag
         if self.cfg.fault == "not_a_tuple":
             return x
+        if self.cfg.fault == "tensor_diagnostic":
+            return x, y, {**diag, "hypergradient_estimate_norm": torch.ones(2)}
+        if self.cfg.fault == "tuple_x":
+            return (x,), y, diag
         return x, y, diag
 
 

@@ -99,6 +99,18 @@ WRONG_SHAPE = f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of 
         ),
         (
             "",
+            "tensor_diagnostic",
+            f"{ALGORITHM} hook step: expected a float for the diagnostic 'hypergradient_estimate_norm', got a "
+            "torch.float32 tensor of shape (2,) on cpu; return float(value)",
+        ),
+        (
+            "",
+            "tuple_x",
+            f"{ALGORITHM} hook step: expected a torch.float64 tensor of shape (4,) on cpu, got a tuple of 1 (a "
+            "torch.float64 tensor of shape (4,) on cpu)",
+        ),
+        (
+            "",
             "rounds_negative",
             f"{ALGORITHM} hook rounds_per_iteration: expected the number of counted aggregations of one iteration (an "
             "int >= 0), got int -1",
