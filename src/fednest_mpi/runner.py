@@ -195,6 +195,10 @@ def training_metrics(totals: np.ndarray, names) -> dict[str, float]:
     return {name: values[name] for name in names}
 
 
+def _largest(t: torch.Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
 class Bookkeeping:
     """The fields of the per-iteration bookkeeping reduction (one uncounted float64 ``Allreduce``), in
     buffer order with their lengths (None: whatever remains -- the per-rank phase times)."""
@@ -559,11 +563,11 @@ class RunLoop:
         if n_bad > 0:
             where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
             if n_metrics == n_bad:  # x and y finite: the metrics alone
-                plugin = contract.plugin_of(self.sim.problem)
+                plugin, largest = contract.plugin_of(self.sim.problem), max(_largest(self.x), _largest(self.y))
                 raise FloatingPointError(
-                    f"iteration {k}: the metrics of {plugin} hook evaluate became NaN/Inf at finite x and y on "
-                    f"{where}: a NaN from evaluate, or iterates so large that it overflows "
-                    "(then lower the step sizes)"
+                    f"iteration {k}: the metrics of {plugin} hook evaluate became NaN/Inf at finite x and y (largest "
+                    f"|entry| {largest:.3g}) on {where}: evaluate returns NaN/Inf there, or the iterates diverged "
+                    "until it overflows (then lower the step sizes)"
                 )
             raise FloatingPointError(
                 f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
