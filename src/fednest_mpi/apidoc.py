@@ -6,6 +6,8 @@ paragraph of its docstring, a class's required attributes and its public methods
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import inspect
 import re
 import types
@@ -52,6 +54,24 @@ def _required(cls: type) -> list[str]:
     return [name for name in notes if not name.startswith("_") and name not in cls.__dict__]
 
 
+def _attributes(cls: type) -> list[str]:
+    """Annotated class attributes with a value (``diagnostics``, ``primary_metric``): what a subclass may
+    extend or set; an enumeration's members. A dataclass's fields are in its signature instead."""
+    if issubclass(cls, enum.Enum):
+        return [f"Members: {', '.join(f'`{m.name}` ({m.value})' for m in cls)}."]
+    if dataclasses.is_dataclass(cls) or issubclass(cls, tuple):  # fields: in the signature
+        return []
+    notes = cls.__dict__.get("__annotations__", {})
+    shown = []
+    for attr in notes:
+        value = cls.__dict__.get(attr, inspect.Parameter.empty)
+        if attr.startswith("_") or value is inspect.Parameter.empty or callable(value):
+            continue
+        text = repr(sorted(value)) if isinstance(value, dict) else repr(value)
+        shown.append(f"`{attr}` = `{text if len(text) < 100 else text[:97] + '...'}`")
+    return [f"Class attributes: {', '.join(shown)}."] if shown else []
+
+
 def _entry(name: str, obj) -> list[str]:
     if isinstance(obj, types.ModuleType):
         out = [f"### `{name}` (module)", "", _first_paragraph(obj), ""]
@@ -69,6 +89,7 @@ def _entry(name: str, obj) -> list[str]:
         required = _required(obj)
         if required:
             out += [f"Required attributes: {', '.join(f'`{r}`' for r in required)}.", ""]
+        out += [line for attribute in _attributes(obj) for line in (attribute, "")]
         methods = _methods(obj)
         return [*out, *methods, *([""] if methods else [])]
     if callable(obj):

@@ -6,16 +6,20 @@ boundary").
   (at most) two hosted clients at the initial point, twice with the same ``Sample``: its output must be
   a ``(B, d)`` tensor of the run's dtype on the run's device, finite, and the same both times (a draw
   from torch's or numpy's global generator gives other values: results would depend on ranks and
-  chunks). The counts of the probe are not kept.
-* :func:`check_state`, at construction: every field of an algorithm's ``State`` must be a tensor, None
-  or a ``ClientStore`` (what checkpoints save).
+  chunks); once more on copies of its arguments, which it must leave as they were. The counts of the
+  probe are not kept.
+* :func:`check_state`, at construction: an algorithm's ``State`` holds only its declared fields, each a
+  tensor, None or a ``ClientStore`` (what checkpoints save); :func:`check_declared_rounds`: its
+  ``rounds_per_iteration`` is an int >= 0.
 * :func:`check_step` / :func:`check_metrics` / :func:`check_rounds`, after each iteration (a few
   comparisons): the (x, y, diagnostics) ``step`` returns, the metrics ``evaluate`` returns against
   ``metric_info``, the counted rounds against ``rounds_per_iteration``.
-* :func:`check_oracle_output` in the first ``problems.base.CHECKED_CALLS`` counted calls of each oracle
-  (``BilevelProblem.grad_x_outer`` and the others): shape, dtype and device.
-* :func:`hook_of`: the plugin and hook an exception (any ``BaseException``) came from, read from its
-  traceback (no cost until something is raised).
+* :func:`check_oracle_output` and :func:`check_finite_output` in the first ``problems.base.CHECKED_CALLS``
+  counted calls of each oracle (``BilevelProblem.grad_x_outer`` and the others): shape, dtype, device, no
+  autograd graph, finite where the arguments are.
+* :func:`hook_of`: the plugin, callback and hook an exception (any ``BaseException``) came from, read from its
+  traceback (no cost until something is raised); :func:`hook_running`: the hook a thread runs now (the
+  watchdog's line).
 
 Each violation is a :class:`PluginError`: one line naming the plugin, the hook, what was expected and
 what came. No MPI and no HDF5 here.
@@ -24,7 +28,9 @@ what came. No MPI and no HDF5 here.
 from __future__ import annotations
 
 import dataclasses
-import math
+import numbers
+import sys
+import threading
 from collections import Counter
 
 import numpy as np
@@ -83,39 +89,83 @@ def plugin_of(obj) -> str:
 
 def hook_of(exc: BaseException) -> str | None:
     """``problem 'name' (module:Class) hook H`` for the innermost problem or algorithm hook (``H`` without
-    its implementation's underscore) in ``exc``'s traceback, or None when it came from elsewhere."""
-    from fednest_mpi.algorithms.base import Algorithm
-    from fednest_mpi.problems.base import BilevelProblem
-
-    found: tuple[object, str] | None = None
+    its implementation's underscore) in ``exc``'s traceback, else ``callback 'module:Class' hook H`` for a
+    callback's method (:data:`fednest_mpi.callbacks.POINTS`), or None when it came from elsewhere."""
+    frames = []
     tb = exc.__traceback__
     while tb is not None:
-        frame = tb.tb_frame
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return _hook_in(frames)[0]
+
+
+def hook_running(thread: threading.Thread | None = None) -> str | None:
+    """The plugin hook that ``thread`` (default: the main thread) is running now, as :func:`hook_of` names it, or
+    None, also when the hook waits in a collective of :data:`WAITING_IN` (the watchdog: where a rank that no
+    longer answers stands)."""
+    thread = thread or threading.main_thread()
+    frame = sys._current_frames().get(thread.ident or -1)
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()
+    found, at = _hook_in(frames)
+    if found is None or any(f.f_globals.get("__name__") in WAITING_IN for f in frames[at + 1 :]):
+        return None
+    return found
+
+
+#: the modules whose calls wait for the other ranks (the collectives, package docstring)
+WAITING_IN = frozenset({"fednest_mpi.federation", "fednest_mpi.comm", "fednest_mpi.checkpoint"})
+
+
+def _hook_in(frames) -> tuple[str | None, int]:
+    """The innermost plugin hook of a stack (``frames``, outermost first) and its place in it."""
+    from fednest_mpi.algorithms.base import Algorithm
+    from fednest_mpi.callbacks import POINTS
+    from fednest_mpi.problems.base import BilevelProblem
+
+    found: str | None = None
+    at = -1
+    for i, frame in enumerate(frames):
         owner = frame.f_locals.get("self")
         name = frame.f_code.co_name
         public = name[1:] if name.startswith("_") and not name.startswith("__") else name
         if isinstance(owner, BilevelProblem) and public in PROBLEM_HOOKS:
-            found = (owner, public)
+            found, at = f"{plugin_of(owner)} hook {public}", i
         elif isinstance(owner, Algorithm) and public in ALGORITHM_HOOKS:
-            found = (owner, public)
-        tb = tb.tb_next
-    return None if found is None else f"{plugin_of(found[0])} hook {found[1]}"
+            found, at = f"{plugin_of(owner)} hook {public}", i
+        elif owner is not None and name in POINTS and not found:
+            cls = type(owner)
+            found, at = f"callback '{cls.__module__}:{cls.__qualname__}' hook {name}", i
+    return found, at
 
 
 def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
-    return f"{type(value).__name__} {value!r}"[:120]
+        grad = " that requires grad (return it detached: .detach())" if value.requires_grad else ""
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}{grad}"
+    if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value):
+        parts = ", ".join(_describe(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
+        return f"a {type(value).__name__} of {len(value)} ({parts})"
+    return " ".join(f"{type(value).__name__} {value!r}".split())[:120]  # one line
+
+
+def _is_like(value, shape: tuple[int, ...], like: torch.Tensor) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and tuple(value.shape) == shape
+        and value.dtype == like.dtype
+        and value.device == like.device
+        and not value.requires_grad
+    )
 
 
 def check_tensor(plugin: str, hook: str, value, shape: tuple[int, ...], like: torch.Tensor) -> None:
-    """``value`` must be a tensor of ``shape`` with ``like``'s dtype and device (three comparisons)."""
-    if (
-        not isinstance(value, torch.Tensor)
-        or tuple(value.shape) != shape
-        or value.dtype != like.dtype
-        or value.device != like.device
-    ):
+    """``value`` must be a tensor of ``shape`` with ``like``'s dtype and device, not requiring grad (an autograd
+    graph kept across rounds grows the memory, and the aggregation cannot read it)."""
+    if not _is_like(value, shape, like):
         raise PluginError(
             f"{plugin} hook {hook}: expected a {like.dtype} tensor of shape {shape} on {like.device}, "
             f"got {_describe(value)}"
@@ -126,14 +176,24 @@ def check_oracle_output(problem, hook: str, value, rows: int, like: torch.Tensor
     """A counted oracle's output: ``(B, d)`` rows of ``like``'s dtype on its device (``d``: dim_x for the
     x-side oracles, dim_y for the others)."""
     width = problem.dim_x if hook in ("grad_x_outer", "jvp_xy_inner") else problem.dim_y
-    if (
-        isinstance(value, torch.Tensor)
-        and value.shape == (rows, width)
-        and value.dtype == like.dtype
-        and value.device == like.device
-    ):
-        return
     check_tensor(plugin_of(problem), hook, value, (rows, width), like)
+
+
+def check_finite_output(problem, hook: str, value: torch.Tensor, clients, inputs) -> None:
+    """A counted oracle's output is finite where its ``inputs`` (x, y and v) are: a NaN or Inf from finite
+    arguments is the oracle's, not a divergence of the iterates (one ``isfinite`` of the output; the
+    inputs are looked at only when it fails)."""
+    if bool(torch.isfinite(value).all()):
+        return
+    if not all(bool(torch.isfinite(t).all()) for t in inputs if isinstance(t, torch.Tensor)):
+        return  # the iterates diverged: the runner's health check names the iteration
+    bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(1).cpu().numpy()
+    ids = np.asarray(clients)[bad[: len(clients)]]
+    raise PluginError(
+        f"{plugin_of(problem)} hook {hook}: expected finite values at finite x and y, got "
+        f"{int((~torch.isfinite(value)).sum())} NaN/Inf of {value.numel()} in the rows of client"
+        f"{'s' if ids.size > 1 else ''} {', '.join(map(str, ids[:5].tolist()))}{', ...' if ids.size > 5 else ''}"
+    )
 
 
 def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
@@ -143,6 +203,11 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
     from fednest_mpi.problems.base import Sample, shared_rows
 
     plugin = plugin_of(problem)
+    if not hasattr(problem, "unchecked_calls"):
+        raise PluginError(
+            f"{plugin} hook __init__: expected the constructor to call super().__init__() (the oracle counters of "
+            "BilevelProblem), got an instance without them; call it first"
+        )
     for attr in ("dim_x", "dim_y", "n_clients"):
         if not isinstance(getattr(problem, attr, None), (int, np.integer)):
             raise PluginError(
@@ -175,12 +240,8 @@ def _probe_oracles(problem, plugin: str, ids: np.ndarray, X, Y, V, sample) -> No
     try:
         for hook in ORACLES:
             args = (ids, X, Y, V, sample) if hook in ("hvp_yy_inner", "jvp_xy_inner") else (ids, X, Y, sample)
-            first = getattr(problem, hook)(*args)
-            if not bool(torch.isfinite(first).all()):
-                raise PluginError(
-                    f"{plugin} hook {hook}: expected finite values at the initial point, got "
-                    f"{int((~torch.isfinite(first)).sum())} NaN/Inf of {first.numel()}"
-                )
+            first = getattr(problem, hook)(*args)  # shape, dtype, device, finite: BilevelProblem._oracle
+            _probe_arguments_kept(problem, plugin, hook, args)
             again = getattr(problem, hook)(*args)
             if not torch.equal(first, again):
                 raise PluginError(
@@ -189,6 +250,8 @@ def _probe_oracles(problem, plugin: str, ids: np.ndarray, X, Y, V, sample) -> No
                     "only from sample.key / rng.key (never torch's or numpy's global generators)"
                 )
     except RuntimeError as exc:
+        if "written-to tensor refers to a single memory location" in str(exc):
+            raise _changed(plugin, hook, "a shared row (stride 0)") from exc
         if "randomness" not in str(exc):
             raise
         raise PluginError(
@@ -197,21 +260,53 @@ def _probe_oracles(problem, plugin: str, ids: np.ndarray, X, Y, V, sample) -> No
         ) from exc
 
 
-def check_state(algorithm) -> None:
-    """Every field of ``algorithm.state`` is a tensor, None or a ``ClientStore`` (what checkpoints save)."""
+def _changed(plugin: str, hook: str, what: str) -> PluginError:
+    return PluginError(
+        f"{plugin} hook {hook}: expected its arguments x, y and v left as they were, got {what} written in place; "
+        "compute into new tensors (x + 1, not x.add_(1))"
+    )
+
+
+def _probe_arguments_kept(problem, plugin: str, hook: str, args) -> None:
+    """``hook`` called once more on dense copies of its tensor arguments (rows of their own, as in FedOut's local
+    steps) must leave them as they were: an oracle that writes into x or y changes the algorithm's iterates."""
+    dense = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    getattr(problem, hook)(*dense)
+    for name, before, after in zip(("x", "y", "v"), args[1:], dense[1:]):
+        if isinstance(before, torch.Tensor) and not torch.equal(before, after):
+            raise _changed(plugin, hook, name)
+
+
+def check_state(algorithm, hook: str = "__init__") -> None:
+    """``algorithm.state`` holds only its declared fields, each a tensor, None or a ``ClientStore`` (what
+    checkpoints save); ``hook``: where it was changed last (``__init__``, ``step``)."""
     from fednest_mpi.algorithms.base import ClientStore, State
 
-    state = algorithm.state
+    if not hasattr(algorithm, "fed"):
+        raise PluginError(
+            f"{plugin_of(algorithm)} hook __init__: expected the constructor to call super().__init__(cfg, problem, "
+            "fed, seed, ...), got an instance without fed; call it first"
+        )
+    state = getattr(algorithm, "state", None)
     if not isinstance(state, State):
         raise PluginError(
-            f"{plugin_of(algorithm)} hook __init__: expected self.state to be a fednest_mpi.api.State, "
+            f"{plugin_of(algorithm)} hook {hook}: expected self.state to be a fednest_mpi.api.State, "
             f"got {_describe(state)}"
         )
-    for f in dataclasses.fields(state):
+    fields = dataclasses.fields(state)
+    undeclared = sorted(set(getattr(state, "__dict__", ())) - {f.name for f in fields})
+    if undeclared:
+        cls = type(state).__qualname__
+        raise PluginError(
+            f"{plugin_of(algorithm)} hook {hook}: expected only the fields {cls} declares in self.state "
+            f"(checkpoints save only those), got also the attribute {', '.join(map(repr, undeclared))}; declare it "
+            f"as a field of a State dataclass (docs/extending.md)"
+        )
+    for f in fields:
         value = getattr(state, f.name)
         if value is not None and not isinstance(value, (torch.Tensor, ClientStore)):
             raise PluginError(
-                f"{plugin_of(algorithm)} hook __init__: expected the State field {f.name!r} to be a tensor, None "
+                f"{plugin_of(algorithm)} hook {hook}: expected the State field {f.name!r} to be a tensor, None "
                 f"or a ClientStore (checkpoints save only those), got {_describe(value)}; hold it as a tensor"
             )
 
@@ -242,7 +337,13 @@ def check_step(algorithm, out, x: torch.Tensor, y: torch.Tensor) -> None:
             f"{plugin} hook step: expected the diagnostics {cls}.diagnostics declares, got also "
             f"{', '.join(map(repr, extra))}; add name -> (description, units) to {cls}.diagnostics"
         )
-    check_state(algorithm)
+    for name, value in out[2].items():
+        if not isinstance(value, numbers.Real):
+            raise PluginError(
+                f"{plugin} hook step: expected a float for the diagnostic {name!r}, got {_describe(value)}; "
+                "return float(value)"
+            )
+    check_state(algorithm, "step")
 
 
 def check_metrics(problem, metrics, declared) -> None:
@@ -257,12 +358,20 @@ def check_metrics(problem, metrics, declared) -> None:
             f"also {', '.join(map(repr, extra))}; declare them in metric_info or drop them"
         )
     for name, value in metrics.items():
-        try:
-            math.isfinite(value)
-        except TypeError:
+        if not isinstance(value, numbers.Real):  # a tensor too: return float(t)
             raise PluginError(
-                f"{plugin} hook evaluate: expected a float for the metric {name!r}, got {_describe(value)}"
-            ) from None
+                f"{plugin} hook evaluate: expected a float for the metric {name!r}, got {_describe(value)}; "
+                "return float(value)"
+            )
+
+
+def check_declared_rounds(algorithm, declared) -> None:
+    """``rounds_per_iteration`` returned a count: an int >= 0 (checked at construction, on every rank)."""
+    if isinstance(declared, bool) or not isinstance(declared, (int, np.integer)) or declared < 0:
+        raise PluginError(
+            f"{plugin_of(algorithm)} hook rounds_per_iteration: expected the number of counted aggregations of one "
+            f"iteration (an int >= 0), got {_describe(declared)}"
+        )
 
 
 def check_rounds(algorithm, declared: int, counted: int, k: int) -> None:

@@ -195,6 +195,10 @@ def training_metrics(totals: np.ndarray, names) -> dict[str, float]:
     return {name: values[name] for name in names}
 
 
+def _largest(t: torch.Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
 class Bookkeeping:
     """The fields of the per-iteration bookkeeping reduction (one uncounted float64 ``Allreduce``), in
     buffer order with their lengths (None: whatever remains -- the per-rank phase times)."""
@@ -202,7 +206,7 @@ class Bookkeeping:
     VARIABLE = -1  # a length the caller states (the same on every rank)
     FIELDS: dict[str, int | None] = {
         "oracle_counts": len(ORACLES),
-        "health": 2,
+        "health": 3,  # failing ranks: count, sum of their ranks, those of them whose iterates are finite
         "stop_requests": 1,
         "lost_files": 1,  # ranks whose output file or client file was deleted or replaced
         "contract": 1,  # ranks whose plugin broke its contract in the step or the evaluation (contract.py)
@@ -293,6 +297,8 @@ class Simulation:
             )
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
             contract.check_state(self.algorithm)
+            #: the most counted rounds one iteration may take (checked after each step: contract.check_rounds)
+            self.declared_rounds = self._declared_rounds()
             #: the server optimiser of x (algorithm.server_optimizer; "none": the algorithm's own x)
             self.server = ServerOptimizer.of(cfg.algorithm)
             self.fed.configure_chunks(cfg.run.chunk_clients, cfg.run.block_memory * 2**20, self.problem.client_bytes())
@@ -386,6 +392,7 @@ class Simulation:
 
         spec = ALGORITHMS[self.cfg.algorithm.name]
         declared = type(self.algorithm).rounds_per_iteration(self.cfg.algorithm, **spec.options)
+        contract.check_declared_rounds(self.algorithm, declared)
         return declared + int(spec.pools_outer_objective and self.problem.pooled_outer_objective)
 
     def _restore(self, resume: ckpt_io.Checkpoint, checkpoint_dir) -> tuple[torch.Tensor, torch.Tensor]:
@@ -431,7 +438,7 @@ class RunLoop:
         self.counts, self.wall = np.zeros(n_oracles), 0.0  # the last recorded row's totals (for a checkpoint)
         self.agreed: int | None = None  # the last iteration at which the ranks' digests agreed
         self.metric_names = tuple(sim.problem.metric_info())
-        self.declared_rounds = sim._declared_rounds()
+        self.declared_rounds = sim.declared_rounds
         self.train_columns = list(sim._training_columns())
         self.check_every = sim.cfg.run.check_consistency
 
@@ -516,10 +523,9 @@ class RunLoop:
         ranks, sum of their ranks), stop requests and the training-set sums (or their client slots); the totals
         and this rank's lost file (or None)."""
         fed, series, stop = self.sim.fed, self.series, self.stop
-        finite = all(math.isfinite(v) for v in metrics.values()) and bool(
-            torch.isfinite(self.x).all() and torch.isfinite(self.y).all()
-        )
-        health = [0.0, 0.0] if finite else [1.0, float(fed.rank)]  # failing ranks: count, sum of their ranks
+        iterates = bool(torch.isfinite(self.x).all() and torch.isfinite(self.y).all())
+        finite = iterates and all(math.isfinite(v) for v in metrics.values())
+        health = [0.0, 0.0, 0.0] if finite else [1.0, float(fed.rank), float(iterates)]
         phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []
         lost = series.lost() if series is not None else None
         totals = Bookkeeping.unpack(
@@ -547,7 +553,7 @@ class RunLoop:
         """Act on what the reduction told every rank alike: a stop request (its count returned), a broken
         contract, a lost file, NaN/Inf, ranks whose digests differ."""
         fed = self.sim.fed
-        (n_bad, rank_sum), n_stop = totals["health"], totals["stop_requests"][0]
+        (n_bad, rank_sum, n_metrics), n_stop = totals["health"], totals["stop_requests"][0]
         if n_stop > 0 and self.stop is not None:
             self.stop.reached()
         if totals["contract"][0] > 0:  # every rank raises the lowest failing rank's line
@@ -556,6 +562,13 @@ class RunLoop:
             raise OutputLost(f"iteration {k}: " + (lost or "a file of another rank was deleted or replaced"))
         if n_bad > 0:
             where = f"rank {int(rank_sum)}" if n_bad == 1 else f"{int(n_bad)} of {fed.size} ranks"
+            if n_metrics == n_bad:  # x and y finite: the metrics alone
+                plugin, largest = contract.plugin_of(self.sim.problem), max(_largest(self.x), _largest(self.y))
+                raise FloatingPointError(
+                    f"iteration {k}: the metrics of {plugin} hook evaluate became NaN/Inf at finite x and y (largest "
+                    f"|entry| {largest:.3g}) on {where}: evaluate returns NaN/Inf there, or the iterates diverged "
+                    "until it overflows (then lower the step sizes)"
+                )
             raise FloatingPointError(
                 f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
             )

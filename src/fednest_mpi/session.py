@@ -427,7 +427,7 @@ class Session:
             self._log_start(resume)
             sim = Simulation(self.cfg, self.comm)  # a UsageError: the same on every rank (Simulation agrees on it)
             files.open(sim, resume)
-            stop.arm(files.end_now, rounds=True)  # the watchdog from iteration 0 on
+            stop.arm(files.end_now, rounds=True, locate=self._stuck_in)  # the watchdog from iteration 0 on
             recorder = Recorder(files.writer) if files.writer is not None else None
             callbacks = [recorder, beat, files.progress, files, *self.writers, *self.callbacks]
             result = sim.run(callbacks, checkpoint_dir=folder, stop=stop, resume=resume, series=files.series)
@@ -453,6 +453,14 @@ class Session:
         if self.comm.Get_rank() == 0:
             print(f"output: {self.cfg.run.output}")
         return 0
+
+    def _stuck_in(self) -> str | None:
+        """The watchdog's question: the plugin hook this rank's main thread runs (``rank R/N is in ...``), or
+        None when it waits for the other ranks (:func:`fednest_mpi.contract.hook_running`)."""
+        from fednest_mpi.contract import hook_running
+
+        hook = hook_running()
+        return None if hook is None else f"rank {self.comm.Get_rank()}/{self.comm.Get_size()} is in {hook}"
 
     def _log_start(self, resume) -> None:
         cfg = self.cfg

@@ -31,6 +31,9 @@ from collections.abc import Callable
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 SAME_NOTICE_SECONDS = 1.0  # a repeat within this time is the same request (group delivery and forwarding)
+#: how much longer than run.round_timeout the watchdog of a rank that waits for the others (not in a plugin
+#: hook) gives the rank that is stuck in one to end the run with the line that names the hook
+WAITING_GRACE_SECONDS = 2.0
 WATCH_SECONDS = 0.2  # how often the deadlines are looked at
 
 #: end_now(exit_code, message): close the files and exit (the session's, while it has files open)
@@ -133,6 +136,7 @@ class StopRequests:
     def __init__(self, stop_timeout: float = 0.0, round_timeout: float = 0.0):
         self.stop_timeout, self.round_timeout = float(stop_timeout), float(round_timeout)
         self._end_now: EndNow | None = None
+        self._locate: Callable[[], str | None] | None = None
         self._last_beat = time.monotonic()
         self._iteration: int | None = None
         self._reached = False
@@ -164,12 +168,14 @@ class StopRequests:
         if _P.installed_by is self:
             _uninstall()
 
-    def arm(self, end_now: EndNow, rounds: bool = False) -> None:
+    def arm(self, end_now: EndNow, rounds: bool = False, locate: Callable[[], str | None] | None = None) -> None:
         """From now on a second signal, the stop timeout or (``rounds``: the iterations start now) the
-        watchdog calls ``end_now(code, message)``."""
+        watchdog calls ``end_now(code, message)``. ``locate()``: where this rank is stuck (the plugin hook it
+        runs, e.g. ``rank 1/2 is in problem 'p' hook grad_x_outer``), or None when it waits for the others."""
         self._last_beat = time.monotonic()
         self._rounds = rounds
         self._end_now = end_now
+        self._locate = locate
 
     def disarm(self) -> None:
         """The run's files are closed (or it reached its stop): nothing ends it at once any more."""
@@ -209,10 +215,17 @@ class StopRequests:
                     f"longer than that) {after}"
                 )
         if self._rounds and self.round_timeout > 0 and now - self._last_beat > self.round_timeout:
-            return 1, (
-                f"run failed: no outer iteration completed within run.round_timeout = {self.round_timeout:g} s "
-                f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"
-            )
+            stuck = self._locate() if self._locate is not None else None
+            if stuck is not None:
+                return 1, (
+                    f"run failed: no outer iteration completed within run.round_timeout = {self.round_timeout:g} s: "
+                    f"{stuck} {after} (a plugin that blocks, or raise run.round_timeout)"
+                )
+            if now - self._last_beat > self.round_timeout + WAITING_GRACE_SECONDS:
+                return 1, (
+                    f"run failed: no outer iteration completed within run.round_timeout = {self.round_timeout:g} s "
+                    f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"
+                )
         return None
 
     def _where(self) -> str:

@@ -5,6 +5,7 @@ Imported by name (``faulty_plugins:FaultyQuadratic``) from tests/plugins on ``sy
 """
 
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,8 @@ class FaultyQuadratic(QuadraticProblem):
     def __init__(self, cfg, seed, clients, device="cpu", dtype=torch.float64):
         super().__init__(cfg, seed, clients, device=device, dtype=dtype)
         self.calls = 0
+        if cfg.fault == "no_super_init":  # as if BilevelProblem.__init__ had not been called
+            del self.oracle_counts, self.unchecked_calls
 
     def _faulty(self) -> str:
         from fednest_mpi.comm import world
@@ -41,7 +44,7 @@ class FaultyQuadratic(QuadraticProblem):
     def grad_x_outer(self, clients, x, y, sample):
         out = self._grad_x_outer_quadratic(clients, x, y, sample)
         self.calls += 1
-        fault, late = self._faulty(), self.calls > 2
+        fault, late = self._faulty(), self.calls > 3  # the probe calls it three times
         if fault == "system_exit" and late:
             raise SystemExit(3)
         if fault == "keyboard_interrupt" and late:
@@ -56,16 +59,45 @@ class FaultyQuadratic(QuadraticProblem):
             return out * torch.nan
         if fault == "block":  # rows that depend on the block: deterministic, yet not chunk- or rank-invariant
             return out * (1.0 + 0.01 * len(clients))
+        if fault == "requires_grad":  # an autograd result not detached
+            return out.detach().requires_grad_(True) * 1.0
+        if fault == "nan_last_client" and late:  # one client's row only: the probe's two clients are fine
+            return torch.where(torch.as_tensor(clients == clients.max())[:, None], torch.nan, out)
+        if fault == "mutate_x":  # writes into its argument (rows of their own; a shared row refuses the write)
+            x.mul_(0.5)
+        if fault == "sleep" and late:  # blocks for ever
+            threading.Event().wait()
         return out
 
     def _grad_x_outer_quadratic(self, clients, x, y, sample):
-        return QuadraticProblem._grad_x_outer(self, clients, x, y, sample)
+        return super().grad_x_outer(clients, x, y, sample)  # the quadratic's: QuadraticProblem._grad_x_outer
 
     def evaluate(self, x, y):
         metrics = super().evaluate(x, y)
         if self._faulty() == "metric":
             metrics["surprise"] = 1.0
+        if self._faulty() == "tensor_metric":
+            metrics["x_error"] = torch.linalg.vector_norm(x)
+        if self._faulty() == "nan_metric" and self.calls > 3:
+            metrics["x_error"] = float("nan")
         return metrics
+
+
+@dataclass(frozen=True)
+class SubclassParams(FaultyParams):
+    name: str = spec("subclassed_quadratic", "problem kind")
+
+
+class SubclassedQuadratic(FaultyQuadratic):
+    """A plugin that extends another plugin's public oracle through super(): the same values, counted once."""
+
+    Params = SubclassParams
+
+    def grad_x_outer(self, clients, x, y, sample):
+        return super().grad_x_outer(clients, x, y, sample) + 0.0
+
+    def grad_y_inner(self, clients, x, y, sample):
+        return super().grad_y_inner(clients, x, y, sample) * 1.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +120,9 @@ class FaultyFedNest(FedNest):
     options = {"inner_variance_reduction": True, "global_outer": True}
 
     def __init__(self, cfg, problem, fed, seed, **variant):
+        if cfg.fault == "no_super_init":
+            self.cfg = cfg
+            return
         super().__init__(cfg, problem, fed, seed, **variant)
         if cfg.fault == "int_state":
             self.state = CountingState()
@@ -95,7 +130,7 @@ class FaultyFedNest(FedNest):
     @classmethod
     def rounds_per_iteration(cls, cfg, **variant):
         declared = super().rounds_per_iteration(cfg, **variant)
-        return 3 if cfg.fault == "rounds" else declared
+        return {"rounds": 3, "rounds_negative": -1, "rounds_none": None}.get(cfg.fault, declared)
 
     def step(self, k, x, y):
         x, y, diag = super().step(k, x, y)
@@ -104,10 +139,16 @@ class FaultyFedNest(FedNest):
                 x = x * (1.0 + 2.0**-40)
             if self.cfg.fault == "os_exit":  # the process ends at once: no exception, no file closed
                 os._exit(3)
+        if self.cfg.fault == "new_field":  # an attribute the State class does not declare: never checkpointed
+            self.state.seen = torch.ones(1)
         if self.cfg.fault == "x_shape":
             return x[:-1], y, diag
         if self.cfg.fault == "not_a_tuple":
             return x
+        if self.cfg.fault == "tensor_diagnostic":
+            return x, y, {**diag, "hypergradient_estimate_norm": torch.ones(2)}
+        if self.cfg.fault == "tuple_x":
+            return (x,), y, diag
         return x, y, diag
 
 

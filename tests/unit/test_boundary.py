@@ -3,8 +3,10 @@ contract of tests/plugins/faulty_plugins.py ends the run with its one line (exit
 on one rank ends every rank within seconds naming the rank and the hook."""
 
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +14,8 @@ import pytest
 from small_configs import make_config
 
 from fednest_mpi import config
-from fednest_mpi.api import PluginError, RunFailed, SerialComm, UsageError, simulate
+from fednest_mpi.api import PluginError, RunFailed, SerialComm, Simulation, UsageError, simulate
+from fednest_mpi.contract import hook_running
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.session import Session
 
@@ -55,7 +58,68 @@ WRONG_SHAPE = f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of 
         (
             "nan",
             "",
-            f"{PROBLEM} hook grad_x_outer: expected finite values at the initial point, got 8 NaN/Inf of 8",
+            f"{PROBLEM} hook grad_x_outer: expected finite values at finite x and y, got 8 NaN/Inf of 8 in the rows "
+            "of clients 0, 1",
+        ),
+        (
+            "requires_grad",
+            "",
+            WRONG_SHAPE + "torch.float64 tensor of shape (2, 4) on cpu that requires grad (return it detached: "
+            ".detach())",
+        ),
+        (
+            "mutate_x",
+            "",
+            f"{PROBLEM} hook grad_x_outer: expected its arguments x, y and v left as they were, got a shared row "
+            "(stride 0) written in place; compute into new tensors (x + 1, not x.add_(1))",
+        ),
+        (
+            "tensor_metric",
+            "",
+            f"{PROBLEM} hook evaluate: expected a float for the metric 'x_error', got a torch.float64 tensor of shape "
+            "() on cpu; return float(value)",
+        ),
+        (
+            "",
+            "new_field",
+            f"{ALGORITHM} hook step: expected only the fields State declares in self.state (checkpoints save only "
+            "those), got also the attribute 'seen'; declare it as a field of a State dataclass (docs/extending.md)",
+        ),
+        (
+            "no_super_init",
+            "",
+            f"{PROBLEM} hook __init__: expected the constructor to call super().__init__() (the oracle counters of "
+            "BilevelProblem), got an instance without them; call it first",
+        ),
+        (
+            "",
+            "no_super_init",
+            f"{ALGORITHM} hook __init__: expected the constructor to call super().__init__(cfg, problem, fed, seed, "
+            "...), got an instance without fed; call it first",
+        ),
+        (
+            "",
+            "tensor_diagnostic",
+            f"{ALGORITHM} hook step: expected a float for the diagnostic 'hypergradient_estimate_norm', got a "
+            "torch.float32 tensor of shape (2,) on cpu; return float(value)",
+        ),
+        (
+            "",
+            "tuple_x",
+            f"{ALGORITHM} hook step: expected a torch.float64 tensor of shape (4,) on cpu, got a tuple of 1 (a "
+            "torch.float64 tensor of shape (4,) on cpu)",
+        ),
+        (
+            "",
+            "rounds_negative",
+            f"{ALGORITHM} hook rounds_per_iteration: expected the number of counted aggregations of one iteration (an "
+            "int >= 0), got int -1",
+        ),
+        (
+            "",
+            "rounds_none",
+            f"{ALGORITHM} hook rounds_per_iteration: expected the number of counted aggregations of one iteration (an "
+            "int >= 0), got NoneType None",
         ),
         (
             "metric",
@@ -102,6 +166,56 @@ def test_a_broken_contract_is_one_line_naming_the_plugin_and_the_hook(problem_fa
     assert str(caught.value) == message
 
 
+def test_a_nan_of_one_client_after_the_probe_names_the_oracle_and_the_client():
+    with pytest.raises(PluginError) as caught:
+        simulate(faulty("nan_last_client"), SerialComm())
+    assert re.fullmatch(
+        f"{re.escape(PROBLEM)} hook grad_x_outer: expected finite values at finite x and y, got 4 NaN/Inf of "
+        r"\d+ in the rows of client (\d+)",
+        str(caught.value),
+    ), str(caught.value)
+
+
+def test_a_nan_metric_at_finite_iterates_names_evaluate(tmp_path):
+    cfg = faulty("nan_metric", output=str(tmp_path / "o.h5"), checkpoint_dir=str(tmp_path / "ckpt"))
+    with pytest.raises(RunFailed) as caught:
+        Session(cfg, SerialComm()).run_to_file()
+    assert re.match(
+        f"run failed: FloatingPointError: iteration 1: the metrics of {re.escape(PROBLEM)} hook evaluate became "
+        r"NaN/Inf at finite x and y \(largest \|entry\| 0\.\d+\) on rank 0: evaluate returns NaN/Inf there, or the "
+        "iterates diverged until it overflows",
+        str(caught.value),
+    ), str(caught.value)
+
+
+class Raising:
+    def on_iteration(self, k, row):
+        if k == 2:
+            raise ValueError("made on purpose")
+
+
+def test_a_callback_that_raises_is_named(tmp_path):
+    cfg = make_config(run={"output": str(tmp_path / "o.h5"), "checkpoint_dir": str(tmp_path / "ckpt")})
+    with pytest.raises(RunFailed) as caught:
+        Session(cfg, SerialComm(), callbacks=[Raising()]).run_to_file()
+    assert str(caught.value) == (
+        "rank 0/1: run failed after iteration 2: ValueError: made on purpose (raised in callback "
+        "'test_boundary:Raising' hook on_iteration)"
+    )
+
+
+def test_the_watchdog_tells_a_hook_that_blocks_from_a_rank_that_waits():
+    cfg = faulty("sleep")
+    sim = Simulation(cfg, SerialComm())
+    blocked = threading.Thread(target=sim.run, daemon=True)  # the oracle blocks in iteration 1
+    blocked.start()
+    expected, deadline = f"{PROBLEM} hook grad_x_outer", time.monotonic() + 30
+    while hook_running(blocked) != expected and time.monotonic() < deadline:  # (it passes evaluate and others)
+        time.sleep(0.05)
+    assert hook_running(blocked) == expected
+    assert hook_running(threading.current_thread()) is None  # this test is no hook
+
+
 def test_randomness_from_a_global_generator_is_refused():
     with pytest.raises(PluginError) as caught:
         simulate(faulty("random"), SerialComm())
@@ -141,6 +255,14 @@ def test_public_and_underscored_oracle_names_give_the_same_run():
     assert (
         simulate(faulty(), SerialComm()).history["x_error"] == simulate(make_config(), SerialComm()).history["x_error"]
     )
+
+
+def test_an_oracle_of_a_subclass_may_call_super_under_its_public_name():
+    # SubclassedQuadratic.grad_x_outer -> super(): FaultyQuadratic's -> super(): QuadraticProblem._grad_x_outer
+    sub = simulate(make_config(problem={"name": "faulty_plugins:SubclassedQuadratic"}), SerialComm()).history
+    plain = simulate(make_config(), SerialComm()).history
+    for name in ("x_error", "oracle_grad_x_outer", "oracle_grad_y_inner"):
+        assert sub[name] == plain[name], name
 
 
 def _mpiexec(cfg: Path, *args, ranks=2, timeout=120):
@@ -198,6 +320,20 @@ def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook
     first = done.stderr.splitlines()[0]
     assert first == line or first.startswith(line + " (traceback: "), done.stderr  # a raise: its per-rank log
     assert seconds < 60, seconds  # no hang: the job ended (start-up of two ranks included)
+
+
+@pytest.mark.processes  # starts mpiexec: make test-processes
+def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    args = ("--output", tmp_path / "o.h5", "--set", "problem.fault=sleep", "--set", "run.round_timeout=3", "-q")
+    done, seconds = _mpiexec(cfg, *args)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[0].startswith(
+        "fednest-mpi: run failed: no outer iteration completed within run.round_timeout = 3 s: rank 1/2 is in "
+        f"{PROBLEM} hook grad_x_outer after iteration 0 (a plugin that blocks, or raise run.round_timeout)"
+    ), done.stderr
+    assert seconds < 60, seconds
 
 
 def test_usage_error_is_the_base_of_plugin_error():

@@ -31,7 +31,7 @@ from fednest_mpi.problems.base import BilevelProblem
 class SingleLevel(InnerLevel, Algorithm):
     """FedAvg (``inner_variance_reduction = False``) or FedSVRG (``True``) on g(x0, .) with the parameters
     of :class:`~fednest_mpi.config.SingleLevelConfig` (see the module docstring); no state across iterations.
-    Each client performs its own number of local steps (:meth:`InnerLevel._inner_local`)."""
+    Each client performs its own number of local steps (``heterogeneity.local_work``, :meth:`InnerLevel.fed_inn`)."""
 
     def __init__(self, cfg, problem: BilevelProblem, fed: Federation, seed: int, *, inner_variance_reduction: bool):
         super().__init__(cfg, problem, fed, seed)

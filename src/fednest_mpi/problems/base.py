@@ -18,6 +18,7 @@ communication counters) and check every output's shape, dtype and device (:mod:`
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fednest_mpi.contract import check_oracle_output
+from fednest_mpi.contract import check_finite_output, check_oracle_output
 
 
 def shared_rows(vector: torch.Tensor, n: int) -> torch.Tensor:
@@ -99,6 +100,8 @@ class BilevelProblem(ABC):
         self.oracle_counts: Counter = Counter()
         #: calls of each oracle still to check at the boundary (the first CHECKED_CALLS on this rank)
         self.unchecked_calls = dict.fromkeys(ORACLES, CHECKED_CALLS)
+        #: hook -> the class whose implementation of it runs now (:meth:`_run_implementation`)
+        self.running_implementations: dict[str, type] = {}
 
     @classmethod
     def implementation_for(cls, cfg) -> type[BilevelProblem]:
@@ -160,15 +163,36 @@ class BilevelProblem(ABC):
                 setattr(cls, "_" + name, own)
                 setattr(cls, name, getattr(BilevelProblem, name))
 
+    def _run_implementation(self, hook: str, *args):
+        """Run the implementation of ``hook`` (``_grad_x_outer``, ...): the most derived one, or, when called from
+        within a running one (an implementation that calls ``super().grad_x_outer(...)``, which reaches the public
+        method), the next one after it in the method resolution order, as ``super()`` means."""
+        running = self.running_implementations
+        before = running.get(hook)
+        mro = type(self).__mro__
+        owner = next(k for k in mro[0 if before is None else mro.index(before) + 1 :] if "_" + hook in k.__dict__)
+        running[hook] = owner
+        try:
+            return owner.__dict__["_" + hook](self, *args)
+        finally:
+            if before is None:
+                del running[hook]
+            else:
+                running[hook] = before
+
     def _oracle(self, hook: str, clients, x, *args) -> torch.Tensor:
         """Count ``hook`` for the B ``clients``, call its implementation (one client as two) and, in its first
-        :data:`CHECKED_CALLS` calls, check the output: (B, d) rows of x's dtype on x's device
-        (:func:`fednest_mpi.contract.check_oracle_output`; later calls cost nothing more)."""
+        :data:`CHECKED_CALLS` calls, check the output: (B, d) rows of x's dtype on x's device, finite where the
+        arguments are (:func:`fednest_mpi.contract.check_oracle_output`, ``check_finite_output``; later calls cost
+        nothing more)."""
+        if hook in self.running_implementations:  # super().hook(...) in an implementation: not another call
+            return self._run_implementation(hook, clients, x, *args)
         self.oracle_counts[hook] += len(clients)
-        out = _one_client_as_two(getattr(self, "_" + hook), clients, x, *args)
+        out = _one_client_as_two(functools.partial(self._run_implementation, hook), clients, x, *args)
         if self.unchecked_calls[hook]:
             self.unchecked_calls[hook] -= 1
             check_oracle_output(self, hook, out, len(clients), x)
+            check_finite_output(self, hook, out, clients, (x, *args))
         return out
 
     @_boundary
@@ -215,11 +239,14 @@ class BilevelProblem(ABC):
         tensor; :meth:`Federation.mean_over` averages it as it is). None when the problem has no
         fused form (the algorithm then calls :meth:`grad_y_inner` step by step). Counted as the
         inner gradient calls it replaces (one or two per step and client)."""
+        if "local_sgd" in self.running_implementations:  # super().local_sgd(...) in an implementation
+            return self._run_implementation("local_sgd", clients, x, y, steps, lr, key, anchor)
         if len(clients) == 1:  # see _one_client_as_two
-            rows = self._local_sgd(np.repeat(np.asarray(clients), 2), x, y, steps, lr, key, anchor)
+            twice = np.repeat(np.asarray(clients), 2)
+            rows = self._run_implementation("local_sgd", twice, x, y, steps, lr, key, anchor)
             rows = None if rows is None else (rows if isinstance(rows, torch.Tensor) else rows.dense())[:1]
         else:
-            rows = self._local_sgd(clients, x, y, steps, lr, key, anchor)
+            rows = self._run_implementation("local_sgd", clients, x, y, steps, lr, key, anchor)
         if rows is not None:
             self.oracle_counts["grad_y_inner"] += len(clients) * steps * (1 if anchor is None else 2)
         return rows
