@@ -140,3 +140,16 @@ def test_a_percent_sign_in_the_output_name_keeps_the_client_series_readable(tmp_
         through_vds = f["clients/participation"][()]
     assert through_vds.shape == direct["participation"].shape and through_vds.any()
     np.testing.assert_array_equal(through_vds, direct["participation"])
+
+
+@pytest.mark.parametrize("flag", [[], ["--resume"], ["--skip-finished"]])
+def test_a_folder_name_too_long_is_one_line_for_run_resume_and_skip_finished(tmp_path, capsys, flag):
+    """stat() of such a path raises (ENAMETOOLONG): checked before anything looks at the files, also before
+    --skip-finished reads what the output holds (that used to end in a traceback)."""
+    from fednest_mpi.cli import main
+
+    out = tmp_path / ("d" * (NAME_MAX + 45)) / "run.h5"
+    assert main(["run", str(CONFIG), "-q", "--output", str(out), *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run.output: the folder name 'ddd" in err and "300 bytes long" in err, err
+    assert list(tmp_path.iterdir()) == []
