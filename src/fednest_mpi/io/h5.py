@@ -43,6 +43,7 @@ from fednest_mpi.io.schema import (  # names live in one module
     SNAPSHOT_SCALE,
     SNAPSHOTS,
 )
+from fednest_mpi.pathkind import not_a_file
 
 _CHUNK = 256
 
@@ -65,7 +66,11 @@ def check_directory(path: str | Path, field: str, min_free: int = MIN_FREE_BYTES
     """Refuse a folder ``path`` (or its nearest existing parent, where it would be created) that
     is not a writable folder or has less than ``min_free`` bytes free. No I/O beyond stat."""
     existing = Path(path) if str(path) else Path(".")
-    while not existing.exists():
+    while not os.path.exists(existing) and existing != existing.parent:
+        if os.path.lexists(existing):  # a link to nothing or a loop: no folder can be made or used there
+            raise UsageError(
+                f"{field}: {str(existing)!r} {not_a_file(existing)}; make it a folder, or choose another path"
+            )
         existing = existing.parent
     if not existing.is_dir():
         raise UsageError(f"{field}: {str(existing)!r} is a file, not a folder; choose another path")
