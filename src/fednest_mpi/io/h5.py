@@ -177,9 +177,19 @@ def _path_max() -> int:
         return 4096
 
 
+#: the longest name (with its '/') a run makes inside each of its folders: a checkpoint's client file being written,
+#: a client file being written, a rank's traceback log
+INNER_NAMES = {
+    "its checkpoint folder": len("/.clients-k000000000-r00000.pt.0123456789ab.tmp"),
+    "its client-file folder": len("/.rank00000.h5.0123456789ab.partial"),
+    "its failure folder": len("/traceback-rank00000.log"),
+}
+
+
 def _check_path_lengths(field: str, what: str, p: Path) -> None:
     """Refuse a path the kernel refuses whatever exists (ENAMETOOLONG): a folder name over NAME_MAX bytes, or
-    the whole path (made absolute, as the run's files are named) of PATH_MAX bytes or more."""
+    the whole path (as given, which is what the run passes to the kernel; for a folder, with the longest name the
+    run makes in it) of PATH_MAX bytes or more."""
     limit = _name_max(p.parent)
     for part in p.parent.parts:
         size = len(os.fsencode(part))
@@ -188,11 +198,13 @@ def _check_path_lengths(field: str, what: str, p: Path) -> None:
                 f"{field}: the folder name {part[:40]!r}... in {what} is {size} bytes long, over the "
                 f"{limit} bytes a file name may have; shorten it"
             )
-    size, limit = len(os.fsencode(os.path.abspath(p))), _path_max()
-    if size >= limit:
+    size, limit = len(os.fsencode(p)), _path_max()
+    inside = INNER_NAMES.get(what, 0)
+    if size + inside >= limit:
+        files = f" (and {inside} bytes more for the files in it)" if inside else ""
         raise UsageError(
-            f"{field}: {what} would be a path of {size} bytes (made absolute), over the {limit - 1} bytes a path "
-            f"may have; choose a shorter path (by at least {size - limit + 1} bytes)"
+            f"{field}: {what} would be a path of {size} bytes{files}, over the {limit - 1} bytes a "
+            f"path may have; choose a shorter path (by at least {size + inside - limit + 1} bytes)"
         )
 
 
