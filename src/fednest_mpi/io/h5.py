@@ -320,6 +320,40 @@ def _changed_attribute(path: Path, attrs: dict, recorded: dict) -> str | None:
     )
 
 
+def _check_row_digests(p: Path, data: dict, rows: int, digests) -> None:
+    """Refuse rows of /iterations in ``data`` (of the file ``p``) whose :func:`row_digests` differ from the
+    ``digests`` a checkpoint recorded, naming the first."""
+    recorded = [int(d) for d in digests]
+    found = row_digests(data, range(min(len(recorded), rows)))
+    changed = [i for i, (a, b) in enumerate(zip(found, recorded)) if a != b]
+    if changed:
+        more = f" (and {len(changed) - 1} more row(s))" if len(changed) > 1 else ""
+        raise UsageError(
+            f"--resume: row {changed[0]} of /{GROUP} in {str(p)!r} (iteration {int(data[SCALE][changed[0]])}){more} "
+            "was changed since the checkpoint recorded it; restore the file, or recompute it: the same command with "
+            "--overwrite in place of --resume (the checkpoint holds digests of the rows, not the rows)"
+        )
+
+
+def _check_main_digests(p: Path, rows: int, main) -> None:
+    """Refuse /ranks and /snapshots of the run file ``p`` whose first ``rows`` iterations differ from the
+    digests ``main`` a checkpoint recorded (:func:`fednest_mpi.io.clients.main_digests`; empty: not checked)."""
+    from fednest_mpi.io.clients import main_digests  # clients imports this module
+
+    recorded = np.asarray(main, dtype=np.int64).view(np.uint64)[:rows]
+    if not recorded.size:
+        return
+    with open_run(p, "read") as f, reading(p, "run file"):
+        found = main_digests(f, recorded.size)
+    changed = np.flatnonzero(found != recorded)
+    if changed.size:
+        raise UsageError(
+            f"--resume: iteration {int(changed[0])} of /{RANKS} or /{SNAPSHOTS} in {str(p)!r} was changed since the "
+            "checkpoint recorded it; restore the file, or recompute it: the same command with --overwrite in place "
+            "of --resume"
+        )
+
+
 def check_resumable_output(
     path: str | Path, rows: int, digests=(), attributes=None, series=(), main=()
 ) -> None:
@@ -329,7 +363,7 @@ def check_resumable_output(
     with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`),
     whose per-client series have the digests ``series`` (:func:`fednest_mpi.io.clients.column_digests`) and its
     /ranks and /snapshots the digests ``main`` (:func:`fednest_mpi.io.clients.main_digests`)."""
-    from fednest_mpi.io.clients import check_client_files, check_series_digests, main_digests  # they import this
+    from fednest_mpi.io.clients import check_client_files, check_series_digests  # clients imports this module
 
     p = Path(path)
     if (p.exists() or p.is_symlink()) and not p.is_file():
@@ -349,30 +383,11 @@ def check_resumable_output(
             "checkpoint (rows deleted, or another run's file); restore the file, or start again: the same command "
             "with --overwrite in place of --resume"
         )
-    recorded = [int(d) for d in digests]
-    found = row_digests(data, range(min(len(recorded), rows)))
-    changed = [i for i, (a, b) in enumerate(zip(found, recorded)) if a != b]
-    if changed:
-        more = f" (and {len(changed) - 1} more row(s))" if len(changed) > 1 else ""
-        raise UsageError(
-            f"--resume: row {changed[0]} of /{GROUP} in {str(p)!r} (iteration {int(data[SCALE][changed[0]])}){more} "
-            "was changed since the checkpoint recorded it; restore the file, or recompute it: the same command with "
-            "--overwrite in place of --resume (the checkpoint holds digests of the rows, not the rows)"
-        )
+    _check_row_digests(p, data, rows, digests)
     changed_attribute = _changed_attribute(p, attrs, dict(attributes or {}))
     if changed_attribute:
         raise UsageError(changed_attribute)
-    main_recorded = np.asarray(main, dtype=np.int64).view(np.uint64)[:rows]
-    if main_recorded.size:
-        with open_run(p, "read") as f, reading(p, "run file"):
-            main_found = main_digests(f, main_recorded.size)
-        main_changed = np.flatnonzero(main_found != main_recorded)
-        if main_changed.size:
-            raise UsageError(
-                f"--resume: iteration {int(main_changed[0])} of /{RANKS} or /{SNAPSHOTS} in {str(p)!r} was changed "
-                "since the checkpoint recorded it; restore the file, or recompute it: the same command with "
-                "--overwrite in place of --resume"
-            )
+    _check_main_digests(p, rows, main)
     files = check_client_files(p, rows, unclosed="read", what="--resume: ")
     try:
         check_series_digests(p, files, rows, series)
