@@ -619,8 +619,8 @@ def open_run(path: str | Path, unclosed: str = "live") -> h5py.File:
     writing it holds its lock; else UsageError naming ``fednest-mpi recover``), "read" (read it
     in any case: resume, recover) or "refuse"."""
     p = Path(path)
-    if not p.is_file():
-        what = "is a folder" if p.is_dir() else "does not exist"
+    what = not_a_file(p)  # also a name too long, a link loop: stat() raised those
+    if what is not None:
         raise UsageError(f"{str(p)!r} {what}; pass the path of a run file written by `fednest-mpi run`")
     f, _ = open_checked(p, "run file", unclosed_policy(p, unclosed), RECOVER_HINT.format(path=shlex.quote(str(p))))
     return f
