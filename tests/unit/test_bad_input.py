@@ -174,6 +174,22 @@ def _checkpoint_under_a_file(tmp):
     ) + "' is a file"
 
 
+def _output_under_a_dangling_link(tmp):  # the lock file could not be made there: "No such file or directory"
+    (tmp / "gone").symlink_to(tmp / "nowhere")
+    return ["--output", str(tmp / "gone" / "sub" / "out.h5")], f"run.output: '{tmp / 'gone'}' is a symbolic link to"
+
+
+def _output_under_a_link_loop(tmp):  # was named a damaged lock file, to be removed with rm
+    (tmp / "l1").symlink_to(tmp / "l2")
+    (tmp / "l2").symlink_to(tmp / "l1")
+    return ["--output", str(tmp / "l1" / "out.h5")], f"run.output: '{tmp / 'l1'}' is a symbolic link loop"
+
+
+def _checkpoint_is_a_dangling_link(tmp):  # was an exception after iteration 0 (FileExistsError), exit 1
+    (tmp / "ck").symlink_to(tmp / "nowhere")
+    return ["--set", f"run.checkpoint_dir='{tmp / 'ck'}'"], f"run.checkpoint_dir: '{tmp / 'ck'}' is a symbolic link to"
+
+
 def _disk_full(tmp, monkeypatch):
     monkeypatch.setattr(
         shutil, "disk_usage", lambda path: namedtuple("Usage", "total used free")(10**9, 10**9 - 4096, 4096)
@@ -202,6 +218,9 @@ BAD_PATHS = [
     _output_ends_in_dot_dot,
     _output_name_too_long,
     _checkpoint_under_a_file,
+    _output_under_a_dangling_link,
+    _output_under_a_link_loop,
+    _checkpoint_is_a_dangling_link,
     _disk_full,
     _not_writable,
 ]

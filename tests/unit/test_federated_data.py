@@ -181,3 +181,26 @@ def test_help_has_a_runnable_example(capsys):
         main(["data", "convert", "--help"])
     assert exit_.value.code == 0
     assert "fednest-mpi data convert mine.npz --partition dirichlet" in capsys.readouterr().out
+
+
+def test_command_line_convert_output_paths(tmp_path, arrays, capsys):
+    """The output of `data convert` as a run's: its folders are made; a folder name too long for the kernel, a file
+    where a folder goes, a FIFO at the path: one line naming it (the first was a traceback)."""
+    x, y, _ = arrays
+    np.savez(tmp_path / "in.npz", x_train=x, y_train=y)
+    (tmp_path / "plain").write_text("x")
+    os.mkfifo(tmp_path / "pipe.h5")
+
+    def convert(out):
+        return main(["data", "convert", str(tmp_path / "in.npz"), "-p", "iid", "-M", "5", "-o", str(out)])
+
+    assert convert(tmp_path / "new" / "sub" / "out.h5") == 0 and (tmp_path / "new" / "sub" / "out.h5").is_file()
+    capsys.readouterr()
+    for out, message in (
+        (tmp_path / ("d" * 300) / "out.h5", "cannot be read (File name too long); choose another path"),
+        (tmp_path / "plain" / "out.h5", "--output: '" + str(tmp_path / "plain") + "' is a file, not a folder"),
+        (tmp_path / "pipe.h5", "is a FIFO (named pipe)"),
+    ):
+        assert convert(out) == 2, out
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err

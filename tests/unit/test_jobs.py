@@ -651,3 +651,33 @@ def test_the_default_checkpoint_signal_fits_every_time_limit(tmp_path, limit, ex
     write_sweep(path, text + f"signal_seconds = {jobs.parse_time(limit)}\n")
     with pytest.raises(UsageError, match="is not less than the time limit"):
         jobs.load_sweep(path)
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda p: p.write_bytes(b'config = "\xff"\n'), "is not UTF-8 text (at byte 10); save it as UTF-8"),
+        (os.mkfifo, "is a FIFO (named pipe), which would block the read for ever"),
+        (lambda p: p.mkdir(), "is a folder"),
+    ],
+)
+def test_a_sweep_file_that_is_no_text_file_is_one_line_naming_what_it_is(tmp_path, capsys, make, message):
+    """Not UTF-8 (was a traceback), a FIFO (was 'does not exist'), a folder: one line, exit 2."""
+    from fednest_mpi.cli import main
+
+    path = tmp_path / "sweep.toml"
+    make(path)
+    assert main(["jobs", "list", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"sweep file '{path}' {message}" in err, err
+
+
+def test_a_run_path_too_long_for_the_kernel_is_one_line_in_report_and_plot(tmp_path, capsys):
+    """stat() of a name over NAME_MAX raises: the readers say so in one line (was a traceback)."""
+    from fednest_mpi.cli import main
+
+    path = tmp_path / ("d" * 300) / "run.h5"
+    for command in (["report", str(path)], ["plot", str(path), "-o", str(tmp_path / "p.png")]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot be read (File name too long)" in err, err

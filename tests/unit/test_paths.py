@@ -88,13 +88,19 @@ def test_names_a_file_system_cannot_hold_stop_with_one_line_and_nothing_written(
         ("bad\ud83d/run.h5", "", "a lone surrogate"),  # in a folder's name: stat() would raise, not say so
         # names the kernel refuses whatever exists (ENAMETOOLONG): stat() raised there, a traceback after the start
         ("g" * (NAME_MAX + 1) + "/run.h5", "", "the folder name 'ggg.*is 256 bytes long, over the 255 bytes"),
-        ("/".join(["h" * 200] * 21) + "/run.h5", "", "would be a path of .* bytes .made absolute., over the 4095"),
+        ("/".join(["h" * 200] * 21) + "/run.h5", "", "would be a path of .* bytes, over the 4095"),
+        # the output's path fits, the longest file the run makes in its folders would not
+        (None, "", "its checkpoint folder would be a path of 405. bytes .and 47 bytes more for the files in it"),
         # two of the run's names the same path: the output would be its own client-file folder
         ("x.clients", "", "'.*x.clients' would be both the output and its client-file folder"),
         ("run.h5", "run.clients", "run.checkpoint_dir: .* would be both its client-file folder and its checkpoint"),
     ],
 )
 def test_every_derived_name_is_checked(tmp_path, output, checkpoint_dir, message):
+    if output is None:  # a path of 4,048 bytes: 4,053 for its checkpoint folder, 4,100 in it
+        room = 4048 - len(os.fsencode(tmp_path)) - 1
+        output = "/".join(["q" * 200] * (room // 201) + ["r" * max(1, room % 201 - 1)])
+        assert len(os.fsencode(tmp_path / output)) in (4047, 4048)
     folder = str(tmp_path / checkpoint_dir) if checkpoint_dir else ""
     with pytest.raises(UsageError, match=message):
         check_names(tmp_path / output, folder)
@@ -140,3 +146,16 @@ def test_a_percent_sign_in_the_output_name_keeps_the_client_series_readable(tmp_
         through_vds = f["clients/participation"][()]
     assert through_vds.shape == direct["participation"].shape and through_vds.any()
     np.testing.assert_array_equal(through_vds, direct["participation"])
+
+
+@pytest.mark.parametrize("flag", [[], ["--resume"], ["--skip-finished"]])
+def test_a_folder_name_too_long_is_one_line_for_run_resume_and_skip_finished(tmp_path, capsys, flag):
+    """stat() of such a path raises (ENAMETOOLONG): checked before anything looks at the files, also before
+    --skip-finished reads what the output holds (that used to end in a traceback)."""
+    from fednest_mpi.cli import main
+
+    out = tmp_path / ("d" * (NAME_MAX + 45)) / "run.h5"
+    assert main(["run", str(CONFIG), "-q", "--output", str(out), *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run.output: the folder name 'ddd" in err and "300 bytes long" in err, err
+    assert list(tmp_path.iterdir()) == []

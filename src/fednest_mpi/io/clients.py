@@ -407,27 +407,17 @@ def check_client_files(
     covered = np.full(n_clients, -1)  # the file (its index in found) holding each client
     for index, (ids, g) in enumerate(found):
         filename = g.filename  # named after the files are closed
-        for name in S.CLIENT_SERIES:
-            shape = g[S.CLIENTS][name].shape if name in g.get(S.CLIENTS, {}) else None
-            if shape is None or shape[0] != len(ids) or shape[1] < rows:
-                for _, h in found:
-                    h.close()
-                held = "no such series" if shape is None else f"shape {shape}"
-                raise UsageError(
-                    f"{what}client file {filename!r} is damaged or too short: /{S.CLIENTS}/{name} "
-                    f"has {held}, "
-                    f"expected {len(ids)} clients x at least {rows} iterations; {fix}"
-                )
-        twice = covered[ids.start : min(ids.stop, n_clients)]
-        if ids.stop > n_clients or (twice >= 0).any():
-            other = found[int(twice[twice >= 0][0])][1].filename if (twice >= 0).any() else ""
+        defect = _shape_defect(ids, g, rows)
+        clash = _range_clash(ids, covered, found) if not defect else ""
+        if clash:
+            defect = (
+                f"holds clients {ids.start}..{ids.stop - 1} (its attributes first_client and n_hosted), {clash}: "
+                "it was edited or belongs to another run"
+            )
+        if defect:
             for _, h in found:
                 h.close()
-            why = f"the run has {n_clients}" if ids.stop > n_clients else f"so does {other!r}"
-            raise UsageError(
-                f"{what}client file {filename!r} holds clients {ids.start}..{ids.stop - 1} (its attributes "
-                f"first_client and n_hosted), {why}: it was edited or belongs to another run; {fix}"
-            )
+            raise UsageError(f"{what}client file {filename!r} {defect}; {fix}")
         covered[ids.start : ids.stop] = index
     if (covered < 0).any():
         for _, h in found:
@@ -438,6 +428,30 @@ def check_client_files(
             f"{what}the per-client series of {str(run_path)!r} are incomplete: {str(folder)!r} {state}; {fix}"
         )
     return found
+
+
+def _shape_defect(ids: range, g: h5py.File, rows: int) -> str:
+    """What is wrong with the series of the client file ``g`` of the clients ``ids`` for ``rows`` iterations, or ''."""
+    for name in S.CLIENT_SERIES:
+        shape = g[S.CLIENTS][name].shape if name in g.get(S.CLIENTS, {}) else None
+        if shape is None or shape[0] != len(ids) or shape[1] < rows:
+            held = "no such series" if shape is None else f"shape {shape}"
+            return (
+                f"is damaged or too short: /{S.CLIENTS}/{name} has {held}, expected {len(ids)} clients x at least "
+                f"{rows} iterations"
+            )
+    return ""
+
+
+def _range_clash(ids: range, covered: np.ndarray, found: list) -> str:
+    """Why the clients ``ids`` of a client file cannot be the run's (``covered``: the index in ``found`` of the
+    file holding each client so far, -1 for none): beyond the run's clients, or held by another file; '' if not."""
+    if ids.stop > covered.size:
+        return f"the run has {covered.size}"
+    twice = covered[ids.start : ids.stop]
+    if (twice >= 0).any():
+        return f"so does {found[int(twice[twice >= 0][0])][1].filename!r}"
+    return ""
 
 
 def check_series_digests(run_path: str | Path, files, rows: int, recorded) -> None:

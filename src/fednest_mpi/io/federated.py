@@ -31,6 +31,7 @@ import numpy as np
 from fednest_mpi import atomic
 from fednest_mpi.errors import DataError, UsageError
 from fednest_mpi.io.safe import open_checked, reading
+from fednest_mpi.pathkind import not_a_file
 
 FORMAT = "fednest-mpi/federated-data"
 VERSION = 1
@@ -49,6 +50,19 @@ class ClientBlock:
     offsets: np.ndarray
 
 
+def _check_output(path: Path, overwrite: bool) -> None:
+    """Refuse an output that exists (unless ``overwrite``), is something else than a file (a folder, a FIFO, a link
+    loop) or a name the kernel refuses (too long), or whose folder is a file, unwritable, a pseudo file system."""
+    from fednest_mpi.io.h5 import check_directory
+
+    what = not_a_file(path)
+    if what is None and not overwrite:
+        raise DataError(f"output {str(path)!r} already exists; choose another path or pass --overwrite")
+    if what is not None and what != "does not exist":
+        raise DataError(f"output {str(path)!r} {what}; choose another path")
+    check_directory(path.parent, "--output")
+
+
 def write_federated(
     path: str | Path,
     features: np.ndarray,
@@ -61,8 +75,7 @@ def write_federated(
 ) -> Path:
     """Write a federated data-set file (rows already in client order) and check it by reading it back."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise DataError(f"output {str(path)!r} already exists; choose another path or pass --overwrite")
+    _check_output(path, overwrite)
     for what, array in (("features", features), ("test features", None if test is None else test[0])):
         array = None if array is None else np.asarray(array)
         if array is not None and array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -70,6 +83,7 @@ def write_federated(
             raise DataError(f"{what} row {row} holds NaN or infinite values; remove or impute those samples")
     tmp = atomic.temp_name(path)  # unique, created exclusively: never through a planted link
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as a run makes its output's folder
         with h5py.File(tmp, "x", libver="latest") as f:
             f.attrs.update(format=FORMAT, format_version=VERSION, n_classes=int(n_classes))
             f.attrs["feature_shape"] = np.asarray(np.shape(features)[1:], dtype=np.int64)

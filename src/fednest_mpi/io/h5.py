@@ -43,6 +43,7 @@ from fednest_mpi.io.schema import (  # names live in one module
     SNAPSHOT_SCALE,
     SNAPSHOTS,
 )
+from fednest_mpi.pathkind import not_a_file
 
 _CHUNK = 256
 
@@ -65,7 +66,11 @@ def check_directory(path: str | Path, field: str, min_free: int = MIN_FREE_BYTES
     """Refuse a folder ``path`` (or its nearest existing parent, where it would be created) that
     is not a writable folder or has less than ``min_free`` bytes free. No I/O beyond stat."""
     existing = Path(path) if str(path) else Path(".")
-    while not existing.exists():
+    while not os.path.exists(existing) and existing != existing.parent:
+        if os.path.lexists(existing):  # a link to nothing or a loop: no folder can be made or used there
+            raise UsageError(
+                f"{field}: {str(existing)!r} {not_a_file(existing)}; make it a folder, or choose another path"
+            )
         existing = existing.parent
     if not existing.is_dir():
         raise UsageError(f"{field}: {str(existing)!r} is a file, not a folder; choose another path")
@@ -172,9 +177,19 @@ def _path_max() -> int:
         return 4096
 
 
+#: the longest name (with its '/') a run makes inside each of its folders: a checkpoint's client file being written,
+#: a client file being written, a rank's traceback log
+INNER_NAMES = {
+    "its checkpoint folder": len("/.clients-k000000000-r00000.pt.0123456789ab.tmp"),
+    "its client-file folder": len("/.rank00000.h5.0123456789ab.partial"),
+    "its failure folder": len("/traceback-rank00000.log"),
+}
+
+
 def _check_path_lengths(field: str, what: str, p: Path) -> None:
     """Refuse a path the kernel refuses whatever exists (ENAMETOOLONG): a folder name over NAME_MAX bytes, or
-    the whole path (made absolute, as the run's files are named) of PATH_MAX bytes or more."""
+    the whole path (as given, which is what the run passes to the kernel; for a folder, with the longest name the
+    run makes in it) of PATH_MAX bytes or more."""
     limit = _name_max(p.parent)
     for part in p.parent.parts:
         size = len(os.fsencode(part))
@@ -183,11 +198,13 @@ def _check_path_lengths(field: str, what: str, p: Path) -> None:
                 f"{field}: the folder name {part[:40]!r}... in {what} is {size} bytes long, over the "
                 f"{limit} bytes a file name may have; shorten it"
             )
-    size, limit = len(os.fsencode(os.path.abspath(p))), _path_max()
-    if size >= limit:
+    size, limit = len(os.fsencode(p)), _path_max()
+    inside = INNER_NAMES.get(what, 0)
+    if size + inside >= limit:
+        files = f" (and {inside} bytes more for the files in it)" if inside else ""
         raise UsageError(
-            f"{field}: {what} would be a path of {size} bytes (made absolute), over the {limit - 1} bytes a path "
-            f"may have; choose a shorter path (by at least {size - limit + 1} bytes)"
+            f"{field}: {what} would be a path of {size} bytes{files}, over the {limit - 1} bytes a "
+            f"path may have; choose a shorter path (by at least {size + inside - limit + 1} bytes)"
         )
 
 
@@ -303,6 +320,40 @@ def _changed_attribute(path: Path, attrs: dict, recorded: dict) -> str | None:
     )
 
 
+def _check_row_digests(p: Path, data: dict, rows: int, digests) -> None:
+    """Refuse rows of /iterations in ``data`` (of the file ``p``) whose :func:`row_digests` differ from the
+    ``digests`` a checkpoint recorded, naming the first."""
+    recorded = [int(d) for d in digests]
+    found = row_digests(data, range(min(len(recorded), rows)))
+    changed = [i for i, (a, b) in enumerate(zip(found, recorded)) if a != b]
+    if changed:
+        more = f" (and {len(changed) - 1} more row(s))" if len(changed) > 1 else ""
+        raise UsageError(
+            f"--resume: row {changed[0]} of /{GROUP} in {str(p)!r} (iteration {int(data[SCALE][changed[0]])}){more} "
+            "was changed since the checkpoint recorded it; restore the file, or recompute it: the same command with "
+            "--overwrite in place of --resume (the checkpoint holds digests of the rows, not the rows)"
+        )
+
+
+def _check_main_digests(p: Path, rows: int, main) -> None:
+    """Refuse /ranks and /snapshots of the run file ``p`` whose first ``rows`` iterations differ from the
+    digests ``main`` a checkpoint recorded (:func:`fednest_mpi.io.clients.main_digests`; empty: not checked)."""
+    from fednest_mpi.io.clients import main_digests  # clients imports this module
+
+    recorded = np.asarray(main, dtype=np.int64).view(np.uint64)[:rows]
+    if not recorded.size:
+        return
+    with open_run(p, "read") as f, reading(p, "run file"):
+        found = main_digests(f, recorded.size)
+    changed = np.flatnonzero(found != recorded)
+    if changed.size:
+        raise UsageError(
+            f"--resume: iteration {int(changed[0])} of /{RANKS} or /{SNAPSHOTS} in {str(p)!r} was changed since the "
+            "checkpoint recorded it; restore the file, or recompute it: the same command with --overwrite in place "
+            "of --resume"
+        )
+
+
 def check_resumable_output(
     path: str | Path, rows: int, digests=(), attributes=None, series=(), main=()
 ) -> None:
@@ -312,7 +363,7 @@ def check_resumable_output(
     with every per-rank client file it refers to (see :func:`fednest_mpi.io.clients.check_client_files`),
     whose per-client series have the digests ``series`` (:func:`fednest_mpi.io.clients.column_digests`) and its
     /ranks and /snapshots the digests ``main`` (:func:`fednest_mpi.io.clients.main_digests`)."""
-    from fednest_mpi.io.clients import check_client_files, check_series_digests, main_digests  # they import this
+    from fednest_mpi.io.clients import check_client_files, check_series_digests  # clients imports this module
 
     p = Path(path)
     if (p.exists() or p.is_symlink()) and not p.is_file():
@@ -332,30 +383,11 @@ def check_resumable_output(
             "checkpoint (rows deleted, or another run's file); restore the file, or start again: the same command "
             "with --overwrite in place of --resume"
         )
-    recorded = [int(d) for d in digests]
-    found = row_digests(data, range(min(len(recorded), rows)))
-    changed = [i for i, (a, b) in enumerate(zip(found, recorded)) if a != b]
-    if changed:
-        more = f" (and {len(changed) - 1} more row(s))" if len(changed) > 1 else ""
-        raise UsageError(
-            f"--resume: row {changed[0]} of /{GROUP} in {str(p)!r} (iteration {int(data[SCALE][changed[0]])}){more} "
-            "was changed since the checkpoint recorded it; restore the file, or recompute it: the same command with "
-            "--overwrite in place of --resume (the checkpoint holds digests of the rows, not the rows)"
-        )
+    _check_row_digests(p, data, rows, digests)
     changed_attribute = _changed_attribute(p, attrs, dict(attributes or {}))
     if changed_attribute:
         raise UsageError(changed_attribute)
-    main_recorded = np.asarray(main, dtype=np.int64).view(np.uint64)[:rows]
-    if main_recorded.size:
-        with open_run(p, "read") as f, reading(p, "run file"):
-            main_found = main_digests(f, main_recorded.size)
-        main_changed = np.flatnonzero(main_found != main_recorded)
-        if main_changed.size:
-            raise UsageError(
-                f"--resume: iteration {int(main_changed[0])} of /{RANKS} or /{SNAPSHOTS} in {str(p)!r} was changed "
-                "since the checkpoint recorded it; restore the file, or recompute it: the same command with "
-                "--overwrite in place of --resume"
-            )
+    _check_main_digests(p, rows, main)
     files = check_client_files(p, rows, unclosed="read", what="--resume: ")
     try:
         check_series_digests(p, files, rows, series)
@@ -587,8 +619,8 @@ def open_run(path: str | Path, unclosed: str = "live") -> h5py.File:
     writing it holds its lock; else UsageError naming ``fednest-mpi recover``), "read" (read it
     in any case: resume, recover) or "refuse"."""
     p = Path(path)
-    if not p.is_file():
-        what = "is a folder" if p.is_dir() else "does not exist"
+    what = not_a_file(p)  # also a name too long, a link loop: stat() raised those
+    if what is not None:
         raise UsageError(f"{str(p)!r} {what}; pass the path of a run file written by `fednest-mpi run`")
     f, _ = open_checked(p, "run file", unclosed_policy(p, unclosed), RECOVER_HINT.format(path=shlex.quote(str(p))))
     return f

@@ -11,6 +11,7 @@ from typing import Any
 
 from fednest_mpi.config import flatten_config
 from fednest_mpi.errors import UsageError
+from fednest_mpi.pathkind import not_a_file
 from fednest_mpi.text import did_you_mean
 
 
@@ -24,10 +25,15 @@ def _check_keys(where: str, data: Mapping, known: Sequence[str], what: str = "fi
 
 def _read_toml(path: str | Path, kind: str) -> dict:
     p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{kind} file {str(p)!r} does not exist; see jobs/{kind}s/ of the repository for examples")
+    instead = not_a_file(p)  # missing, a folder, a FIFO (the read would block), a name too long, a link loop
+    if instead is not None:
+        raise UsageError(f"{kind} file {str(p)!r} {instead}; see jobs/{kind}s/ of the repository for examples")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{kind} file {str(p)!r} is not UTF-8 text (at byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise UsageError(f"{kind} file {str(p)!r} cannot be read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{kind} file {str(p)!r} is not valid TOML: {exc}") from None
 

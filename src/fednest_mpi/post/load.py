@@ -95,7 +95,7 @@ def _as_paths(paths) -> list[Path]:
                 "a run path is empty; pass a run file (.h5) written by `fednest-mpi run`, or '.' for a folder"
             )
         p = Path(p)
-        if p.is_dir():
+        if os.path.isdir(p):  # never raises (a name too long: the reader says so)
             found = sorted(p.glob("*.h5"))
             if not found:
                 raise UsageError(
