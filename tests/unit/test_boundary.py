@@ -15,7 +15,6 @@ from small_configs import make_config
 
 from fednest_mpi import config
 from fednest_mpi.api import PluginError, RunFailed, SerialComm, Simulation, UsageError, simulate
-from fednest_mpi.contract import hook_running
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.session import Session
 
@@ -205,6 +204,8 @@ def test_a_callback_that_raises_is_named(tmp_path):
 
 
 def test_the_watchdog_tells_a_hook_that_blocks_from_a_rank_that_waits():
+    from fednest_mpi.contract import hook_running
+
     cfg = faulty("sleep")
     sim = Simulation(cfg, SerialComm())
     blocked = threading.Thread(target=sim.run, daemon=True)  # the oracle blocks in iteration 1
