@@ -337,6 +337,29 @@ def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path):
     assert seconds < 60, seconds
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
+def test_recover_names_the_hook_of_a_c_level_abort_on_one_rank(tmp_path):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", "--set", "problem.fault=abort", "-q")
+    assert done.returncode != 0 and seconds < 60, (done.returncode, seconds)
+    recovered = subprocess.run(
+        [sys.executable, "-m", "fednest_mpi", "recover", str(tmp_path / "o.h5")], capture_output=True, text=True
+    )
+    assert recovered.returncode == 0, recovered.stderr
+    assert re.search(
+        r"; rank 1 died of a fatal signal \(Fatal Python error: Aborted\) in File \".*faulty_plugins\.py\", "
+        r"line \d+ in grad_x_outer \(.*o\.h5\.failed/fatal-rank00001\.log\)$",
+        recovered.stdout.strip(),
+    ), recovered.stdout
+
+
+def test_a_run_that_ends_well_leaves_no_fatal_log(tmp_path):
+    cfg = faulty(output=str(tmp_path / "o.h5"), checkpoint_dir=str(tmp_path / "ckpt"))
+    Session(cfg, SerialComm()).run_to_file()
+    assert not (tmp_path / "o.h5.failed").exists()
+
+
 def test_usage_error_is_the_base_of_plugin_error():
     assert issubclass(PluginError, UsageError) and PluginError.agreed is False
 
