@@ -168,12 +168,14 @@ class FatalLog:
     """Where a rank that dies of a fatal signal (a C-level ``abort()`` in a plugin, a segmentation fault) leaves
     its last Python stack: :mod:`faulthandler` writes it to ``RUN.h5.failed/fatal-rankR.log`` from the signal
     handler (no Python code runs there, so the rank can print nothing else); ``fednest-mpi recover`` names the
-    function it died in (:func:`fatal_note`). :meth:`close` at the run's end removes the empty file."""
+    function it died in (:func:`fatal_note`). :meth:`close` at the run's end removes the empty file. Nothing
+    changes where faulthandler is enabled already (``PYTHONFAULTHANDLER``, ``python -X faulthandler``, pytest)."""
 
     def __init__(self, output: str | Path, rank: int):
         self.path = folder_of(output) / f"fatal-rank{rank:05d}.log"
-        self.was_enabled = faulthandler.is_enabled()
         self.file: IO[str] | None = None
+        if faulthandler.is_enabled():  # someone chose where the stack goes (PYTHONFAULTHANDLER, pytest): left so
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(self.path, "w")  # noqa: SIM115 -- open for the run, closed by close()
@@ -185,8 +187,6 @@ class FatalLog:
         if self.file is None:
             return
         faulthandler.disable()
-        if self.was_enabled:
-            faulthandler.enable()
         self.file.close()
         self.file = None
         try:
