@@ -21,6 +21,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -97,19 +99,21 @@ def check(
     overrides = [*overrides, f"algorithm.outer_iterations={iterations}"]
     cfg = config.load(path, overrides)
     cfg = _with(cfg, "run", checkpoint_every=0, client_series=False)
-    base = simulate(cfg, SerialComm()).history  # a PluginError: exit 2 with its line
+    watch = Watchdog(cfg.run.round_timeout or timeout)  # a plugin that blocks: one line naming its hook, exit 2
+    base = simulate(cfg, SerialComm(), [watch]).history  # a PluginError: exit 2 with its line
     say(f"contract: ok ({cfg.problem.name} with {cfg.algorithm.name}: every oracle probed, {iterations} iterations)")
     verdicts = []
     invariant = cfg.federation.reduction != "sum"
     why_not = 'federation.reduction = "sum" adds in the order of the ranks and chunks; use "exact" or "ordered"'
     if invariant:
-        chunked = simulate(_with(cfg, "run", chunk_clients=1), SerialComm()).history
+        chunked = simulate(_with(cfg, "run", chunk_clients=1), SerialComm(), [watch]).history
         diff = first_difference(base, chunked)
         verdicts.append("ok" if diff is None else "differs")
         say("chunks: " + ("ok (1 client per chunk: the same bits)" if diff is None else f"differs: {diff}"))
     else:
         verdicts.append("not run")
         say(f"chunks: not run: {why_not}")
+    watch.stop()  # the one-rank runs are over (the many-rank run has its own watchdog: run.round_timeout)
     if not invariant:
         verdicts.append("not run")
         say(f"ranks: not run: {why_not}")
@@ -130,3 +134,37 @@ def check(
         if verdict in verdicts:
             return EXIT[verdict]
     return EXIT["ok"]
+
+
+class Watchdog:
+    """The one-rank runs' watchdog (a callback and a thread): an outer iteration that does not complete within
+    ``limit`` seconds (``run.round_timeout``, else ``--timeout``) ends ``check`` with one line naming the plugin
+    hook the run is in (:func:`fednest_mpi.contract.hook_running`), exit 2."""
+
+    def __init__(self, limit: float):
+        self.limit, self.beat = float(limit), time.monotonic()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, name="fednest-check-watch", daemon=True).start()
+
+    def on_start(self, sim, k: int) -> None:
+        self.beat = time.monotonic()
+
+    def on_iteration(self, k: int, row: dict) -> None:
+        self.beat = time.monotonic()
+
+    def stop(self) -> None:
+        self.done.set()
+
+    def _watch(self) -> None:
+        from fednest_mpi.contract import hook_running
+
+        while not self.done.wait(0.2):
+            if time.monotonic() - self.beat > self.limit:
+                where = hook_running() or "no plugin hook (the run itself)"
+                print(
+                    f"fednest-mpi: error: the one-rank run completed no outer iteration within {self.limit:g} s "
+                    f"(run.round_timeout, else --timeout): it is in {where}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(EXIT["usage"])

@@ -27,11 +27,13 @@ lock (:mod:`fednest_mpi.lock`). No MPI and no HDF5 here.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from fednest_mpi import atomic
 
@@ -160,6 +162,52 @@ class Watch:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and len(list(self.folder.glob("closed-rank*"))) < self.size:
             time.sleep(0.05)
+
+
+class FatalLog:
+    """Where a rank that dies of a fatal signal (a C-level ``abort()`` in a plugin, a segmentation fault) leaves
+    its last Python stack: :mod:`faulthandler` writes it to ``RUN.h5.failed/fatal-rankR.log`` from the signal
+    handler (no Python code runs there, so the rank can print nothing else); ``fednest-mpi recover`` names the
+    function it died in (:func:`fatal_note`). :meth:`close` at the run's end removes the empty file. Nothing
+    changes where faulthandler is enabled already (``PYTHONFAULTHANDLER``, ``python -X faulthandler``, pytest)."""
+
+    def __init__(self, output: str | Path, rank: int):
+        self.path = folder_of(output) / f"fatal-rank{rank:05d}.log"
+        self.file: IO[str] | None = None
+        if faulthandler.is_enabled():  # someone chose where the stack goes (PYTHONFAULTHANDLER, pytest): left so
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "w")  # noqa: SIM115 -- open for the run, closed by close()
+        except OSError:
+            return
+        faulthandler.enable(file=self.file, all_threads=False)
+
+    def close(self) -> None:
+        if self.file is None:
+            return
+        faulthandler.disable()
+        self.file.close()
+        self.file = None
+        try:
+            if not self.path.stat().st_size:
+                self.path.unlink()
+            self.path.parent.rmdir()  # only when empty: another rank's notes stay
+        except OSError:
+            pass
+
+
+def fatal_note(output: str | Path) -> str | None:
+    """``rank R died of a fatal signal (Fatal Python error: Aborted) in File "m.py", line 9 in grad_y_inner
+    (RUN.h5.failed/fatal-rankR.log)`` for the first rank whose :class:`FatalLog` holds a dump, or None."""
+    for path in sorted(folder_of(output).glob("fatal-rank*.log")):
+        lines = [line.strip() for line in _read(path).splitlines() if line.strip()]
+        if not lines:
+            continue
+        frames = [line for line in lines if line.startswith("File ")]
+        where = f" in {frames[0]}" if frames else ""
+        return f"rank {int(path.stem[len('fatal-rank'):])} died of a fatal signal ({lines[0]}){where} ({path})"
+    return None
 
 
 def _read(path: Path) -> str:

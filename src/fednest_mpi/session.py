@@ -29,7 +29,7 @@ from fednest_mpi.errors import OutputLost, RanksDisagree, RunFailed, UsageError
 from fednest_mpi.io.schema import METRICS, PRIMARY_METRIC
 
 if TYPE_CHECKING:
-    from fednest_mpi.failure import Watch
+    from fednest_mpi.failure import FatalLog, Watch
     from fednest_mpi.io.h5 import RunWriter
     from fednest_mpi.runner import Progress
     from fednest_mpi.series import RunSeries
@@ -111,6 +111,7 @@ class RunFiles(Callback):
         self.progress: Progress | None = None
         self.series: RunSeries | None = None
         self.watch: Watch | None = None
+        self.fatal: FatalLog | None = None
         self.watchers = Callbacks([*session.writers, *session.callbacks])
         self.running = False  # between the run's start and its end or error
         self.lost: str | None = None
@@ -148,6 +149,7 @@ class RunFiles(Callback):
                 start=resume.iteration if resume else 0,
             )
         self.series = RunSeries(sim, self.writer, keep_rows=resume.output_rows if resume else None)
+        self.fatal = failure.FatalLog(cfg.run.output, self.rank)  # a C-level abort: its stack for `recover`
         if self.size > 1:  # an exception on any rank: every rank closes its files before the abort
             self.watch = failure.Watch(cfg.run.output, self.rank, self.size, self.close, on_end=self.ended_elsewhere)
 
@@ -203,6 +205,8 @@ class RunFiles(Callback):
     def _shut(self) -> str | None:
         if self.watch is not None:
             self.watch.stop()
+        if self.fatal is not None:
+            self.fatal.close()
         if self.progress is not None:
             self.progress.close()
         lost = self.series.lost() if self.series is not None else None

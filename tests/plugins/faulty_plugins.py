@@ -67,6 +67,8 @@ class FaultyQuadratic(QuadraticProblem):
             x.mul_(0.5)
         if fault == "sleep" and late:  # blocks for ever
             threading.Event().wait()
+        if fault == "abort" and late:  # a C-level abort: SIGABRT, no Python code runs any more
+            os.abort()
         return out
 
     def _grad_x_outer_quadratic(self, clients, x, y, sample):

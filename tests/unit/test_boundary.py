@@ -15,7 +15,6 @@ from small_configs import make_config
 
 from fednest_mpi import config
 from fednest_mpi.api import PluginError, RunFailed, SerialComm, Simulation, UsageError, simulate
-from fednest_mpi.contract import hook_running
 from fednest_mpi.errors import ConfigError
 from fednest_mpi.session import Session
 
@@ -205,6 +204,8 @@ def test_a_callback_that_raises_is_named(tmp_path):
 
 
 def test_the_watchdog_tells_a_hook_that_blocks_from_a_rank_that_waits():
+    from fednest_mpi.contract import hook_running
+
     cfg = faulty("sleep")
     sim = Simulation(cfg, SerialComm())
     blocked = threading.Thread(target=sim.run, daemon=True)  # the oracle blocks in iteration 1
@@ -336,6 +337,35 @@ def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path):
     assert seconds < 60, seconds
 
 
+@pytest.mark.processes  # starts mpiexec: make test-processes
+def test_recover_names_the_hook_of_a_c_level_abort_on_one_rank(tmp_path):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", "--set", "problem.fault=abort", "-q")
+    assert done.returncode != 0 and seconds < 60, (done.returncode, seconds)
+    recovered = subprocess.run(
+        [sys.executable, "-m", "fednest_mpi", "recover", str(tmp_path / "o.h5")], capture_output=True, text=True
+    )
+    assert recovered.returncode == 0, recovered.stderr
+    assert re.search(
+        r"; rank 1 died of a fatal signal \(Fatal Python error: Aborted\) in File \".*faulty_plugins\.py\", "
+        r"line \d+ in grad_x_outer \(.*o\.h5\.failed/fatal-rank00001\.log\)$",
+        recovered.stdout.strip(),
+    ), recovered.stdout
+
+
+def test_a_run_that_ends_well_leaves_no_fatal_log(tmp_path):
+    # a process of its own: faulthandler is pytest's in this one (the log is kept only where nobody enabled it)
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONFAULTHANDLER", None)
+    cmd = [sys.executable, "-m", "fednest_mpi", "run", str(cfg), "--output", str(tmp_path / "o.h5"), "-q"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "o.h5").is_file() and not (tmp_path / "o.h5.failed").exists()
+
+
 def test_usage_error_is_the_base_of_plugin_error():
     assert issubclass(PluginError, UsageError) and PluginError.agreed is False
 
@@ -368,6 +398,17 @@ def test_check_names_the_first_difference_and_exits_3(tmp_path):
     lines = done.stdout.splitlines()
     assert lines[1].startswith("chunks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
     assert lines[2].startswith("ranks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
+
+
+def test_check_of_a_plugin_that_blocks_ends_naming_the_hook(tmp_path):
+    # the one-rank run blocks in iteration 1: check's watchdog ends it before any mpiexec starts
+    sets = ("--set", 'problem.fault="sleep"', "--set", "problem.fault_rank=-1", "--set", "run.round_timeout=2")
+    done = _check(tmp_path, *sets)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "fednest-mpi: error: the one-rank run completed no outer iteration within 2 s (run.round_timeout, else "
+        f"--timeout): it is in {PROBLEM} hook grad_x_outer"
+    ]
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes

@@ -152,6 +152,19 @@ def test_an_entry_point_taking_a_builtin_name_is_refused(plugin_path, tmp_path, 
         config.PROBLEMS.register(config.PROBLEMS.resolve("tiny_plugins:TinyQuadratic"))
 
 
+def test_config_doc_with_a_plugin_taking_a_builtin_name_is_one_line_exit_2(plugin_path, tmp_path, monkeypatch, capsys):
+    from fednest_mpi.cli import main
+
+    _fake_distribution(tmp_path, "fednest_mpi.algorithms", {"fednest": MOMENTUM_CLASS})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["config-doc"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.splitlines() == [
+        "fednest-mpi: error: algorithm.name: 'fednest' is registered twice (by fednest_mpi.algorithms.fednest:FedNest "
+        f"and by the entry point {MOMENTUM_CLASS} of group fednest_mpi.algorithms); rename the plugin's entry point"
+    ]
+
+
 def _cli(*args, ranks=1, timeout=240):
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [sys.executable, "-m", "fednest_mpi", *map(str, args)]

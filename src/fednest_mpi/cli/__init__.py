@@ -67,8 +67,20 @@ def main(argv=None) -> int:
         stop.ignore_from_now()  # the run is over: the interpreter's teardown would put back SIG_DFL (exit 15)
         return code
     if args.command == "config-doc":
-        from fednest_mpi.config import reference_markdown
-
-        print(reference_markdown())
-        return 0
+        return _config_doc()
     return COMMANDS[args.command].execute(args)
+
+
+def _config_doc() -> int:
+    """``fednest-mpi config-doc``: the reference, or one line and exit 2 when an installed plugin is broken (a name
+    taken twice, a module that does not import)."""
+    from fednest_mpi.config import reference_markdown
+    from fednest_mpi.errors import UsageError
+
+    try:
+        text = reference_markdown()
+    except UsageError as exc:
+        print(f"fednest-mpi: error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fednest_mpi import lock
+from fednest_mpi import failure, lock
 from fednest_mpi.errors import UsageError
 from fednest_mpi.io import schema as S
 from fednest_mpi.io.clients import SeriesLayout, check_client_files
@@ -134,8 +134,10 @@ def _recover(p: Path) -> str:
         stale.path.unlink(missing_ok=True)
     n_clients, n_files = parts.n_clients, len(parts.rank_blocks())
     clients = f", per-client series of {n_clients} clients in {n_files} files" if n_clients else ""
+    fatal = failure.fatal_note(p)
     return (
         f"recovered {p}: kept iterations 0..{rows - 1} ({rows} rows{clients}), dropped "
         f"{record['rows_dropped']} incomplete row(s); the file is closed and marked with the attribute 'recovered'"
         + (f"; continue the run with --resume (checkpoint folder {folder})" if (folder / "state.pt").is_file() else "")
+        + (f"; {fatal}" if fatal else "")
     )
