@@ -121,19 +121,23 @@ def check(
         verdicts.append("not run")
         say(f"ranks: not run: {cfg.problem.n_clients} clients, fewer than {ranks} ranks")
     else:
-        with tempfile.TemporaryDirectory(prefix="fednest-check-") as folder:
-            verdict, got = _two_ranks(path, overrides, Path(folder), ranks, timeout)
-        if verdict != "ok":
-            verdicts.append(verdict)
-            say(f"ranks: {'failed' if verdict == 'usage' else verdict}: {got}")
-        else:
-            diff = first_difference(base, got)  # type: ignore[arg-type]
-            verdicts.append("ok" if diff is None else "differs")
-            say(f"ranks: ok (1 and {ranks} ranks: the same bits)" if diff is None else f"ranks: differs: {diff}")
+        verdicts.append(_ranks_check(path, overrides, ranks, timeout, base, say))
     for verdict in ("usage", "differs", "not run"):
         if verdict in verdicts:
             return EXIT[verdict]
     return EXIT["ok"]
+
+
+def _ranks_check(path: str, overrides: Sequence[str], ranks: int, timeout: float, base: dict, say) -> str:
+    """The run on ``ranks`` ranks against the one-rank record ``base``: its line said, its verdict returned."""
+    with tempfile.TemporaryDirectory(prefix="fednest-check-") as folder:
+        verdict, got = _two_ranks(path, overrides, Path(folder), ranks, timeout)
+    if verdict != "ok":
+        say(f"ranks: {'failed' if verdict == 'usage' else verdict}: {got}")
+        return verdict
+    diff = first_difference(base, got)  # type: ignore[arg-type]
+    say(f"ranks: ok (1 and {ranks} ranks: the same bits)" if diff is None else f"ranks: differs: {diff}")
+    return "ok" if diff is None else "differs"
 
 
 class Watchdog:
