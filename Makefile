@@ -133,7 +133,7 @@ invariance:
 	timeout -k 10 3600 $(MPIEXEC) -n $(RANKS) $(BIN)/python bench/invariance.py $$(find configs -name '*.toml' | sort)
 
 docs:
-	$(BIN)/fednest-mpi config-doc > docs/config.md
+	$(BIN)/fednest-mpi config-doc --builtin > docs/config.md   # without the plugins installed here
 
 clean:
 	rm -rf $(VENV) runs bench/results

@@ -110,6 +110,6 @@ def test_docs_config_md_is_generated_from_the_definitions():
 
     path = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "config.md"
     generated = subprocess.run(
-        [sys.executable, "-m", "fednest_mpi", "config-doc"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "fednest_mpi", "config-doc", "--builtin"], capture_output=True, text=True, check=True
     ).stdout
     assert path.read_text().strip() == generated.strip(), "run `make docs` to regenerate docs/config.md"

@@ -165,6 +165,20 @@ def test_config_doc_with_a_plugin_taking_a_builtin_name_is_one_line_exit_2(plugi
     ]
 
 
+def test_an_installed_plugin_does_not_change_the_projects_config_reference(tmp_path):
+    """An installed plugin is listed by ``config-doc`` but not by ``config-doc --builtin``, which makes
+    docs/config.md (``make docs``, test_config.py): installing one never breaks the project's own tests."""
+    _fake_distribution(tmp_path, "fednest_mpi.algorithms", {"fednest_momentum": MOMENTUM_CLASS})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(MOMENTUM), os.environ.get("PYTHONPATH", "")]))
+    doc = [
+        subprocess.run([sys.executable, "-m", "fednest_mpi", "config-doc", *flag], capture_output=True, text=True,
+                       env=env, check=True).stdout
+        for flag in ([], ["--builtin"])
+    ]
+    assert "`fednest_momentum`" in doc[0]
+    assert doc[1].strip() == (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text().strip()
+
+
 def _cli(*args, ranks=1, timeout=240):
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [sys.executable, "-m", "fednest_mpi", *map(str, args)]

@@ -43,10 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in dict.fromkeys(COMMANDS.values()):  # in the order of the help
         module.add(sub)
-    sub.add_parser(
+    doc = sub.add_parser(
         "config-doc",
         help="print the config reference (Markdown) generated from the config definitions",
-        epilog="example: fednest-mpi config-doc > docs/config.md",
+        epilog="example: fednest-mpi config-doc > my-config-reference.md (the project's docs/config.md: make docs)",
+    )
+    doc.add_argument(
+        "--builtin",
+        action="store_true",
+        help="only what fednest-mpi itself defines, without the installed plugins (how docs/config.md is made)",
     )
     return parser
 
@@ -67,18 +72,18 @@ def main(argv=None) -> int:
         stop.ignore_from_now()  # the run is over: the interpreter's teardown would put back SIG_DFL (exit 15)
         return code
     if args.command == "config-doc":
-        return _config_doc()
+        return _config_doc(installed=not args.builtin)
     return COMMANDS[args.command].execute(args)
 
 
-def _config_doc() -> int:
-    """``fednest-mpi config-doc``: the reference, or one line and exit 2 when an installed plugin is broken (a name
-    taken twice, a module that does not import)."""
+def _config_doc(installed: bool = True) -> int:
+    """``fednest-mpi config-doc``: the reference (with the installed plugins unless ``installed`` is False), or one
+    line and exit 2 when an installed plugin is broken (a name taken twice, a module that does not import)."""
     from fednest_mpi.config import reference_markdown
     from fednest_mpi.errors import UsageError
 
     try:
-        text = reference_markdown()
+        text = reference_markdown(installed=installed)
     except UsageError as exc:
         print(f"fednest-mpi: error: {exc}", file=sys.stderr)
         return 2

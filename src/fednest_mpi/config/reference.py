@@ -65,11 +65,12 @@ def _table(cls, title: str, names: tuple[str, ...] = ()) -> list[str]:
     return lines
 
 
-def reference_markdown() -> str:
-    """The config reference as Markdown, generated from the field metadata and the registries (the
-    installed plugins included)."""
-    list(PROBLEMS.load_all())
-    list(ALGORITHMS.load_all())
+def reference_markdown(installed: bool = True) -> str:
+    """The config reference as Markdown, generated from the field metadata and the registries: the installed
+    plugins (entry points) included, or, with ``installed=False``, the built-ins without them (in a fresh
+    interpreter: fednest-mpi's own problems and algorithms, as docs/config.md lists them)."""
+    for registry in (PROBLEMS, ALGORITHMS):
+        list(registry.load_all() if installed else registry.with_builtins())
     lines = list(_OPENING)
     for name, spec_ in PROBLEMS.items():
         lines += _table(spec_.params, f'[problem] name = "{name}"')
