@@ -345,7 +345,8 @@ class Session:
                 return 0
             self.resume = state == "resume"
             self.log.info("--skip-finished: %s: %s", "resuming" if self.resume else "starting", why)
-        with StopRequests(run.stop_timeout, run.round_timeout) as stop:  # from the start: checks may block too
+        # from the start: checks may block too
+        with StopRequests(run.stop_timeout, run.round_timeout, run.round_timeout_factor) as stop:
             # until the files exist, ending at once is exiting (the locks released)
             stop.arm(lambda code, message: self._exit_now(code, message, self.comm.Get_rank() == 0))
             return self._checked_run(stop)

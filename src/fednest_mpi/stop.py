@@ -10,8 +10,11 @@
   rank closes its files at the iterations they hold (:mod:`fednest_mpi.failure` tells the others),
   rank 0 prints one line, and every rank exits with 128 + the signal's number (130 for SIGINT, 143
   for SIGTERM) by itself, so the launcher prints no "BAD TERMINATION". The last checkpoint stays.
-* The **watchdog** (``run.round_timeout`` seconds, 0: off): an outer iteration that does not
-  complete within it ends the run the same way, with exit code 1.
+* The **watchdog**: an outer iteration that does not complete within its limit ends the run the same way,
+  with exit code 1. The limit is ``run.round_timeout`` seconds when set; else (0, the default) it is
+  automatic from the first completed iteration on: ``run.round_timeout_factor`` times the longest iteration so
+  far, and at least :data:`AUTO_MIN_SECONDS`, so that a plugin that blocks for ever on one rank cannot hang a
+  job (a factor of 0 turns it off).
 
 The handlers are installed by the command line before it imports anything heavy or starts MPI
 (:func:`install`), and a signal that arrived before the run looked is remembered. Python runs a
@@ -35,6 +38,9 @@ SAME_NOTICE_SECONDS = 1.0  # a repeat within this time is the same request (grou
 #: hook) gives the rank that is stuck in one to end the run with the line that names the hook
 WAITING_GRACE_SECONDS = 2.0
 WATCH_SECONDS = 0.2  # how often the deadlines are looked at
+#: the automatic watchdog's least limit (run.round_timeout = 0): a slow file system or a long evaluation in one
+#: iteration must not end a run whose iterations are short
+AUTO_MIN_SECONDS = 600.0
 
 #: end_now(exit_code, message): close the files and exit (the session's, while it has files open)
 EndNow = Callable[[int, str], None]
@@ -129,12 +135,15 @@ class StopRequests:
     the command line did (and then restores the previous ones on exit).
 
     ``stop_timeout``: seconds after a SIGTERM/SIGINT within which the ranks must reach the stop (0:
-    no limit); ``round_timeout``: seconds an outer iteration may take (0: no watchdog).
+    no limit); ``round_timeout``: seconds an outer iteration may take (0: the automatic limit, ``round_factor``
+    times the longest completed iteration and at least :data:`AUTO_MIN_SECONDS`; both 0: no watchdog).
     :meth:`arm` gives the function that ends the run at once; :meth:`beat` marks a completed iteration.
     """
 
-    def __init__(self, stop_timeout: float = 0.0, round_timeout: float = 0.0):
+    def __init__(self, stop_timeout: float = 0.0, round_timeout: float = 0.0, round_factor: float = 0.0):
         self.stop_timeout, self.round_timeout = float(stop_timeout), float(round_timeout)
+        self.round_factor = float(round_factor)
+        self._longest: float | None = None  # the longest completed iteration so far (seconds)
         self._end_now: EndNow | None = None
         self._locate: Callable[[], str | None] | None = None
         self._last_beat = time.monotonic()
@@ -187,7 +196,22 @@ class StopRequests:
 
     def beat(self, k: int) -> None:
         """Iteration ``k`` was recorded (the watchdog's clock starts again)."""
-        self._iteration, self._last_beat = k, time.monotonic()
+        now = time.monotonic()
+        self._longest = max(self._longest or 0.0, now - self._last_beat)
+        self._iteration, self._last_beat = k, now
+
+    def limit(self) -> tuple[float, str]:
+        """The watchdog's limit on the iteration now running, in seconds (0: none yet), and its name for
+        the message."""
+        if self.round_timeout > 0:
+            return self.round_timeout, f"run.round_timeout = {self.round_timeout:g} s"
+        if self.round_factor > 0 and self._longest is not None:
+            seconds = max(AUTO_MIN_SECONDS, self.round_factor * self._longest)
+            return seconds, (
+                f"the automatic watchdog's {seconds:.0f} s (run.round_timeout_factor = {self.round_factor:g} times "
+                f"the longest iteration so far, at least {AUTO_MIN_SECONDS:g} s; set run.round_timeout to choose)"
+            )
+        return 0.0, ""
 
     def _watch(self) -> None:
         while not self._done.is_set():
@@ -214,16 +238,17 @@ class StopRequests:
                     f"{self.stop_timeout:g} s of the {_P.first} (a rank stopped, blocked on I/O, or an iteration "
                     f"longer than that) {after}"
                 )
-        if self._rounds and self.round_timeout > 0 and now - self._last_beat > self.round_timeout:
+        seconds, limit = self.limit()
+        if self._rounds and seconds > 0 and now - self._last_beat > seconds:
             stuck = self._locate() if self._locate is not None else None
             if stuck is not None:
                 return 1, (
-                    f"run failed: no outer iteration completed within run.round_timeout = {self.round_timeout:g} s: "
+                    f"run failed: no outer iteration completed within {limit}: "
                     f"{stuck} {after} (a plugin that blocks, or raise run.round_timeout)"
                 )
-            if now - self._last_beat > self.round_timeout + WAITING_GRACE_SECONDS:
+            if now - self._last_beat > seconds + WAITING_GRACE_SECONDS:
                 return 1, (
-                    f"run failed: no outer iteration completed within run.round_timeout = {self.round_timeout:g} s "
+                    f"run failed: no outer iteration completed within {limit} "
                     f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"
                 )
         return None

@@ -85,6 +85,30 @@ def test_the_watchdog_ends_a_run_whose_iteration_does_not_complete():
     assert code == 1 and "run.round_timeout = 0.6 s" in message and "after iteration 3" in message
 
 
+def test_the_automatic_watchdog_ends_an_iteration_far_longer_than_the_longest_so_far(monkeypatch):
+    """run.round_timeout = 0 (the default): no limit during start-up and the first iteration, then
+    round_timeout_factor times the longest completed iteration, at least AUTO_MIN_SECONDS; factor 0: none."""
+    monkeypatch.setattr(stop, "AUTO_MIN_SECONDS", 0.5)
+    ended = Ended()
+    with stop.StopRequests(round_timeout=0.0, round_factor=3.0) as requests:
+        requests.arm(ended, rounds=True)
+        time.sleep(0.7)  # the first iteration: longer than the least limit, not limited
+        requests.beat(0)
+        assert requests.limit()[0] >= 2.1 and not ended.calls  # 3 x 0.7 s
+        time.sleep(1.5)  # a slower iteration, within the limit
+        requests.beat(1)
+        assert not ended.calls and requests.limit()[0] >= 4.5
+        assert ended.event.wait(10)
+    ((code, message),) = ended.calls
+    assert code == 1 and "automatic watchdog" in message and "run.round_timeout_factor = 3" in message
+    assert "after iteration 1" in message
+    off = Ended()
+    with stop.StopRequests(round_timeout=0.0, round_factor=0.0) as requests:
+        requests.arm(off, rounds=True)
+        requests.beat(0)
+        assert requests.limit() == (0.0, "") and not off.event.wait(1.0)
+
+
 def test_nothing_ends_a_disarmed_run():
     ended = Ended()
     with stop.StopRequests(round_timeout=0.2) as requests:

@@ -127,7 +127,15 @@ class RunSection:
     round_timeout: float = spec(
         0.0,
         "watchdog: seconds an outer iteration (with its evaluation and checkpoint) may take; past it every "
-        "rank closes its files and the run exits with code 1 (0: off); docs/reliability.md",
+        "rank closes its files and the run exits with code 1 (0: the automatic limit of round_timeout_factor); "
+        "docs/reliability.md",
+        low=0.0,
+    )
+    round_timeout_factor: float = spec(
+        20.0,
+        "with round_timeout = 0, the automatic watchdog: from the first completed outer iteration on, an "
+        "iteration may take this many times the longest one so far, and at least 600 s (a plugin that blocks "
+        "for ever cannot hang the job); 0: no watchdog at all",
         low=0.0,
     )
     check_consistency: int = spec(
