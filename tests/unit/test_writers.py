@@ -4,10 +4,12 @@ the run file; the status of an MLflow run that failed or was stopped; the one li
 
 import dataclasses
 import json
+import signal
 import sys
 
 import numpy as np
 import pytest
+from test_checkpoint import _cli_config, run_cli
 
 from fednest_mpi import config
 from fednest_mpi.api import MLflowWriter, SerialComm, Session, Simulation, TensorBoardWriter, read_run, simulate
@@ -159,6 +161,26 @@ def test_a_failed_and_resumed_runs_tensorboard_scalars_have_each_step_once(
     for name, tag in tags_of(Simulation(cfg, SerialComm())).items():
         written = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors(tag)]
         assert written == sorted(_finite(data[name]).items()), tag  # each step once, the resumed session's values
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_command_line_run_is_one_record_in_each_tool(tmp_path, file_store):
+    cfg = _cli_config(tmp_path)  # 10 iterations, checkpoints every 3: SIGKILL in iteration 8, resumed after 6
+    uri, tb = file_store, tmp_path / "tb"  # the fixture sets MLFLOW_ALLOW_FILE_STORE, for the commands too
+    fields = ["--set", f"run.mlflow_uri={uri}", "--set", f"run.tensorboard_dir={tb}"]
+    assert run_cli("run", cfg, "-q", *fields, env={FAULT_ENV: "0:8:kill"}).returncode == -signal.SIGKILL
+    res = run_cli("run", cfg, "-q", "--resume", *fields)
+    assert res.returncode == 0, res.stderr
+    attrs, data = read_run(tmp_path / "out.h5")
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("fednest-mpi").experiment_id])
+    assert attrs["mlflow_run_id"] == run.info.run_id and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "metrics/x_error")
+    assert [(m.step, m.value) for m in history] == list(enumerate(data["x_error"].tolist()))
+    events = PluginEventAccumulator(str(tb / "out"), size_guidance={"tensors": 0})
+    events.Reload()
+    written = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors("metrics/x_error")]
+    assert written == list(enumerate(data["x_error"].tolist()))
 
 
 @pytest.mark.parametrize("lost", ["deleted", "another store"])
