@@ -1,6 +1,8 @@
 """The TensorBoard and MLflow writers (fednest_mpi.writers): a small quadratic run written by each, read back
 with the tool's own reader (tensorboard's EventAccumulator, MLflow's client on a file: store) and compared with
-the run file; the status of an MLflow run that failed or was stopped; the one line of a missing package."""
+the run file; the status of an MLflow run that failed or was stopped; a run resumed (after a failure or a SIGKILL
+past its checkpoint, or continued when finished) as one MLflow run (its id in the run file) and one TensorBoard
+curve, each step once; a stored MLflow run it cannot reopen; the one line of a missing package."""
 
 import dataclasses
 import json
