@@ -127,20 +127,15 @@ class RunFiles(Callback):
 
         cfg = self.session.cfg
         if self.rank == 0:
-            attrs = {
-                "mpi_size": self.size,
-                "seed": cfg.seed,
-                "problem": cfg.problem.name,
-                "algorithm": cfg.algorithm.name,
-                "config_json": cfg.to_json(),
-                "numerics": json.dumps(sim.numerics),
-                PRIMARY_METRIC: sim.primary_metric,
-                METRICS: json.dumps(list(sim.problem.metric_info())),
-            }
+            attrs = self._attrs(sim, resume)
             keep = resume.output_rows if resume else None
-            self.writer = RunWriter(
-                cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create
-            )
+            try:
+                self.writer = RunWriter(
+                    cfg.run.output, attrs, sim.columns(), keep_rows=keep, extend=series_layout(sim, keep).create
+                )
+            except BaseException as exc:  # an MLflow run opened for it ends FAILED
+                Callbacks(self.session.writers).tell_error(exc)
+                raise
             self.progress = Progress(
                 cfg.algorithm.outer_iterations,
                 cfg.run.progress,
@@ -152,6 +147,29 @@ class RunFiles(Callback):
         self.fatal = failure.FatalLog(cfg.run.output, self.rank)  # a C-level abort: its stack for `recover`
         if self.size > 1:  # an exception on any rank: every rank closes its files before the abort
             self.watch = failure.Watch(cfg.run.output, self.rank, self.size, self.close, on_end=self.ended_elsewhere)
+
+    def _attrs(self, sim, resume) -> dict:
+        """Rank 0's attributes of the run file, those of the writers of :mod:`fednest_mpi.writers` included:
+        each with a ``run_file_attributes(sim, stored)`` is given the attributes of theirs that the file being
+        resumed holds (``stored``: an MLflow run's id to reopen; empty for a new run) and says what to store."""
+        from fednest_mpi.io.h5 import TRACKING_ATTRS, stored_attributes
+
+        cfg = self.session.cfg
+        attrs = {
+            "mpi_size": self.size,
+            "seed": cfg.seed,
+            "problem": cfg.problem.name,
+            "algorithm": cfg.algorithm.name,
+            "config_json": cfg.to_json(),
+            "numerics": json.dumps(sim.numerics),
+            PRIMARY_METRIC: sim.primary_metric,
+            METRICS: json.dumps(list(sim.problem.metric_info())),
+        }
+        asking = [w for w in self.session.writers if hasattr(w, "run_file_attributes")]
+        stored = stored_attributes(cfg.run.output, TRACKING_ATTRS) if resume and asking else {}
+        for writer in asking:
+            attrs.update(writer.run_file_attributes(sim, stored))
+        return attrs
 
     def on_start(self, sim, k: int) -> None:
         self.running = True

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ from fednest_mpi.callbacks import Callback
 from fednest_mpi.config import RunConfig, flatten_config
 from fednest_mpi.errors import UsageError
 from fednest_mpi.runner import TRAINING_COLUMNS
+
+logger = logging.getLogger(__name__)
 
 
 def _require(module: str, extra: str, who: str):
@@ -63,8 +66,11 @@ def _values(tags: dict[str, str], row: dict) -> dict[str, float]:
 
 class TensorBoardWriter(Callback):
     """TensorBoard event files of a run in ``log_dir`` (rank 0): each row's values as float64 scalars at step
-    k (:func:`tags_of`), the config as text (``config``) and as hparams with the problem's metrics. A resumed
-    run adds an event file and continues at step k + 1. Needs ``pip install 'fednest-mpi[tensorboard]'``."""
+    k (:func:`tags_of`), the config as text (``config``) and as hparams with the problem's metrics. A run resumed
+    after iteration k adds an event file to the same folder that purges the steps past k (``purge_step``: those a
+    stopped session logged after its checkpoint) and continues at step k + 1, so that each step is there once
+    (in TensorBoard, which honours a session's start once the folder holds an earlier one).
+    Needs ``pip install 'fednest-mpi[tensorboard]'``."""
 
     def __init__(self, log_dir: str | Path):
         self.log_dir = Path(log_dir)
@@ -76,7 +82,9 @@ class TensorBoardWriter(Callback):
         if sim.fed.rank != 0:
             return
         self.tags = tags_of(sim)
-        self.writer = self._tb.SummaryWriter(log_dir=str(self.log_dir))
+        # a session start at step k + 1 (SessionLog.START): TensorBoard drops the events of the folder's earlier
+        # sessions at steps past k (those a stopped session logged after its checkpoint); the first is no purge
+        self.writer = self._tb.SummaryWriter(log_dir=str(self.log_dir), purge_step=k + 1)
         if k == 0:  # not again when resumed (k > 0): its first session wrote them
             config = json.dumps(sim.cfg.to_dict(), indent=2)
             self.writer.add_text("config", f"```json\n{config}\n```", 0)
@@ -107,6 +115,7 @@ class TensorBoardWriter(Callback):
             self.writer = None
 
 
+RUN_ID_ATTR = "mlflow_run_id"  # the run file's attribute holding the MLflow run's id (io.h5.TRACKING_ATTRS)
 MLFLOW_BATCH = 100  # params (and metrics) per log_batch call: MLflow's limit for params is 100
 
 
@@ -115,8 +124,11 @@ class MLflowWriter(Callback):
     ``run_name`` (default: the run file's name without its suffix): the flattened config as params, each
     row's values as metrics at step k (:func:`tags_of`), the file ``artifact`` (the run file) logged at the
     end, and the status: FINISHED, KILLED (stopped by a signal, resumable) or FAILED (an exception; the
-    error as the tag ``fednest_mpi.error``). A resumed run is a new MLflow run from step k + 1 on.
-    Needs ``pip install 'fednest-mpi[mlflow]'`` (mlflow-skinny)."""
+    error as the tag ``fednest_mpi.error``). In a session, the run's id is stored in the run file (the attribute
+    ``mlflow_run_id``, :meth:`run_file_attributes`) and a resumed run reopens that MLflow run: it logs from step
+    k + 1 on, but not the steps a stopped session logged past its checkpoint again (recomputed bit for bit), so
+    that each step is there once; a stored id the store cannot reopen (another tracking URI, a deleted run) is
+    one warning and a new run, whose id is stored. Needs ``pip install 'fednest-mpi[mlflow]'`` (mlflow-skinny)."""
 
     def __init__(
         self,
@@ -136,26 +148,65 @@ class MLflowWriter(Callback):
         except errors.MlflowException as exc:
             raise UsageError(f"MLflow refuses the tracking URI {tracking_uri!r}: {exc}") from None
         self.run_id: str | None = None
+        self._errors = errors
         self.tags: dict[str, str] = {}
+        self._reopened = False
+        self._params: dict[str, str] = {}  # those of a reopened run
+        self._logged: dict[str, set[int]] = {}  # tag -> steps past the resumed iteration a reopened run holds
 
-    def on_start(self, sim, k: int) -> None:
-        if sim.fed.rank != 0:
-            return
-        cfg: RunConfig = sim.cfg
-        self.tags = tags_of(sim)
+    def run_file_attributes(self, sim, stored: dict[str, str]) -> dict[str, str]:
+        """Asked by a session on rank 0 before it writes the run file: open the MLflow run (reopen the one whose
+        id ``stored`` holds, the file's ``mlflow_run_id`` when resumed, else create one) and store its id."""
+        self.run_id = self._reopen(stored.get(RUN_ID_ATTR)) or self._create(sim.cfg)
+        return {RUN_ID_ATTR: self.run_id}
+
+    def _reopen(self, run_id: str | None) -> str | None:
+        """``run_id``, set running again; None (and one warning) when there is none or the store lacks it."""
+        if not run_id:
+            return None
+        try:
+            run = self.client.get_run(run_id)
+            why = None if run.info.lifecycle_stage == "active" else "it was deleted"
+        except self._errors.MlflowException as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if why is not None:
+            logger.warning(
+                "the MLflow run %s that the run file records cannot be reopened at %s (%s); starting a new one",
+                run_id,
+                self.client.tracking_uri,
+                why,
+            )
+            return None
+        self.client.update_run(run_id, status="RUNNING")
+        self._reopened, self._params = True, dict(run.data.params)
+        return run_id
+
+    def _create(self, cfg: RunConfig) -> str:
+        """A new MLflow run of ``cfg`` in :attr:`experiment`; its id."""
         found = self.client.get_experiment_by_name(self.experiment)
         experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
         tags = {
             "fednest_mpi.version": __version__,
             "fednest_mpi.problem": cfg.problem.name,
             "fednest_mpi.algorithm": cfg.algorithm.name,
-            "fednest_mpi.mpi_size": str(sim.fed.size),
-            "fednest_mpi.resumed_after": str(k),
         }
         name = self.run_name or Path(cfg.run.output).stem
-        self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
-        params = [self._entities.Param(key, str(value)) for key, value in flatten_config(cfg.to_dict()).items()]
-        self._log(params=params)
+        return self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+    def on_start(self, sim, k: int) -> None:
+        if sim.fed.rank != 0:
+            return
+        self.tags = tags_of(sim)
+        if self.run_id is None:  # not opened by a session (simulate, Simulation.run)
+            self.run_id = self._create(sim.cfg)
+        self.client.set_tag(self.run_id, "fednest_mpi.mpi_size", str(sim.fed.size))
+        self.client.set_tag(self.run_id, "fednest_mpi.resumed_after", str(k))
+        params = flatten_config(sim.cfg.to_dict())  # a reopened run keeps those it has (MLflow refuses changes)
+        self._log(params=[self._entities.Param(key, str(v)) for key, v in params.items() if key not in self._params])
+        self._logged = {}
+        if k > 0 and self._reopened:  # reopened: the steps a stopped session logged past its checkpoint
+            for tag in self.tags.values():
+                self._logged[tag] = {m.step for m in self.client.get_metric_history(self.run_id, tag) if m.step > k}
 
     def _log(self, metrics=(), params=()) -> None:
         for start in range(0, max(len(metrics), len(params)), MLFLOW_BATCH):
@@ -165,7 +216,8 @@ class MLflowWriter(Callback):
     def on_iteration(self, k: int, row: dict[str, float]) -> None:
         if self.run_id is not None:
             stamp, Metric = int(1000 * time.time()), self._entities.Metric
-            self._log(metrics=[Metric(tag, value, stamp, k) for tag, value in _values(self.tags, row).items()])
+            values = {tag: v for tag, v in _values(self.tags, row).items() if k not in self._logged.get(tag, ())}
+            self._log(metrics=[Metric(tag, value, stamp, k) for tag, value in values.items()])
 
     def on_end(self, result) -> None:
         if self.run_id is None:

@@ -282,9 +282,21 @@ def row_digests(columns, rows: range) -> list[int]:
     return out
 
 
+#: file attributes of the run's record in an experiment tracker (:mod:`fednest_mpi.writers`): the id of its
+#: MLflow run, which a resume reopens; the value a resume writes replaces the one the file held (a run that
+#: could not be reopened is a new one)
+TRACKING_ATTRS = frozenset({"mlflow_run_id"})
 #: file attributes that change without a checkpoint: a resume appends to ``resumes`` (and may be stopped before
-#: its first checkpoint), ``fednest-mpi recover`` adds its record
-_UNCHECKED_ATTRS = frozenset({"resumes", "recovered"})
+#: its first checkpoint), ``fednest-mpi recover`` adds its record, a resume may record another tracking run
+_UNCHECKED_ATTRS = frozenset({"resumes", "recovered"}) | TRACKING_ATTRS
+
+
+def stored_attributes(path: str | Path, names) -> dict[str, str]:
+    """The attributes ``names`` that the run file ``path`` holds (text; those it lacks left out): what a resume
+    gives the writers of :mod:`fednest_mpi.writers` (:data:`TRACKING_ATTRS`) before it rewrites the file."""
+    p = Path(path)
+    with open_run(p, unclosed="read") as f, reading(p, "run file"):
+        return {name: _text(f.attrs[name]) for name in names if name in f.attrs}
 
 
 def attr_digests(attrs) -> dict[str, int]:
@@ -415,6 +427,8 @@ def _write_attrs(f, attrs: dict, now: str, kept_attrs: dict, keep_rows: int | No
     if keep_rows is None:
         return
     resumes = json.loads(kept_attrs.pop("resumes", "[]"))
+    for name in TRACKING_ATTRS & attrs.keys():  # the resume's record in the tracker, not the file's old one
+        kept_attrs.pop(name, None)
     if recovered is None:
         resumes.append({"iteration": keep_rows - 1, "mpi_size": attrs.get("mpi_size"), "utc": now})
     f.attrs.update(kept_attrs)
