@@ -503,7 +503,7 @@ class RunLoop:
             metrics = {}
         train_due = bool(self.train_columns) and k % sim.cfg.run.train_eval_every == 0
         train, slots = training_sums(sim.problem, sim.fed, x, y) if train_due else (np.zeros(5), np.zeros((0, 2)))
-        check_due = bool(self.check_every) and k % self.check_every == 0
+        check_due = bool(self.check_every) and sim.fed.size > 1 and k % self.check_every == 0  # one rank agrees
         digest = consistency.digest(x, y) if check_due else 0
         eval_seconds = time.perf_counter() - t0
         totals, lost = self._bookkeeping(k, alg_seconds, metrics, broken, train, slots, check_due, digest)

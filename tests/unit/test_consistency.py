@@ -22,7 +22,7 @@ def test_a_negative_period_is_refused_naming_the_field():
 
 
 def test_the_check_is_off_by_default():
-    assert config.from_dict({}).run.check_consistency == 0
+    assert config.from_dict({}).run.check_consistency == 1  # on by default: every iteration
 
 
 def _summed(digests):
@@ -68,13 +68,13 @@ def test_the_line_names_every_differing_rank():
 
 def test_a_checked_run_on_one_rank_is_the_unchecked_run(small_config):
     checked = simulate(small_config(run={"check_consistency": 1}), SerialComm())
-    plain = simulate(small_config(), SerialComm())
+    plain = simulate(small_config(run={"check_consistency": 0}), SerialComm())
     assert_histories_match(checked.history, plain.history)
 
 
 def test_a_resumed_run_may_turn_the_check_on(tmp_path, capsys):
     cfg = _cli_config(tmp_path, iterations=4)
-    assert main(["run", str(cfg), "-q"]) == 0
+    assert main(["run", str(cfg), "-q", "--set", "run.check_consistency=0"]) == 0
     more = ["--set", "algorithm.outer_iterations=6", "--set", "run.check_consistency=1"]
     assert main(["run", str(cfg), "-q", "--resume", *more]) == 0, capsys.readouterr().err
     assert read_run(tmp_path / "out.h5")[1]["iteration"].tolist() == list(range(7))

@@ -139,11 +139,11 @@ class RunSection:
         low=0.0,
     )
     check_consistency: int = spec(
-        0,
+        1,
         "every k outer iterations check that all ranks hold the same x and y (a 64-bit digest of their bytes, "
-        "carried by the per-iteration bookkeeping reduction: no extra collective, no counted round); where they "
-        "differ (a plugin computed something rank-dependent) the run stops on every rank with one line naming "
-        "the iteration and the ranks, exit 1 (0: off); docs/reliability.md",
+        "carried by the per-iteration bookkeeping reduction: no extra collective, no counted round, not on one "
+        "rank); where they differ (a plugin computed something rank-dependent) the run stops on every rank with "
+        "one line naming the iteration and the ranks, exit 1 (0: off); docs/reliability.md",
         low=0,
     )
     client_series: bool = spec(
