@@ -179,21 +179,45 @@ def check_oracle_output(problem, hook: str, value, rows: int, like: torch.Tensor
     check_tensor(plugin_of(problem), hook, value, (rows, width), like)
 
 
-def check_finite_output(problem, hook: str, value: torch.Tensor, clients, inputs) -> None:
-    """A counted oracle's output is finite where its ``inputs`` (x, y and v) are: a NaN or Inf from finite
-    arguments is the oracle's, not a divergence of the iterates (one ``isfinite`` of the output; the
-    inputs are looked at only when it fails)."""
+def _nonfinite_rows(value: torch.Tensor, clients, inputs) -> tuple[str, str] | None:
+    """(count, clients) of ``value``'s NaN/Inf when its ``inputs`` (x, y and v) are finite, else None (one
+    ``isfinite`` of the output; the inputs are looked at only when it fails)."""
     if bool(torch.isfinite(value).all()):
-        return
+        return None
     if not all(bool(torch.isfinite(t).all()) for t in inputs if isinstance(t, torch.Tensor)):
-        return  # the iterates diverged: the runner's health check names the iteration
+        return None  # the iterates diverged: the runner's health check names the iteration
     bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(1).cpu().numpy()
     ids = np.asarray(clients)[bad[: len(clients)]]
-    raise PluginError(
-        f"{plugin_of(problem)} hook {hook}: expected finite values at finite x and y, got "
-        f"{int((~torch.isfinite(value)).sum())} NaN/Inf of {value.numel()} in the rows of client"
-        f"{'s' if ids.size > 1 else ''} {', '.join(map(str, ids[:5].tolist()))}{', ...' if ids.size > 5 else ''}"
-    )
+    listed = ", ".join(map(str, ids[:5].tolist())) + (", ..." if ids.size > 5 else "")
+    who = f"client{'s' if ids.size > 1 else ''} {listed}"
+    return f"{int((~torch.isfinite(value)).sum())} NaN/Inf of {value.numel()}", who
+
+
+def check_finite_output(problem, hook: str, value: torch.Tensor, clients, inputs) -> None:
+    """At the initial point (:func:`probe_problem`) an oracle's output is finite where its ``inputs`` are: a NaN
+    or Inf there is the oracle's (it cannot be a divergence of the iterates)."""
+    bad = _nonfinite_rows(value, clients, inputs)
+    if bad is not None:
+        raise PluginError(
+            f"{plugin_of(problem)} hook {hook}: expected finite values at finite x and y, got {bad[0]} in the rows "
+            f"of {bad[1]}"
+        )
+
+
+def note_nonfinite_output(problem, hook: str, value: torch.Tensor, clients, inputs) -> None:
+    """During the run, the first oracle output with NaN/Inf at finite arguments is noted on ``problem``
+    (``nonfinite_note``), not raised: it is the oracle's, or an overflow of iterates that grew (an ``exp`` of a
+    diverging x); the runner's NaN/Inf line then names it (:meth:`fednest_mpi.runner` health check)."""
+    if getattr(problem, "nonfinite_note", None) is not None:
+        return
+    bad = _nonfinite_rows(value, clients, inputs)
+    if bad is not None:
+        largest = max(float(t.abs().max()) for t in inputs if isinstance(t, torch.Tensor) and t.numel())
+        problem.nonfinite_note = (
+            f"the first NaN/Inf came from {plugin_of(problem)} hook {hook} at finite arguments (largest |entry| "
+            f"{largest:.3g}) in the rows of {bad[1]}: that oracle returns NaN/Inf there, or the iterates grew until "
+            "it overflows"
+        )
 
 
 def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
@@ -240,7 +264,8 @@ def _probe_oracles(problem, plugin: str, ids: np.ndarray, X, Y, V, sample) -> No
     try:
         for hook in ORACLES:
             args = (ids, X, Y, V, sample) if hook in ("hvp_yy_inner", "jvp_xy_inner") else (ids, X, Y, sample)
-            first = getattr(problem, hook)(*args)  # shape, dtype, device, finite: BilevelProblem._oracle
+            first = getattr(problem, hook)(*args)  # shape, dtype, device: BilevelProblem._oracle
+            check_finite_output(problem, hook, first, ids, args[1:-1])
             _probe_arguments_kept(problem, plugin, hook, args)
             again = getattr(problem, hook)(*args)
             if not torch.equal(first, again):

@@ -569,8 +569,10 @@ class RunLoop:
                     f"|entry| {largest:.3g}) on {where}: evaluate returns NaN/Inf there, or the iterates diverged "
                     "until it overflows (then lower the step sizes)"
                 )
+            note = getattr(self.sim.problem, "nonfinite_note", None)  # this rank's first oracle NaN/Inf, if any
             raise FloatingPointError(
                 f"iteration {k}: the iterates or metrics became NaN/Inf on {where} (diverged); lower the step sizes"
+                + (f"; {note}" if note else "")
             )
         if check_due:  # before the row is recorded: the output keeps the iterations before
             if not consistency.agree(totals["consistency"], fed.size):

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fednest_mpi.contract import check_finite_output, check_oracle_output
+from fednest_mpi.contract import check_oracle_output, note_nonfinite_output
 
 
 def shared_rows(vector: torch.Tensor, n: int) -> torch.Tensor:
@@ -100,6 +100,8 @@ class BilevelProblem(ABC):
         self.oracle_counts: Counter = Counter()
         #: calls of each oracle still to check at the boundary (the first CHECKED_CALLS on this rank)
         self.unchecked_calls = dict.fromkeys(ORACLES, CHECKED_CALLS)
+        #: the first oracle output with NaN/Inf at finite arguments in those calls (contract.note_nonfinite_output)
+        self.nonfinite_note: str | None = None
         #: hook -> the class whose implementation of it runs now (:meth:`_run_implementation`)
         self.running_implementations: dict[str, type] = {}
 
@@ -183,8 +185,8 @@ class BilevelProblem(ABC):
     def _oracle(self, hook: str, clients, x, *args) -> torch.Tensor:
         """Count ``hook`` for the B ``clients``, call its implementation (one client as two) and, in its first
         :data:`CHECKED_CALLS` calls, check the output: (B, d) rows of x's dtype on x's device, finite where the
-        arguments are (:func:`fednest_mpi.contract.check_oracle_output`, ``check_finite_output``; later calls cost
-        nothing more)."""
+        arguments are (:func:`fednest_mpi.contract.check_oracle_output`; a NaN/Inf at finite arguments is noted,
+        ``note_nonfinite_output``, and named by the runner's NaN/Inf line; later calls cost nothing more)."""
         if hook in self.running_implementations:  # super().hook(...) in an implementation: not another call
             return self._run_implementation(hook, clients, x, *args)
         self.oracle_counts[hook] += len(clients)
@@ -192,7 +194,7 @@ class BilevelProblem(ABC):
         if self.unchecked_calls[hook]:
             self.unchecked_calls[hook] -= 1
             check_oracle_output(self, hook, out, len(clients), x)
-            check_finite_output(self, hook, out, clients, (x, *args))
+            note_nonfinite_output(self, hook, out, clients, (x, *args))
         return out
 
     @_boundary
