@@ -154,6 +154,17 @@ class Watch:
         self._close_files()
         self._wait_closed(END_ACK_SECONDS)
 
+    def printed(self) -> None:
+        """The rank that prints the job's line of a run ended at once has printed it (:meth:`wait_printed`)."""
+        _write(self.folder / "printed", "")
+
+    def wait_printed(self, seconds: float) -> None:
+        """Wait (at most ``seconds``) until the job's line is printed: a rank that exits before it would end the
+        job (the launcher stops every rank when one exits with an error) before the line is out."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (self.folder / "printed").exists():
+            time.sleep(0.05)
+
     def closed(self, rank: int) -> bool:
         """Whether ``rank`` has closed its files after a failure or an end."""
         return (self.folder / f"closed-rank{rank:05d}").exists()

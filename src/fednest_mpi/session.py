@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import traceback as _traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -202,11 +203,22 @@ class RunFiles(Callback):
             self.watch.end(code, message + folder_note)
         elif failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
             self.close()
-        self.session._exit_now(code, message + folder_note, self.printer())
+        self._exit(code, message + folder_note)
 
     def ended_elsewhere(self, code: int, message: str) -> None:
         """failure.Watch: another rank ended the run at once; this rank's files are closed."""
-        self.session._exit_now(code, message, self.printer())
+        self._exit(code, message)
+
+    def _exit(self, code: int, message: str) -> None:
+        """Exit with the job's line printed once: the printer prints and says so; the others wait for that (at
+        most failure.END_ACK_SECONDS) before they exit, since the launcher ends the job when one rank exits."""
+        from fednest_mpi import failure
+
+        printer = self.printer()
+        if not printer and self.watch is not None:
+            self.watch.wait_printed(failure.END_ACK_SECONDS)
+        done = self.watch.printed if printer and self.watch is not None else None
+        self.session._exit_now(code, message, printer, done)
 
     def printer(self) -> bool:
         """Who prints the line of a run ended at once: rank 0, or rank 1 when rank 0 could not close (stopped)."""
@@ -319,8 +331,9 @@ class Session:
         self._locks: list = []
         self._ending = threading.Lock()
 
-    def _exit_now(self, code: int, message: str, printer: bool) -> None:
-        """End this process at once (the files are closed): release the locks, print the line, exit."""
+    def _exit_now(self, code: int, message: str, printer: bool, printed: Callable[[], None] | None = None) -> None:
+        """End this process at once (the files are closed): release the locks, print the line (then tell the
+        other ranks, ``printed``), exit."""
         with self._ending:  # the stop watch and the failure watcher may both get here
             for held in reversed(self._locks):
                 held.release()
@@ -328,6 +341,8 @@ class Session:
                 print(f"fednest-mpi: {message}", file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
+            if printed is not None:
+                printed()
             os._exit(code)
 
     def _abort(self, code: int, message: str, watch, close_files, exc: BaseException | None) -> None:
