@@ -206,29 +206,30 @@ def stored_digests(first_client: int, group, columns: int) -> np.ndarray:
     return out
 
 
-def main_digests(f: h5py.File, columns: int) -> np.ndarray:
-    """A 64-bit digest of each of the first ``columns`` iterations of the 2-D parts of the run file ``f`` that rank
-    0 writes: every rank's phase times (/ranks) and the snapshot of x and y taken at that iteration (/snapshots),
-    as :func:`column_digests` hashes the client series. What a checkpoint records of them, so that a value changed
-    since is found at ``--resume``."""
-    out = np.zeros(columns, dtype=np.uint64)
+def main_digests(f: h5py.File, columns: int, start: int = 0) -> np.ndarray:
+    """A 64-bit digest of each iteration ``start``, ..., ``columns`` - 1 of the 2-D parts of the run file ``f`` that
+    rank 0 writes: every rank's phase times (/ranks) and the snapshot of x and y taken at that iteration
+    (/snapshots), as :func:`column_digests` hashes the client series. What a checkpoint records of them, so that a
+    value changed since is found at ``--resume``. An iteration's digest reads that iteration alone, so a writer
+    digests each iteration once (``start``: the first not digested yet)."""
+    out = np.zeros(max(0, columns - start), dtype=np.uint64)
     golden = np.uint64(0x9E3779B97F4A7C15)
     with np.errstate(over="ignore"):
         names = sorted(name for name in S.RANK_SERIES if S.RANKS in f and name in f[S.RANKS])
         for index, name in enumerate(names, 1):
-            values = f[S.RANKS][name][:, :columns]
+            values = f[S.RANKS][name][:, start:columns]
             ranks = np.arange(values.shape[0], dtype=np.uint64)[:, None] + np.uint64(1 << 40)
-            its = np.arange(values.shape[1], dtype=np.uint64)[None, :]
+            its = np.arange(start, start + values.shape[1], dtype=np.uint64)[None, :]
             key = _mix(_mix(ranks) + np.uint64(index) * golden + its)
             out[: values.shape[1]] += _mix(key ^ _bits(values)).sum(axis=0, dtype=np.uint64)
         taken = f[S.SNAPSHOTS][S.SNAPSHOT_SCALE][()] if S.SNAPSHOTS in f else np.zeros(0, dtype=np.int64)
-        for row in np.flatnonzero((taken >= 0) & (taken < columns)):
+        for row in np.flatnonzero((taken >= start) & (taken < columns)):
             k = int(taken[row])
             for index, name in enumerate(("x", "y"), len(names) + 1):
                 values = f[S.SNAPSHOTS][name][row]
                 coords = np.arange(values.size, dtype=np.uint64) + np.uint64(1 << 41)
                 key = _mix(_mix(coords) + np.uint64(index) * golden + np.uint64(k))
-                out[k] += _mix(key ^ _bits(values)).sum(dtype=np.uint64)
+                out[k - start] += _mix(key ^ _bits(values)).sum(dtype=np.uint64)
     return out
 
 

@@ -515,6 +515,7 @@ class RunWriter:
         self.columns = list(columns)
         _create_columns(group, columns, kept, keep_rows)
         self._digests = row_digests({name: group[name][:] for name in self.columns}, range(keep_rows or 0))
+        self._main_digests: list[int] = []  # main_digests of iterations 0, 1, ... already read back
         group[SCALE].make_scale(SCALE)
         for name in self.columns:
             if name != SCALE:
@@ -540,10 +541,14 @@ class RunWriter:
 
     def main_digests(self, rows: int):
         """:func:`fednest_mpi.io.clients.main_digests` of the first ``rows`` iterations of this file's /ranks and
-        /snapshots, read back (what a checkpoint records of them)."""
+        /snapshots (what a checkpoint records of them): the iterations not digested at an earlier checkpoint are
+        read back, each once (they are written once)."""
         from fednest_mpi.io.clients import main_digests  # clients imports this module
 
-        return main_digests(self.file, rows)
+        done = len(self._main_digests)
+        if rows > done:
+            self._main_digests += main_digests(self.file, rows, done).tolist()
+        return np.asarray(self._main_digests[:rows], dtype=np.uint64)
 
     def _append(self, row: dict[str, float]) -> None:
         group = self.file[GROUP]
