@@ -27,14 +27,19 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BIN_BITS 32
 #define TOP_MIN (-30)
 #define TOP_MAX 31
 #define MAX_BINS 3
-#define TILE 512
-#define ROW_BLOCK 32
+#ifndef TILE
+#define TILE 4096
+#endif
+#ifndef ROW_BLOCK
+#define ROW_BLOCK 64
+#endif
 #define EXP_MASK UINT64_C(0x7ff0000000000000)
 
 static inline uint64_t bits_of(double x) {
@@ -171,14 +176,25 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
         }                                                                                                       \
     } while (0)
 
+/* The per-call working set of a tile (block sums, sigmas, largest magnitudes, limits, moved columns) and a row
+ * block's weights: about 260 kB with the defaults, so it lives on the heap, not on a (possibly small) thread stack. */
+struct scratch {
+    double blk[MAX_BINS][TILE], sigma[MAX_BINS][TILE], w[ROW_BLOCK];
+    uint64_t mx[TILE], limit[TILE];
+    char moved[TILE];
+};
+
 /* BinnedSum.add of rows x cols values (row stride ld), each row times weights[b] (NULL: 1, exact), into n_bins
- * (2 or 3) bins per column (row stride ld_bins) under the columns' tops. */
+ * (2 or 3) bins per column (row stride ld_bins) under the columns' tops. 0, or -1 (nothing done) when its working
+ * set cannot be allocated. */
 #define DEFINE_ADD(NAME, T)                                                                                     \
-    void NAME(const T *values, int64_t ld, const double *weights, int64_t rows, int64_t cols, int n_bins,     \
+    int NAME(const T *values, int64_t ld, const double *weights, int64_t rows, int64_t cols, int n_bins,      \
               int64_t *top, double *bins, int64_t ld_bins) {                                                   \
-        double blk[MAX_BINS][TILE], sigma[MAX_BINS][TILE], w[ROW_BLOCK];                                      \
-        uint64_t mx[TILE], limit[TILE];                                                                       \
-        char moved[TILE];                                                                                     \
+        struct scratch *sc = malloc(sizeof *sc); /* ~260 kB: not on a thread's stack */                       \
+        if (sc == NULL) return -1;                                                                            \
+        double(*restrict blk)[TILE] = sc->blk, (*restrict sigma)[TILE] = sc->sigma, *restrict w = sc->w;      \
+        uint64_t *restrict mx = sc->mx, *restrict limit = sc->limit;                                          \
+        char *restrict moved = sc->moved;                                                                     \
         for (int64_t lo = 0; lo < cols; lo += TILE) {                                                          \
             const int64_t n = cols - lo < TILE ? cols - lo : TILE;                                             \
             for (int64_t j = 0; j < n; j++) {                                                                  \
@@ -194,6 +210,8 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
                     BLOCK(T, 3);                                                                               \
             }                                                                                                  \
         }                                                                                                      \
+        free(sc);                                                                                              \
+        return 0;                                                                                              \
     }
 
 DEFINE_ADD(binned_add_f32, float)
