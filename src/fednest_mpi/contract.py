@@ -179,12 +179,22 @@ def check_oracle_output(problem, hook: str, value, rows: int, like: torch.Tensor
     check_tensor(plugin_of(problem), hook, value, (rows, width), like)
 
 
+def all_finite(value: torch.Tensor) -> bool:
+    """Whether every entry of ``value`` is finite, by one sum: a NaN or an Inf anywhere makes the sum NaN or Inf
+    (IEEE), so a finite sum proves it; only a sum that is not finite (a NaN/Inf, or finite entries whose sum
+    overflows) is looked at entry by entry. ``torch.isfinite(value).all()`` costs 10-20 times the sum (temporary
+    boolean tensors; 1.8 s against 0.12 s for 1,000 x 178,110 float64 on one Xeon core)."""
+    if not value.is_floating_point() or value.numel() == 0:
+        return True
+    return bool(torch.isfinite(value.sum())) or bool(torch.isfinite(value).all())
+
+
 def _nonfinite_rows(value: torch.Tensor, clients, inputs) -> tuple[str, str] | None:
     """(count, clients) of ``value``'s NaN/Inf when its ``inputs`` (x, y and v) are finite, else None (one
-    ``isfinite`` of the output; the inputs are looked at only when it fails)."""
-    if bool(torch.isfinite(value).all()):
+    :func:`all_finite` of the output; the inputs are looked at only when it fails)."""
+    if all_finite(value):
         return None
-    if not all(bool(torch.isfinite(t).all()) for t in inputs if isinstance(t, torch.Tensor)):
+    if not all(all_finite(t) for t in inputs if isinstance(t, torch.Tensor)):
         return None  # the iterates diverged: the runner's health check names the iteration
     bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(1).cpu().numpy()
     ids = np.asarray(clients)[bad[: len(clients)]]

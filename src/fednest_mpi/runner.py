@@ -523,7 +523,7 @@ class RunLoop:
         ranks, sum of their ranks), stop requests and the training-set sums (or their client slots); the totals
         and this rank's lost file (or None)."""
         fed, series, stop = self.sim.fed, self.series, self.stop
-        iterates = bool(torch.isfinite(self.x).all() and torch.isfinite(self.y).all())
+        iterates = contract.all_finite(self.x) and contract.all_finite(self.y)
         finite = iterates and all(math.isfinite(v) for v in metrics.values())
         health = [0.0, 0.0, 0.0] if finite else [1.0, float(fed.rank), float(iterates)]
         phases = series.before_bookkeeping(k, alg_seconds) if series is not None else []

@@ -86,3 +86,23 @@ def test_every_oracle_row_is_the_same_bits_in_every_block(name, dtype):
                 for lo in range(0, n - size + 1, size):
                     block = np.arange(lo, lo + size)
                     assert torch.equal(call(block), whole[lo : lo + size]), (oracle, sample, size, lo)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_finite_is_isfinite_all_including_overflowing_sums(dtype):
+    from fednest_mpi.contract import all_finite
+
+    big = torch.finfo(dtype).max
+    cases = {
+        "finite": torch.tensor([[1.0, -2.0], [3.0, 4.0]], dtype=dtype),
+        "nan": torch.tensor([[1.0, float("nan")]], dtype=dtype),
+        "inf": torch.tensor([[float("inf"), 1.0]], dtype=dtype),
+        "minus inf": torch.tensor([[-float("inf"), 1.0]], dtype=dtype),
+        "both infinities": torch.tensor([[float("inf"), -float("inf")]], dtype=dtype),
+        "finite, the sum overflows": torch.tensor([[big, big, big]], dtype=dtype),
+        "finite, the sum overflows, one nan": torch.tensor([[big, big, float("nan")]], dtype=dtype),
+        "empty": torch.zeros((0, 3), dtype=dtype),
+    }
+    for name, value in cases.items():
+        assert all_finite(value) == bool(torch.isfinite(value).all()), name
+    assert all_finite(torch.tensor([1, 2, 3]))  # integers are finite
