@@ -220,10 +220,12 @@ def test_every_shipped_sweep_gives_its_algorithm_the_task_budget(task):
 # ---- the tuning protocol (docs/benchmarks.md): the selection rule, its ties, the seed split, grid edges, follow-ups
 
 
-def _curve_runs(folder: Path, curves: dict, algorithm: str = "fedmsa", key: str = "outer_lr") -> Path:
+def _curve_runs(
+    folder: Path, curves: dict, algorithm: str = "fedmsa", key: str = "outer_lr", run: dict | None = None
+) -> Path:
     """Run files of x_error curves, curves[value][seed] = [...] (one value every 10 rounds, 80 bytes apart;
-    with a tuple ``key``, each value a tuple of its fields' values). A task file over them (target 1e-4,
-    budget 40 rounds, tuned on seeds 100, 101, reported on 0, 1)."""
+    with a tuple ``key``, each value a tuple of its fields' values; ``run``: {value: its config's run section}).
+    A task file over them (target 1e-4, budget 40 rounds, tuned on seeds 100, 101, reported on 0, 1)."""
     from fednest_mpi.io.h5 import RunWriter
 
     folder.mkdir()
@@ -236,7 +238,7 @@ def _curve_runs(folder: Path, curves: dict, algorithm: str = "fedmsa", key: str 
     for value, by_seed in curves.items():
         for seed, curve in by_seed.items():
             fields = dict(zip(key, value)) if isinstance(key, tuple) else {key: value}
-            cfg = {"seed": seed, "algorithm": {"name": algorithm, **fields}}
+            cfg = {"seed": seed, "algorithm": {"name": algorithm, **fields}, **({"run": run[value]} if run else {})}
             w = RunWriter(folder / f"{value}_{seed}.h5", {"config_json": json.dumps(cfg)}, columns)
             for k, err in enumerate(curve):
                 w.append({"iteration": k, "comm_rounds": 10 * k, "comm_bytes": 80 * k, "x_error": err})
@@ -411,6 +413,26 @@ def test_follow_up_sweeps_extend_an_edge_then_report_the_choice(tmp_path):
     tasks = jobs.expand(jobs.load_sweep(report))
     assert sorted((t.values["algorithm.outer_lr"], t.values["seed"]) for t in tasks) == [(0.4, 0), (0.4, 1)]
     assert tasks[0].name == "fedmsa_outer_lr0.4_seed0"
+
+
+def test_fields_that_change_no_number_are_not_settings_of_the_follow_up(tmp_path):
+    """Runs of an older version lack run fields added since (the watchdog's run.round_timeout_factor: None there);
+    such fields change no number, so they neither split the rows nor enter the follow-up sweep (was a zip list
+    with null: not TOML)."""
+    from fednest_mpi import jobs
+
+    curves = {0.1: _both([1.0, 1e-2, 1e-3, 1e-5, 1e-7]), 0.2: _both([1.0, 1e-3, 1e-5, 1e-6, 1e-8])}
+    run = {0.1: {}, 0.2: {"round_timeout_factor": 20.0, "check_consistency": 1}}
+    path = _curve_runs(tmp_path / "r", curves, run=run)
+    (task,) = post.read_benchmark_file(path)
+    assert [row.setting for row in post.benchmark.task_rows(task)] == [
+        {"algorithm.outer_lr": 0.1},
+        {"algorithm.outer_lr": 0.2},
+    ]
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f1")
+    assert "null" not in sweep.read_text() and "round_timeout" not in sweep.read_text()
+    tasks = jobs.expand(jobs.load_sweep(sweep))
+    assert sorted((t.values["algorithm.outer_lr"], t.values["seed"]) for t in tasks) == [(0.4, 100), (0.4, 101)]
 
 
 def test_a_choice_at_two_edges_extends_both_fields_in_one_pass(tmp_path):

@@ -51,7 +51,7 @@ import numpy as np
 
 from fednest_mpi.errors import UsageError
 from fednest_mpi.post import records as records_io
-from fednest_mpi.post.load import Run, check_columns, read_runs
+from fednest_mpi.post.load import IGNORED_FIELDS, Run, check_columns, read_runs
 from fednest_mpi.post.stats import higher_is_better
 from fednest_mpi.post.tables import format_mean_sd, format_number
 from fednest_mpi.text import format_bytes
@@ -284,6 +284,7 @@ def task_rows(task: BenchmarkTask) -> list[TaskRow]:
             key
             for key in set().union(*(r.config for r in members))
             if key not in SEED_FIELDS
+            and key not in IGNORED_FIELDS  # run files of other versions may differ there: not a setting
             and len({json.dumps(r.config.get(key), sort_keys=True, default=str) for r in members}) > 1
         )
         settings: dict[str, list[Run]] = {}

@@ -59,6 +59,11 @@ IGNORED_FIELDS = frozenset(
         "run.tensorboard_dir",
         "run.mlflow_uri",
         "run.mlflow_experiment",
+        "run.checkpoint_every",
+        "run.stop_timeout",
+        "run.round_timeout",
+        "run.round_timeout_factor",
+        "run.check_consistency",
     }
 )
 
