@@ -345,6 +345,14 @@ class Session:
                 printed()
             os._exit(code)
 
+    def _end_start_up(self, code: int, message: str) -> None:
+        """Before the files exist: a signal ends this process (rank 0 prints the line); the start-up watchdog
+        (code 1) ends the job from the rank stuck in a plugin hook, which prints its line (the others wait for it
+        in a collective: the job is aborted; on one rank the process exits)."""
+        if code == 1 and self.comm.Get_size() > 1:
+            self._abort(code, message, None, lambda: None, None)
+        self._exit_now(code, message, code == 1 or self.comm.Get_rank() == 0)
+
     def _abort(self, code: int, message: str, watch, close_files, exc: BaseException | None) -> None:
         """This rank failed alone: print its one line (with an exception, its traceback goes to a per-rank log
         file the line names: :func:`fednest_mpi.logs.log_failure`), tell the other ranks (every rank closes its
@@ -381,7 +389,7 @@ class Session:
         # from the start: checks may block too
         with StopRequests(run.stop_timeout, run.round_timeout, run.round_timeout_factor) as stop:
             # until the files exist, ending at once is exiting (the locks released)
-            stop.arm(lambda code, message: self._exit_now(code, message, self.comm.Get_rank() == 0))
+            stop.arm(self._end_start_up, locate=self._stuck_in)
             return self._checked_run(stop)
 
     def _checked_run(self, stop) -> int:

@@ -14,7 +14,9 @@
   with exit code 1. The limit is ``run.round_timeout`` seconds when set; else (0, the default) it is
   automatic from the first completed iteration on: ``run.round_timeout_factor`` times the longest iteration so
   far, and at least :data:`AUTO_MIN_SECONDS`, so that a plugin that blocks for ever on one rank cannot hang a
-  job (a factor of 0 turns it off).
+  job (a factor of 0 turns it off). During the start-up the same limit (:data:`AUTO_MIN_SECONDS` when automatic)
+  ends a rank that is inside a plugin hook (its constructor, the probe's oracle calls) after that long; the
+  project's own start-up (data, collectives) is not limited.
 
 The handlers are installed by the command line before it imports anything heavy or starts MPI
 (:func:`install`), and a signal that arrived before the run looked is remembered. Python runs a
@@ -178,9 +180,11 @@ class StopRequests:
             _uninstall()
 
     def arm(self, end_now: EndNow, rounds: bool = False, locate: Callable[[], str | None] | None = None) -> None:
-        """From now on a second signal, the stop timeout or (``rounds``: the iterations start now) the
-        watchdog calls ``end_now(code, message)``. ``locate()``: where this rank is stuck (the plugin hook it
-        runs, e.g. ``rank 1/2 is in problem 'p' hook grad_x_outer``), or None when it waits for the others."""
+        """From now on a second signal, the stop timeout or the watchdog calls ``end_now(code, message)``: with
+        ``rounds`` (the iterations start now) on an iteration over its limit, else (the start-up) on a start-up
+        over the limit while ``locate()`` names a plugin hook (a constructor or the probe's oracle calls that
+        block). ``locate()``: where this rank is stuck (the plugin hook it runs, e.g. ``rank 1/2 is in problem 'p'
+        hook grad_x_outer``), or None when it waits for the others (or runs the project's own code)."""
         self._last_beat = time.monotonic()
         self._rounds = rounds
         self._end_now = end_now
@@ -211,6 +215,10 @@ class StopRequests:
                 f"the automatic watchdog's {seconds:.0f} s (run.round_timeout_factor = {self.round_factor:g} times "
                 f"the longest iteration so far, at least {AUTO_MIN_SECONDS:g} s; set run.round_timeout to choose)"
             )
+        if self.round_factor > 0 and not self._rounds:
+            return AUTO_MIN_SECONDS, (
+                f"the automatic watchdog's {AUTO_MIN_SECONDS:.0f} s (no iteration yet; set run.round_timeout to choose)"
+            )
         return 0.0, ""
 
     def _watch(self) -> None:
@@ -239,6 +247,13 @@ class StopRequests:
                     f"longer than that) {after}"
                 )
         seconds, limit = self.limit()
+        if not self._rounds and seconds > 0 and self._locate is not None and now - self._last_beat > seconds:
+            stuck = self._locate()  # start-up: only a rank inside a plugin hook (constructor, probe) is ended
+            if stuck is not None:
+                return 1, (
+                    f"run failed: the start-up did not finish within {limit}: {stuck} (a plugin that blocks, or "
+                    "raise run.round_timeout)"
+                )
         if self._rounds and seconds > 0 and now - self._last_beat > seconds:
             stuck = self._locate() if self._locate is not None else None
             if stuck is not None:

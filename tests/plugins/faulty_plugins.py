@@ -34,6 +34,8 @@ class FaultyQuadratic(QuadraticProblem):
         self.calls = 0
         if cfg.fault == "no_super_init":  # as if BilevelProblem.__init__ had not been called
             del self.oracle_counts, self.unchecked_calls
+        if self._faulty() == "sleep_in_init":  # a constructor that blocks for ever (e.g. on a lock or a file)
+            threading.Event().wait()
 
     def _faulty(self) -> str:
         from fednest_mpi.comm import world

@@ -342,6 +342,20 @@ def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path):
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+def test_the_watchdog_names_the_rank_and_the_constructor_that_blocks_the_start_up(tmp_path):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    sets = ("--set", "problem.fault=sleep_in_init", "--set", "run.round_timeout=3", "-q")
+    done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", *sets)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        "fednest-mpi: run failed: the start-up did not finish within run.round_timeout = 3 s: rank 1/2 is in "
+        f"{PROBLEM} hook __init__ (a plugin that blocks, or raise run.round_timeout)"
+    ), done.stderr
+    assert seconds < 60, seconds
+
+
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_recover_names_the_hook_of_a_c_level_abort_on_one_rank(tmp_path):
     cfg = tmp_path / "f.toml"
     cfg.write_text(CONFIG)
