@@ -179,6 +179,20 @@ def test_a_nan_of_one_client_after_the_probe_names_the_oracle_and_the_client():
     ), str(caught.value)
 
 
+def test_past_its_budget_of_values_an_oracle_is_not_looked_at_for_nan_any_more(monkeypatch):
+    """The NaN/Inf look is a pass over the output: each oracle's first CHECKED_VALUES values (here none after the
+    probe's, which are looked at by the probe itself), so at 1,000 clients it costs a call or two, not every call
+    of the first iterations; the run still stops at the NaN/Inf, without naming the oracle."""
+    from fednest_mpi.problems import base
+
+    monkeypatch.setattr(base, "CHECKED_VALUES", 0)
+    with pytest.raises(FloatingPointError) as caught:
+        simulate(faulty("nan_last_client"), SerialComm())
+    assert str(caught.value) == (
+        "iteration 1: the iterates or metrics became NaN/Inf on rank 0 (diverged); lower the step sizes"
+    ), str(caught.value)
+
+
 def test_a_nan_metric_at_finite_iterates_names_evaluate(tmp_path):
     cfg = faulty("nan_metric", output=str(tmp_path / "o.h5"), checkpoint_dir=str(tmp_path / "ckpt"))
     with pytest.raises(RunFailed) as caught:
