@@ -263,7 +263,7 @@ class BinnedSum:
     def value(self) -> torch.Tensor:
         """The sum, float64 (d,): the bins added from the top down, one rounding per addition, the same order
         on every rank."""
-        out = self.bins[0].clone()
-        for k in range(1, self.n_bins):
+        out = self.bins[0] + self.bins[1] if self.n_bins > 1 else self.bins[0].clone()
+        for k in range(2, self.n_bins):
             out += self.bins[k]
         return out
