@@ -159,6 +159,7 @@ class BinnedSum:
     def __init__(self, d: int, n_bins: int, device: torch.device | str = "cpu"):
         self.top = torch.full((d,), TOP_MIN, dtype=torch.int64, device=device)
         self.bins = torch.zeros((n_bins, d), dtype=torch.float64, device=device)
+        self.empty = True  # nothing added or aligned yet: every top TOP_MIN, every bin 0
 
     @property
     def n_bins(self) -> int:
@@ -170,6 +171,7 @@ class BinnedSum:
         shift = top - self.top
         if bool((shift == 0).all()):
             return
+        self.empty = False
         k = torch.arange(self.n_bins, device=top.device)[:, None] - shift[None, :]
         moved = self.bins.gather(0, k.clamp(min=0))
         self.bins = torch.where(k >= 0, moved, torch.zeros((), dtype=torch.float64, device=top.device))
@@ -183,6 +185,7 @@ class BinnedSum:
         if values.shape[0] > 1 and values.stride(0) == 0 and (weights is None or bool((weights == weights[0]).all())):
             self._add_copies(values[:1], None if weights is None else weights[:1], int(values.shape[0]))
             return
+        self.empty = False
         if self._add_compiled(values, weights):
             return
         d = values.shape[1]
@@ -202,7 +205,12 @@ class BinnedSum:
         are cut once, in the window the copies would have moved to, and added times ``n``. The same bits as ``n``
         deposits: a slice is an integer of at most ``BIN_BITS - 1`` bits on its bin's grid, so ``n`` times it and
         the bin's total stay exact while the bin receives at most :data:`MAX_SUMMANDS` summands (the limit of
-        every sum here, checked by the config). A non-finite slice stays what ``n`` additions make of it."""
+        every sum here, checked by the config). A non-finite slice stays what ``n`` additions make of it. Into an
+        empty sum (FedOut's aggregation at tau = 1) the row is deposited in place and the bins multiplied."""
+        if self.empty:
+            self.add(row, weight)
+            self.bins *= n
+            return
         once = BinnedSum(int(row.shape[1]), self.n_bins, device=self.bins.device)
         once.top = self.top.clone()
         once.add(row, weight)

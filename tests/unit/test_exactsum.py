@@ -1,6 +1,7 @@
 """The exact reduction (fednest_mpi.exactsum, federation.reduction = "exact"): the same bits for every grouping
 of the summands, accurate against the exact rational sum, O(d) words whatever the number of summands."""
 
+import itertools
 from fractions import Fraction
 
 import numpy as np
@@ -182,13 +183,15 @@ def test_a_shared_row_is_deposited_once_with_the_bits_of_its_copies(monkeypatch,
     rows = _rows(dtype, n=41, d=300)
     row = rows[6].clone()
     row[20], row[21] = float("inf"), float("nan")
-    for n, weights in ((1000, torch.full((1000,), 1e-3, dtype=torch.float64)), (7, None), (5, torch.arange(5.0))):
+    cases = ((1000, torch.full((1000,), 1e-3, dtype=torch.float64)), (7, None), (5, torch.arange(5.0)))
+    for (n, weights), first in itertools.product(cases, (True, False)):  # after other rows, or into an empty sum
         shared, copies = (exactsum.BinnedSum(300, exactsum.bins_for(dtype)) for _ in range(2))
         for acc, block in ((shared, row.expand(n, -1)), (copies, row.expand(n, -1).contiguous())):
-            acc.add(rows[:3])
+            if first:
+                acc.add(rows[:3])
             acc.add(block, weights)
         assert torch.equal(shared.top, copies.top)
         for a, b in ((shared.bins, copies.bins), (shared.value(), copies.value())):
             assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
-    assert once == [1000, 7]  # the shared blocks with one weight were cut once; the unequal weights were not
+    assert once == [1000, 1000, 7, 7]  # the shared blocks with one weight were cut once; unequal weights were not
     exactsum.kernel.cache_clear()
