@@ -68,12 +68,14 @@ _BLOCK_ELEMENTS = 1 << 17
 #: when it can be built
 KERNEL_VARIABLE = "FEDNEST_EXACTSUM_KERNEL"
 _KERNEL_SOURCE = Path(__file__).with_name("exactsum_kernel.c")
-#: ``-mprefer-vector-width=512``: the element-wise passes in 512-bit registers where the CPU has them (about a third
-#: faster on an AVX-512 Xeon, docs/lab/issue31.md); vector width changes no bit of element-wise IEEE operations
+#: 256-bit vectors (gcc's choice for -march=native on AVX-512 CPUs, stated): 512-bit ones deposit 1,000 rows a
+#: third faster on the Intel Xeon here, yet made the paper setting's iterations 1.09x instead of 1.02-1.05x of
+#: the fastest setting's (the core's lower clock under 512-bit work, docs/lab/issue31.md). Vector width changes no
+#: bit of element-wise IEEE operations.
 _KERNEL_FLAGS = (
     "-O3",
     "-march=native",
-    "-mprefer-vector-width=512",
+    "-mprefer-vector-width=256",
     "-ffp-contract=off",
     "-fno-fast-math",
     "-fPIC",
