@@ -3,8 +3,9 @@
 The package is layered, lowest first (see ``docs/design.md``). A module imports from its own layer and the
 layers listed before it only; ``tests/unit/test_layers.py`` reads the source and holds every module to it.
 
-1. base   -- helpers every layer shares: errors, text, pathkind, atomic, logs, stop, allocator, lock,
-   failure, registry, numerics, exactsum, rng, consistency, memory, callbacks and comm
+1. base   -- helpers every layer shares: errors, text, pathkind, atomic, logs, stop, allocator, lock, native
+   (small C libraries compiled on first use), failure, registry, numerics, exactsum, rng, consistency, memory,
+   callbacks and comm
    (:mod:`fednest_mpi.comm`, the only importer of mpi4py; nothing starts MPI at import).
 2. config -- :mod:`fednest_mpi.config`: parameter classes, registries, loading and validation; pure data.
 3. io     -- :mod:`fednest_mpi.io`: run files and data-set files; the only place that imports h5py.

@@ -38,16 +38,13 @@ the two collectives.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import os
-import platform
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
+
+from fednest_mpi import native
 
 #: bits per bin (the grid of bin p is 2**(p * BIN_BITS))
 BIN_BITS = 32
@@ -82,61 +79,21 @@ _KERNEL_FLAGS = (
     "-shared",
 )
 
-logger = logging.getLogger(__name__)
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fednest-mpi"
-
-
-def _cpu_key() -> bytes:
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace").split("\n\n")[0]
-    except OSError:
-        text = ""
-    keep = [line for line in text.splitlines() if line.startswith(("vendor_id", "model name", "flags"))]
-    return "\n".join([platform.machine(), *keep]).encode()
-
 
 @cache
 def kernel() -> ctypes.CDLL | None:
-    """The compiled fused loop of :meth:`BinnedSum.add`, or None (then the torch operations compute the same
-    bits): built with the C compiler ``$CC`` (default ``cc``) on first use, once per source, compiler and CPU
-    (``-march=native``: the cache key holds the CPU's flags, so nodes of another CPU build their own), into
-    ``$XDG_CACHE_HOME/fednest-mpi`` (else a temporary folder); ranks that build at once each write their own
-    file and rename it into place."""
+    """The compiled fused loop of :meth:`BinnedSum.add` (:func:`fednest_mpi.native.build`), or None (then the torch
+    operations compute the same bits)."""
     if os.environ.get(KERNEL_VARIABLE, "auto") == "off":
         return None
-    compiler = os.environ.get("CC", "cc")
-    try:
-        source = _KERNEL_SOURCE.read_bytes()
-        version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        logger.info("exact sum: no C compiler (%s), the torch operations compute it (slower)", exc)
+    lib = native.build(_KERNEL_SOURCE, _KERNEL_FLAGS, "exact sum (the torch operations compute it, slower)")
+    if lib is None:
         return None
-    key = hashlib.sha256(b"\0".join([source, version, " ".join(_KERNEL_FLAGS).encode(), _cpu_key()])).hexdigest()
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "fednest-mpi"):
-        target = folder / f"exactsum-{key[:20]}.so"
-        try:
-            if not target.exists():
-                folder.mkdir(parents=True, exist_ok=True)
-                part = folder / f".{target.name}.{os.getpid()}"
-                cmd = [compiler, *_KERNEL_FLAGS, "-o", str(part), str(_KERNEL_SOURCE), "-lm"]
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-                if done.returncode != 0:
-                    logger.info("exact sum: %s failed (%s), torch computes it", compiler, done.stderr[-300:])
-                    return None
-                os.replace(part, target)
-            lib = ctypes.CDLL(str(target))
-        except (OSError, subprocess.SubprocessError):
-            continue
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        for fn in (lib.binned_add_f32, lib.binned_add_f64):
-            fn.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ptr, ptr, i64]
-            fn.restype = ctypes.c_int
-        return lib
-    return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for fn in (lib.binned_add_f32, lib.binned_add_f64):
+        fn.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ptr, ptr, i64]
+        fn.restype = ctypes.c_int
+    return lib
 
 
 def bins_for(dtype: torch.dtype) -> int:

@@ -27,7 +27,9 @@ lock (:mod:`fednest_mpi.lock`). No MPI and no HDF5 here.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
+import functools
 import os
 import shutil
 import threading
@@ -175,26 +177,71 @@ class Watch:
             time.sleep(0.05)
 
 
-class FatalLog:
-    """Where a rank that dies of a fatal signal (a C-level ``abort()`` in a plugin, a segmentation fault) leaves
-    its last Python stack: :mod:`faulthandler` writes it to ``RUN.h5.failed/fatal-rankR.log`` from the signal
-    handler (no Python code runs there, so the rank can print nothing else); ``fednest-mpi recover`` names the
-    function it died in (:func:`fatal_note`). :meth:`close` at the run's end removes the empty file. Nothing
-    changes where faulthandler is enabled already (``PYTHONFAULTHANDLER``, ``python -X faulthandler``, pytest)."""
+#: the compiled fatal-signal line (fatal_line.c) while a run is on: None without a C compiler or between runs
+_FATAL_LINE: ctypes.CDLL | None = None
+_HOOKS: list[bytes] = []  # the plugin hooks this rank is in, innermost last (hook_entered / hook_left)
 
-    def __init__(self, output: str | Path, rank: int):
+
+def hook_entered(name: str) -> None:
+    """This rank now runs plugin hook ``name`` (``problem 'p' hook grad_x_outer``): the line of a fatal signal
+    names it (:class:`FatalLog`). A C function call; nothing while no run is on."""
+    if _FATAL_LINE is not None:
+        _HOOKS.append(name.encode(errors="replace"))
+        _FATAL_LINE.fatal_line_hook(_HOOKS[-1], len(_HOOKS[-1]))
+
+
+def hook_left() -> None:
+    """The hook of the last :func:`hook_entered` returned (or raised)."""
+    if _FATAL_LINE is not None and _HOOKS:
+        _HOOKS.pop()
+        name = _HOOKS[-1] if _HOOKS else b""
+        _FATAL_LINE.fatal_line_hook(name, len(name))
+
+
+class FatalLog:
+    """What a rank that dies of a fatal signal (a C-level ``abort()`` in a plugin, a segmentation fault) leaves.
+    No Python code runs in that signal's handler, so a compiled one (``fatal_line.c``, built by
+    :func:`fednest_mpi.native.build`; none without a C compiler) writes the rank's one line at once, naming the
+    signal and the plugin hook it was in (:func:`hook_entered`): ``fednest-mpi: rank 1/2: run failed: killed by
+    SIGABRT (an abort) in problem 'm:P' hook grad_x_outer (its Python stack: RUN.h5.failed/fatal-rank00001.log;
+    fednest-mpi recover RUN.h5 names the function)``; then :mod:`faulthandler` writes the last Python stack to
+    ``RUN.h5.failed/fatal-rankR.log``, and ``fednest-mpi recover`` names the function it died in
+    (:func:`fatal_note`). :meth:`close` at the run's end removes the empty file and the handlers. Where
+    faulthandler is enabled already (``PYTHONFAULTHANDLER``, ``python -X faulthandler``, pytest) the stack goes
+    where it was chosen to go."""
+
+    def __init__(self, output: str | Path, rank: int, size: int = 1):
         self.path = folder_of(output) / f"fatal-rank{rank:05d}.log"
         self.file: IO[str] | None = None
-        if faulthandler.is_enabled():  # someone chose where the stack goes (PYTHONFAULTHANDLER, pytest): left so
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "w")  # noqa: SIM115 -- open for the run, closed by close()
-        except OSError:
-            return
-        faulthandler.enable(file=self.file, all_threads=False)
+        if not faulthandler.is_enabled():  # else someone chose where the stack goes: left so
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = open(self.path, "w")  # noqa: SIM115 -- open for the run, closed by close()
+                faulthandler.enable(file=self.file, all_threads=False)
+            except OSError:
+                self.file = None
+        where = f"its Python stack: {self.path}; " if self.file is not None else ""
+        self._line(
+            f"fednest-mpi: rank {rank}/{size}: run failed: killed by ",
+            f" ({where}fednest-mpi recover {output} names the function)",
+        )
+
+    @staticmethod
+    def _line(prefix: str, suffix: str) -> None:
+        global _FATAL_LINE
+        lib = _fatal_line_library()
+        if (
+            lib is not None
+            and lib.fatal_line_install(prefix.encode(errors="replace"), suffix.encode(errors="replace")) == 0
+        ):
+            _FATAL_LINE = lib
 
     def close(self) -> None:
+        global _FATAL_LINE
+        if _FATAL_LINE is not None:
+            _FATAL_LINE.fatal_line_uninstall()
+            _FATAL_LINE = None
+            _HOOKS.clear()
         if self.file is None:
             return
         faulthandler.disable()
@@ -208,6 +255,20 @@ class FatalLog:
             pass
 
 
+@functools.cache
+def _fatal_line_library() -> ctypes.CDLL | None:
+    from fednest_mpi import native
+
+    lib = native.build(Path(__file__).with_name("fatal_line.c"), ("-O2", "-fPIC", "-shared"), "fatal-signal line")
+    if lib is not None:
+        lib.fatal_line_install.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.fatal_line_install.restype = ctypes.c_int
+        lib.fatal_line_hook.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.fatal_line_hook.restype = None
+        lib.fatal_line_uninstall.restype = None
+    return lib
+
+
 def fatal_note(output: str | Path) -> str | None:
     """``rank R died of a fatal signal (Fatal Python error: Aborted) in File "m.py", line 9 in grad_y_inner
     (RUN.h5.failed/fatal-rankR.log)`` for the first rank whose :class:`FatalLog` holds a dump, or None."""
@@ -217,7 +278,7 @@ def fatal_note(output: str | Path) -> str | None:
             continue
         frames = [line for line in lines if line.startswith("File ")]
         where = f" in {frames[0]}" if frames else ""
-        return f"rank {int(path.stem[len('fatal-rank'):])} died of a fatal signal ({lines[0]}){where} ({path})"
+        return f"rank {int(path.stem[len('fatal-rank') :])} died of a fatal signal ({lines[0]}){where} ({path})"
     return None
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fednest_mpi import checkpoint as ckpt_io
-from fednest_mpi import consistency, contract, numerics, rng
+from fednest_mpi import consistency, contract, failure, numerics, rng
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.algorithms.server import PREFIX as SERVER_STATE
 from fednest_mpi.algorithms.server import ServerOptimizer
@@ -467,7 +467,11 @@ class RunLoop:
         if fault_at == k and fault_kind == "term":
             self._signal_self()
         t0, rounds = time.perf_counter(), fed.stats.rounds
-        out = step(k, self.x, self.y)
+        failure.hook_entered(f"{contract.plugin_of(sim.algorithm)} hook step")  # named by a fatal signal's line
+        try:
+            out = step(k, self.x, self.y)
+        finally:
+            failure.hook_left()
         broken = contract.violation(contract.check_step, sim.algorithm, out, self.x, self.y) or contract.violation(
             contract.check_rounds, sim.algorithm, self.declared_rounds, fed.stats.rounds - rounds, k
         )

@@ -145,7 +145,7 @@ class RunFiles(Callback):
                 start=resume.iteration if resume else 0,
             )
         self.series = RunSeries(sim, self.writer, keep_rows=resume.output_rows if resume else None)
-        self.fatal = failure.FatalLog(cfg.run.output, self.rank)  # a C-level abort: its stack for `recover`
+        self.fatal = failure.FatalLog(cfg.run.output, self.rank, self.size)  # a C-level abort: its line, its stack
         if self.size > 1:  # an exception on any rank: every rank closes its files before the abort
             self.watch = failure.Watch(cfg.run.output, self.rank, self.size, self.close, on_end=self.ended_elsewhere)
 

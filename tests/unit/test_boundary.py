@@ -375,6 +375,11 @@ def test_recover_names_the_hook_of_a_c_level_abort_on_one_rank(tmp_path):
     cfg.write_text(CONFIG)
     done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", "--set", "problem.fault=abort", "-q")
     assert done.returncode != 0 and seconds < 60, (done.returncode, seconds)
+    assert done.stderr.splitlines()[0] == (  # at once, from the signal's handler (then MPICH's own lines)
+        f"fednest-mpi: rank 1/2: run failed: killed by SIGABRT (an abort) in {PROBLEM} hook grad_x_outer (its "
+        f"Python stack: {tmp_path / 'o.h5.failed' / 'fatal-rank00001.log'}; fednest-mpi recover {tmp_path / 'o.h5'} "
+        "names the function)"
+    ), done.stderr
     recovered = subprocess.run(
         [sys.executable, "-m", "fednest_mpi", "recover", str(tmp_path / "o.h5")], capture_output=True, text=True
     )

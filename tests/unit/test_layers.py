@@ -17,8 +17,8 @@ SRC = Path(fednest_mpi.__file__).resolve().parent
 # The docstring's layers, lowest first: a layer's modules may import from the layers before it.
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": tuple(
-        "fednest_mpi errors text pathkind atomic logs stop allocator lock failure registry numerics exactsum rng "
-        "consistency memory callbacks comm".split()
+        "fednest_mpi errors text pathkind atomic logs stop allocator lock native failure registry numerics exactsum "
+        "rng consistency memory callbacks comm".split()
     ),
     "config": ("config",),
     "io": ("io",),

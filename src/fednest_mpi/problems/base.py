@@ -27,7 +27,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fednest_mpi.contract import check_oracle_output, note_nonfinite_output
+from fednest_mpi import failure
+from fednest_mpi.contract import check_oracle_output, note_nonfinite_output, plugin_of
 
 
 def shared_rows(vector: torch.Tensor, n: int) -> torch.Tensor:
@@ -106,6 +107,8 @@ class BilevelProblem(ABC):
         self.unchecked_calls = dict.fromkeys(ORACLES, CHECKED_CALLS)
         #: output values of each oracle still to look at for NaN/Inf in those calls (CHECKED_VALUES at first)
         self.unchecked_values = dict.fromkeys(ORACLES, CHECKED_VALUES)
+        #: hook -> ``problem 'name' (module:Class) hook H``, the name a fatal signal's line gives it
+        self.hook_names: dict[str, str] = {}
         #: the first oracle output with NaN/Inf at finite arguments in those calls (contract.note_nonfinite_output)
         self.nonfinite_note: str | None = None
         #: hook -> the class whose implementation of it runs now (:meth:`_run_implementation`)
@@ -197,7 +200,13 @@ class BilevelProblem(ABC):
         if hook in self.running_implementations:  # super().hook(...) in an implementation: not another call
             return self._run_implementation(hook, clients, x, *args)
         self.oracle_counts[hook] += len(clients)
-        out = _one_client_as_two(functools.partial(self._run_implementation, hook), clients, x, *args)
+        failure.hook_entered(
+            self.hook_names.get(hook) or self.hook_names.setdefault(hook, f"{plugin_of(self)} hook {hook}")
+        )
+        try:
+            out = _one_client_as_two(functools.partial(self._run_implementation, hook), clients, x, *args)
+        finally:
+            failure.hook_left()
         if self.unchecked_calls[hook]:
             self.unchecked_calls[hook] -= 1
             check_oracle_output(self, hook, out, len(clients), x)
