@@ -124,33 +124,52 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
     ends = np.cumsum(words)  # stream i owns the words [starts[i], ends[i]) of the concatenation
     starts = ends - words
     odd = lengths % 2 == 1
-    any_odd = bool(odd.any())
     block = min(STREAM_BLOCK, total)
     with np.errstate(over="ignore"):  # word g of stream i is mix(base[i] + g * golden), all mod 2^64
         base = keys + (np.uint64(1) - starts.astype(np.uint64)) * _GOLDEN
         step = np.arange(block, dtype=np.uint64) * _GOLDEN
-    # Two word-sized buffers: z holds the words, then radius and angle; tmp the mix's shifts, then the halves as
-    # floats u in [1, 2), then cos and sin (each read before it is overwritten).
-    z = np.empty(block, dtype=np.uint64)
-    tmp = np.empty(block, dtype=np.uint64)
-    halves = z.view(np.uint32).reshape(block, 2)  # little-endian: (low, high) 32-bit halves
-    unit_bits = tmp.view(np.uint32).reshape(block, 2)
-    unit = tmp.view(np.float32).reshape(block, 2)
-    radius, angle = z.view(np.float32)[:block], z.view(np.float32)[block:]
-    cos, sin = tmp.view(np.float32)[:block], tmp.view(np.float32)[block:]
-    radius_t, angle_t, cos_t, sin_t = (torch.from_numpy(x) for x in (radius, angle, cos, sin))
-    pairs = np.empty((block if any_odd else 0, 2), dtype=np.float32)  # a block's numbers before odd cuts
-    no_drops = np.empty(0, dtype=np.int64)
+    buffers = _NormalBuffers(block, pairs=bool(odd.any()))
     o = 0  # output position of the block's first number
     for a in range(0, total, block):
         n = min(block, total - a)
-        b = a + n
-        s0 = int(np.searchsorted(ends, a, side="right"))  # the streams with words in [a, b)
-        s1 = int(np.searchsorted(starts, b, side="left"))
-        zb, tb = (z, tmp) if n == block else (z[:n], tmp[:n])
+        s0 = int(np.searchsorted(ends, a, side="right"))  # the streams with words in [a, a + n)
+        s1 = int(np.searchsorted(starts, a + n, side="left"))
         firsts = base[s0:s1] + np.uint64(a * int(_GOLDEN) % 2**64)  # z = base[stream] + a * golden + step
         if s1 - s0 > 1:
-            firsts = np.repeat(firsts, np.minimum(ends[s0:s1], b) - np.maximum(starts[s0:s1], a))
+            firsts = np.repeat(firsts, np.minimum(ends[s0:s1], a + n) - np.maximum(starts[s0:s1], a))
+        r, c, s = buffers.normals(firsts, step, n)
+        dropped = _NO_DROPS  # positions in the block's numbers of the second number of an odd stream's last word
+        if buffers.pairs is not None:
+            last = ends[s0:s1]
+            dropped = 2 * (last[odd[s0:s1] & (last <= a + n)] - a) - 1
+        o = _write_numbers(flat, o, r, c, s, dropped, buffers.pairs)
+    return torch.from_numpy(flat)
+
+
+_NO_DROPS = np.empty(0, dtype=np.int64)
+
+
+class _NormalBuffers:
+    """The word-sized buffers of :func:`stream_normals`, allocated once per call: ``z`` holds the words, then radius
+    and angle; ``tmp`` the mix's shifts, then the halves as floats u in [1, 2), then cos and sin (each read before
+    it is overwritten). ``pairs``: a block's numbers before odd streams' cuts (None when no stream is odd)."""
+
+    def __init__(self, block: int, pairs: bool):
+        self.z = np.empty(block, dtype=np.uint64)
+        self.tmp = np.empty(block, dtype=np.uint64)
+        self.halves = self.z.view(np.uint32).reshape(block, 2)  # little-endian: (low, high) 32-bit halves
+        self.unit_bits = self.tmp.view(np.uint32).reshape(block, 2)
+        self.unit = self.tmp.view(np.float32).reshape(block, 2)
+        self.radius, self.angle = self.z.view(np.float32)[:block], self.z.view(np.float32)[block:]
+        self.cos, self.sin = self.tmp.view(np.float32)[:block], self.tmp.view(np.float32)[block:]
+        self.tensors = tuple(torch.from_numpy(x) for x in (self.radius, self.angle, self.cos, self.sin))
+        self.pairs = np.empty((block, 2), dtype=np.float32) if pairs else None
+
+    def normals(self, firsts: np.ndarray, step: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(radius, cos, sin) of the block's ``n`` words ``firsts + step``: SplitMix64's mix in place, then
+        Box-Muller (:func:`stream_normals`); views of the buffers, valid until the next call."""
+        whole = n == self.z.shape[0]
+        zb, tb = (self.z, self.tmp) if whole else (self.z[:n], self.tmp[:n])
         np.add(firsts, step[:n], out=zb)
         np.right_shift(zb, np.uint64(30), out=tb)  # SplitMix64's mix, in place
         np.bitwise_xor(zb, tb, out=zb)
@@ -160,14 +179,14 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
         np.multiply(zb, _M2, out=zb)
         np.right_shift(zb, np.uint64(31), out=tb)
         np.bitwise_xor(zb, tb, out=zb)
-        if n == block:
-            u, r, an, c, s = unit, radius, angle, cos, sin
-            r_t, an_t, c_t, s_t = radius_t, angle_t, cos_t, sin_t
+        if whole:
+            u, r, an, c, s = self.unit, self.radius, self.angle, self.cos, self.sin
+            r_t, an_t, c_t, s_t = self.tensors
         else:
-            u, r, an, c, s = unit[:n], radius[:n], angle[:n], cos[:n], sin[:n]
-            r_t, an_t, c_t, s_t = radius_t[:n], angle_t[:n], cos_t[:n], sin_t[:n]
-        np.right_shift(halves[:n], np.uint32(9), out=unit_bits[:n])
-        np.bitwise_or(unit_bits[:n], np.uint32(0x3F800000), out=unit_bits[:n])
+            u, r, an, c, s = self.unit[:n], self.radius[:n], self.angle[:n], self.cos[:n], self.sin[:n]
+            r_t, an_t, c_t, s_t = (t[:n] for t in self.tensors)
+        np.right_shift(self.halves[:n], np.uint32(9), out=self.unit_bits[:n])
+        np.bitwise_or(self.unit_bits[:n], np.uint32(0x3F800000), out=self.unit_bits[:n])
         np.subtract(np.float32(2.0), u[:, 1], out=r)  # in (0, 1], exact
         np.subtract(u[:, 0], np.float32(1.0), out=an)  # exact
         torch.log(r_t, out=r_t)
@@ -176,28 +195,29 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
         np.multiply(an, _TWO_PI, out=an)
         torch.cos(an_t, out=c_t)
         torch.sin(an_t, out=s_t)
-        dropped = no_drops  # positions in the block's numbers of the second number of an odd stream's last word
-        if any_odd:
-            last = ends[s0:s1]
-            dropped = 2 * (last[odd[s0:s1] & (last <= b)] - a) - 1
-        if not dropped.size:
-            dest = flat[o : o + 2 * n].reshape(n, 2)
-            np.multiply(r, c, out=dest[:, 0])
-            np.multiply(r, s, out=dest[:, 1])
-            o += 2 * n
-            continue
-        np.multiply(r, c, out=pairs[:n, 0])
-        np.multiply(r, s, out=pairs[:n, 1])
-        numbers = pairs[:n].reshape(-1)
-        if dropped.size <= _FEW_DROPS:  # copy the runs between dropped numbers
-            cut = 0
-            for stop in dropped.tolist() + [2 * n]:
-                flat[o : o + stop - cut] = numbers[cut:stop]
-                o += stop - cut
-                cut = stop + 1
-        else:
-            keep = np.ones(2 * n, dtype=bool)
-            keep[dropped] = False
-            flat[o : o + 2 * n - dropped.size] = numbers[keep]
-            o += 2 * n - dropped.size
-    return torch.from_numpy(flat)
+        return r, c, s
+
+
+def _write_numbers(flat, o: int, r, c, s, dropped: np.ndarray, pairs) -> int:
+    """Write a block's numbers (r cos, r sin per word) into ``flat`` from position ``o``, without the ``dropped``
+    ones (the second number of an odd stream's last word); the position after them."""
+    n = r.shape[0]
+    if not dropped.size:
+        dest = flat[o : o + 2 * n].reshape(n, 2)
+        np.multiply(r, c, out=dest[:, 0])
+        np.multiply(r, s, out=dest[:, 1])
+        return o + 2 * n
+    np.multiply(r, c, out=pairs[:n, 0])
+    np.multiply(r, s, out=pairs[:n, 1])
+    numbers = pairs[:n].reshape(-1)
+    if dropped.size <= _FEW_DROPS:  # copy the runs between dropped numbers
+        cut = 0
+        for stop in dropped.tolist() + [2 * n]:
+            flat[o : o + stop - cut] = numbers[cut:stop]
+            o += stop - cut
+            cut = stop + 1
+        return o
+    keep = np.ones(2 * n, dtype=bool)
+    keep[dropped] = False
+    flat[o : o + 2 * n - dropped.size] = numbers[keep]
+    return o + 2 * n - dropped.size
