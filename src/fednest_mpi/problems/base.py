@@ -101,7 +101,7 @@ class BilevelProblem(ABC):
     #: None: the first metric
     primary_metric: str | None = None
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.oracle_counts: Counter = Counter()
         #: calls of each oracle still to check at the boundary (the first CHECKED_CALLS on this rank)
         self.unchecked_calls = dict.fromkeys(ORACLES, CHECKED_CALLS)
