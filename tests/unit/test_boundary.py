@@ -483,3 +483,18 @@ def test_a_random_draw_inside_a_loss_is_named_not_left_to_vmap():
         "vmapped over clients), got a call of torch's global generator; draw from the batch's keys (sample.key, "
         "rng.key) instead"
     )
+
+
+def test_without_a_c_compiler_there_is_no_fatal_line_and_the_run_goes_on(tmp_path):
+    """The fatal-signal line is compiled on first use (native.build); with no compiler the library is None (one
+    log line says so), no handler is installed and the hooks' bookkeeping does nothing."""
+    script = (
+        "import sys; from fednest_mpi import failure, native; "
+        "assert native.build(failure.Path(failure.__file__).with_name('fatal_line.c'), ('-shared',), 't') is None; "
+        "log = failure.FatalLog(sys.argv[1], 0, 1); assert failure._FATAL_LINE is None; "
+        "failure.hook_entered('h'); assert not failure._HOOKS; failure.hook_left(); log.close(); print('ok')"
+    )
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc")}
+    cmd = [sys.executable, "-c", script, str(tmp_path / "o.h5")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
