@@ -440,6 +440,7 @@ class Federation:
         bins = binned.bins.cpu().contiguous()
         self._allreduce_array(bins.numpy())
         binned.bins = bins.to(binned.bins.device)
+        binned.empty = False  # the other ranks' bins are in it now
 
     def _allreduce_array(self, array, op=None) -> None:
         op = mpi().SUM if op is None else op
