@@ -64,6 +64,7 @@ RESUMABLE_CHANGES = frozenset(
         "run.stop_timeout",
         "run.round_timeout",
         "run.round_timeout_factor",
+        "run.idle_timeout",
         "run.check_consistency",  # reads the iterates, changes none
         "run.tensorboard_dir",  # the writers (fednest_mpi.writers) copy the rows
         "run.mlflow_uri",

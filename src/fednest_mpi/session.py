@@ -387,7 +387,7 @@ class Session:
             self.resume = state == "resume"
             self.log.info("--skip-finished: %s: %s", "resuming" if self.resume else "starting", why)
         # from the start: checks may block too
-        with StopRequests(run.stop_timeout, run.round_timeout, run.round_timeout_factor) as stop:
+        with StopRequests(run.stop_timeout, run.round_timeout, run.round_timeout_factor, run.idle_timeout) as stop:
             # until the files exist, ending at once is exiting (the locks released)
             stop.arm(self._end_start_up, locate=self._stuck_in)
             return self._checked_run(stop)

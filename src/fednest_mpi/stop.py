@@ -17,6 +17,14 @@
   job (a factor of 0 turns it off). During the start-up the same limit (:data:`AUTO_MIN_SECONDS` when automatic)
   ends a rank that is inside a plugin hook (its constructor, the probe's oracle calls) after that long; the
   project's own start-up (data, collectives) is not limited.
+* The **idle look** ends a blocked plugin within seconds, where the watchdog needs minutes: a rank whose main
+  thread is inside a plugin hook (start-up or iterations) and whose process has used (next to) no CPU for
+  ``run.idle_timeout`` seconds (a hook that waits for input, a lock, a message or a child that never comes)
+  ends the run the same way, exit 1. A computing hook, however slow, uses CPU; a rank that waits for the
+  others in a collective is not in a hook (:func:`fednest_mpi.contract.hook_running`).
+* Time while the whole process is stopped (SIGSTOP, ``scontrol suspend``, Ctrl-Z) does not count towards
+  either limit: the watch thread notices the gap in its own ticks (:class:`RunningClock`), so a suspended and
+  resumed job goes on.
 
 The handlers are installed by the command line before it imports anything heavy or starts MPI
 (:func:`install`), and a signal that arrived before the run looked is remembered. Python runs a
@@ -28,6 +36,7 @@ No MPI and no HDF5 here.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import threading
@@ -43,6 +52,11 @@ WATCH_SECONDS = 0.2  # how often the deadlines are looked at
 #: the automatic watchdog's least limit (run.round_timeout = 0): a slow file system or a long evaluation in one
 #: iteration must not end a run whose iterations are short
 AUTO_MIN_SECONDS = 600.0
+#: a gap between two ticks of the watch thread longer than this is time the process was stopped (SIGSTOP)
+STOPPED_GAP_SECONDS = 2.0
+#: the idle look: a rank in a plugin hook that used less than this share of one core over run.idle_timeout is
+#: blocked (a blocked thread uses none; a rank at nice 19 beside two busy processes on its core still gets ~0.7 %)
+IDLE_CPU_SHARE = 0.001
 
 #: end_now(exit_code, message): close the files and exit (the session's, while it has files open)
 EndNow = Callable[[int, str], None]
@@ -131,6 +145,59 @@ def _reset() -> None:
         _P.first, _P.first_signum, _P.first_at, _P.escalation = None, 0, 0.0, 0
 
 
+class RunningClock:
+    """Seconds of :func:`time.monotonic` less the time this process was stopped (SIGSTOP, a suspended SLURM
+    job): :meth:`tick`, called by a watch thread every :data:`WATCH_SECONDS`, counts a gap between two ticks
+    longer than :data:`STOPPED_GAP_SECONDS` as stopped. Time the process ran (also in C code that releases the
+    GIL) counts; the watch thread's own gaps under load are far below the gap."""
+
+    def __init__(self):
+        self._stopped = 0.0
+        self._last = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last > STOPPED_GAP_SECONDS:
+            self._stopped += now - self._last - WATCH_SECONDS
+        self._last = now
+
+    def now(self) -> float:
+        return time.monotonic() - self._stopped
+
+
+class IdleLook:
+    """Whether this process has used (next to) no CPU for ``seconds`` of :class:`RunningClock` time:
+    :meth:`sample` from the watch thread at each tick (its own CPU left out). 0 seconds: never."""
+
+    def __init__(self, seconds: float, clock: RunningClock):
+        self.seconds, self.clock = float(seconds), clock
+        self._samples: collections.deque[tuple[float, float]] = collections.deque()
+        self._forget = False  # set by reset() (any thread); the watch thread clears the samples
+
+    def sample(self) -> None:
+        """One sample (the watch thread, each tick); samples older than ``seconds`` before the last one go."""
+        if self.seconds <= 0:
+            return
+        if self._forget:
+            self._forget = False
+            self._samples.clear()
+        now = self.clock.now()
+        self._samples.append((now, time.process_time() - time.thread_time()))
+        while len(self._samples) > 1 and now - self._samples[1][0] >= self.seconds:
+            self._samples.popleft()
+
+    def idle(self) -> bool:
+        """True when the samples span ``seconds`` and the CPU used over them is below :data:`IDLE_CPU_SHARE`."""
+        if not self._samples:
+            return False
+        (then, cpu_then), (now, cpu) = self._samples[0], self._samples[-1]
+        return now - then >= self.seconds and cpu - cpu_then < IDLE_CPU_SHARE * (now - then)
+
+    def reset(self) -> None:
+        """Start afresh (a new phase, or the rank was found not in a hook)."""
+        self._forget = True
+
+
 class StopRequests:
     """The stop requests of one run: :attr:`requested` and :attr:`received` for the runner, the
     escalation and the watchdog for the session. A context manager: it installs the handlers unless
@@ -138,17 +205,21 @@ class StopRequests:
 
     ``stop_timeout``: seconds after a SIGTERM/SIGINT within which the ranks must reach the stop (0:
     no limit); ``round_timeout``: seconds an outer iteration may take (0: the automatic limit, ``round_factor``
-    times the longest completed iteration and at least :data:`AUTO_MIN_SECONDS`; both 0: no watchdog).
-    :meth:`arm` gives the function that ends the run at once; :meth:`beat` marks a completed iteration.
+    times the longest completed iteration and at least :data:`AUTO_MIN_SECONDS`; both 0: no watchdog);
+    ``idle_timeout``: seconds a rank may sit in a plugin hook using no CPU (0: no idle look). :meth:`arm` gives the function that ends the run at once; :meth:`beat` marks a completed iteration.
     """
 
-    def __init__(self, stop_timeout: float = 0.0, round_timeout: float = 0.0, round_factor: float = 0.0):
+    def __init__(
+        self, stop_timeout: float = 0.0, round_timeout: float = 0.0, round_factor: float = 0.0, idle_timeout: float = 0.0
+    ):
         self.stop_timeout, self.round_timeout = float(stop_timeout), float(round_timeout)
         self.round_factor = float(round_factor)
+        self._clock = RunningClock()
+        self._idle = IdleLook(idle_timeout, self._clock)
         self._longest: float | None = None  # the longest completed iteration so far (seconds)
         self._end_now: EndNow | None = None
         self._locate: Callable[[], str | None] | None = None
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock.now()
         self._iteration: int | None = None
         self._reached = False
         self._rounds = False  # whether the watchdog runs (from the first iteration on, not during start-up)
@@ -185,7 +256,8 @@ class StopRequests:
         over the limit while ``locate()`` names a plugin hook (a constructor or the probe's oracle calls that
         block). ``locate()``: where this rank is stuck (the plugin hook it runs, e.g. ``rank 1/2 is in problem 'p'
         hook grad_x_outer``), or None when it waits for the others (or runs the project's own code)."""
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock.now()
+        self._idle.reset()
         self._rounds = rounds
         self._end_now = end_now
         self._locate = locate
@@ -200,7 +272,7 @@ class StopRequests:
 
     def beat(self, k: int) -> None:
         """Iteration ``k`` was recorded (the watchdog's clock starts again)."""
-        now = time.monotonic()
+        now = self._clock.now()
         self._longest = max(self._longest or 0.0, now - self._last_beat)
         self._iteration, self._last_beat = k, now
 
@@ -225,6 +297,8 @@ class StopRequests:
         while not self._done.is_set():
             _P.wake.wait(WATCH_SECONDS)
             _P.wake.clear()
+            self._clock.tick()
+            self._idle.sample()
             reason = self._reason()
             end_now = self._end_now
             if reason is not None and end_now is not None:
@@ -234,18 +308,21 @@ class StopRequests:
 
     def _reason(self) -> tuple[int, str] | None:
         """(exit code, message) when the run must end at once, else None."""
-        now, after = time.monotonic(), self._where()
+        now, after = self._clock.now(), self._where()
         if _P.escalation:
             name = signal.Signals(_P.escalation).name
             return 128 + _P.escalation, f"stopped at once by a second {name} {after}"
         first = _P.first_signum
         if first in (signal.SIGTERM, signal.SIGINT) and self.stop_timeout > 0 and not self._reached:
-            if now - _P.first_at > self.stop_timeout:
+            if time.monotonic() - _P.first_at > self.stop_timeout:
                 return 128 + first, (
                     f"stopped at once: the ranks did not reach a safe point within run.stop_timeout = "
                     f"{self.stop_timeout:g} s of the {_P.first} (a rank stopped, blocked on I/O, or an iteration "
                     f"longer than that) {after}"
                 )
+        idle = self._idle_reason(after)
+        if idle is not None:
+            return idle
         seconds, limit = self.limit()
         if not self._rounds and seconds > 0 and self._locate is not None and now - self._last_beat > seconds:
             stuck = self._locate()  # start-up: only a rank inside a plugin hook (constructor, probe) is ended
@@ -267,6 +344,22 @@ class StopRequests:
                     f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"
                 )
         return None
+
+    def _idle_reason(self, after: str) -> tuple[int, str] | None:
+        """The idle look's (exit code, message): this rank sits in a plugin hook and used no CPU for
+        ``idle_timeout`` seconds."""
+        if self._locate is None or not self._idle.idle():
+            return None
+        stuck = self._locate()
+        if stuck is None:  # waiting for the others, or the project's own I/O: the watchdog's, not this look's
+            self._idle.reset()
+            return None
+        phase = "during the start-up" if not self._rounds else after
+        return 1, (
+            f"run failed: {stuck} and has used no CPU for {self._idle.seconds:g} s {phase} (a plugin that blocks: "
+            f"it waits for input, a lock or a message that never comes; run.idle_timeout = 0 turns this look off, "
+            f"e.g. for a hook that waits on a download)"
+        )
 
     def _where(self) -> str:
         if self._iteration is None:

@@ -341,28 +341,50 @@ def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook
     assert seconds < 60, seconds  # no hang: the job ended (start-up of two ranks included)
 
 
+IDLE_HINT = (
+    "(a plugin that blocks: it waits for input, a lock or a message that never comes; run.idle_timeout = 0 turns "
+    "this look off, e.g. for a hook that waits on a download)"
+)
+
+
 @pytest.mark.processes  # starts mpiexec: make test-processes
 @pytest.mark.parametrize(
-    ("fault", "line", "whole"),
+    ("fault", "limit", "line", "whole"),
     [
         (  # an oracle that blocks in an iteration: the line goes on with what was closed
             "sleep",
+            "run.round_timeout=3",
             "fednest-mpi: run failed: no outer iteration completed within run.round_timeout = 3 s: rank 1/2 is in "
             f"{PROBLEM} hook grad_x_outer after iteration 0 (a plugin that blocks, or raise run.round_timeout)",
             False,
         ),
         (  # a constructor that blocks the start-up
             "sleep_in_init",
+            "run.round_timeout=3",
             "fednest-mpi: run failed: the start-up did not finish within run.round_timeout = 3 s: rank 1/2 is in "
             f"{PROBLEM} hook __init__ (a plugin that blocks, or raise run.round_timeout)",
             True,
         ),
+        (  # the same two with the automatic watchdog (600 s): the idle look ends them, the hook uses no CPU
+            "sleep",
+            "run.idle_timeout=3",
+            f"fednest-mpi: run failed: rank 1/2 is in {PROBLEM} hook grad_x_outer and has used no CPU for 3 s after "
+            f"iteration 0 {IDLE_HINT}",
+            False,
+        ),
+        (
+            "sleep_in_init",
+            "run.idle_timeout=3",
+            f"fednest-mpi: run failed: rank 1/2 is in {PROBLEM} hook __init__ and has used no CPU for 3 s during "
+            f"the start-up {IDLE_HINT}",
+            True,
+        ),
     ],
 )
-def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path, fault, line, whole):
+def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path, fault, limit, line, whole):
     cfg = tmp_path / "f.toml"
     cfg.write_text(CONFIG)
-    sets = ("--set", f"problem.fault={fault}", "--set", "run.round_timeout=3", "-q")
+    sets = ("--set", f"problem.fault={fault}", "--set", limit, "-q")
     done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", *sets)
     assert done.returncode == 1, done.stderr
     first = done.stderr.splitlines()[0]

@@ -109,6 +109,88 @@ def test_the_automatic_watchdog_ends_an_iteration_far_longer_than_the_longest_so
         assert requests.limit() == (0.0, "") and not off.event.wait(1.0)
 
 
+def test_the_running_clock_leaves_out_the_time_the_process_was_stopped(monkeypatch):
+    """A gap between two ticks longer than STOPPED_GAP_SECONDS is a stopped process (SIGSTOP, a suspended job):
+    it does not count; ticks at the watch interval do."""
+    now = [100.0]
+    monkeypatch.setattr(stop.time, "monotonic", lambda: now[0])
+    clock = stop.RunningClock()
+    for _ in range(10):  # 2 s of ordinary ticks
+        now[0] += stop.WATCH_SECONDS
+        clock.tick()
+    assert clock.now() == pytest.approx(102.0)
+    now[0] += 3600.0  # stopped for an hour
+    clock.tick()
+    assert clock.now() == pytest.approx(102.0 + stop.WATCH_SECONDS)
+    now[0] += 1.0  # a slow tick under load (below the gap) counts whole
+    clock.tick()
+    assert clock.now() == pytest.approx(103.0 + stop.WATCH_SECONDS)
+
+
+def test_the_watchdog_does_not_count_a_stopped_process(monkeypatch):
+    """A whole job stopped for longer than run.round_timeout (and resumed) goes on: only its running time counts."""
+    jump = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(stop.time, "monotonic", lambda: real() + jump[0])
+    ended = Ended()
+    with stop.StopRequests(round_timeout=1.0) as requests:
+        requests.arm(ended, rounds=True)
+        time.sleep(0.5)
+        jump[0] = 3600.0  # the clock moves an hour between two ticks: the process was stopped
+        assert not ended.event.wait(0.3)
+        assert ended.event.wait(5)  # ... and the running time then reaches the limit
+    ((code, message),) = ended.calls
+    assert code == 1 and "run.round_timeout = 1 s" in message
+
+
+def test_the_idle_look_tells_a_blocked_process_from_a_computing_one():
+    """IdleLook: no CPU over its span is idle; a busy main thread is not; its own (watch) thread's CPU is left
+    out; 0 seconds: never idle."""
+    clock = stop.RunningClock()
+    look = stop.IdleLook(0.6, clock)
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            clock.tick()
+            look.sample()
+            sum(i * i for i in range(2000))  # the watch thread's own work does not count
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    try:
+        time.sleep(1.0)  # blocked: no CPU
+        assert look.idle()
+        look.reset()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # computing
+            sum(i * i for i in range(10000))
+        assert not look.idle()
+    finally:
+        done.set()
+        thread.join()
+    never = stop.IdleLook(0.0, clock)
+    never.sample()
+    assert not never.idle()
+
+
+def test_the_idle_look_ends_a_rank_in_a_plugin_hook_and_spares_one_that_waits_for_the_others():
+    ended = Ended()
+    where = ["rank 0/1 is in problem 'p' hook grad_x_outer"]
+    with stop.StopRequests(idle_timeout=0.6) as requests:
+        requests.arm(ended, rounds=True, locate=lambda: where[0])
+        requests.beat(2)
+        assert ended.event.wait(5)
+    ((code, message),) = ended.calls
+    assert code == 1 and message.startswith(
+        "run failed: rank 0/1 is in problem 'p' hook grad_x_outer and has used no CPU for 0.6 s after iteration 2"
+    )
+    waiting = Ended()
+    with stop.StopRequests(idle_timeout=0.3) as requests:
+        requests.arm(waiting, rounds=True, locate=lambda: None)  # in a collective: the others' business
+        assert not waiting.event.wait(1.5)
+
+
 def test_nothing_ends_a_disarmed_run():
     ended = Ended()
     with stop.StopRequests(round_timeout=0.2) as requests:

@@ -138,6 +138,15 @@ class RunSection:
         "for ever cannot hang the job); 0: no watchdog at all",
         low=0.0,
     )
+    idle_timeout: float = spec(
+        30.0,
+        "the idle look: a rank inside a plugin hook (a problem's oracle or constructor, an algorithm's step) whose "
+        "process has used no CPU for this many seconds (it waits for input, a lock or a message that never "
+        "comes) ends the run on every rank with one line naming the rank and the hook, exit 1; time the job "
+        "was stopped (SIGSTOP, a suspended job) does not count (0: off, e.g. for a hook that waits on a "
+        "download); docs/reliability.md",
+        low=0.0,
+    )
     check_consistency: int = spec(
         1,
         "every k outer iterations check that all ranks hold the same x and y (a 64-bit digest of their bytes, "

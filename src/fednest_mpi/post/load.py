@@ -63,6 +63,7 @@ IGNORED_FIELDS = frozenset(
         "run.stop_timeout",
         "run.round_timeout",
         "run.round_timeout_factor",
+        "run.idle_timeout",
         "run.check_consistency",
     }
 )
