@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -99,7 +98,7 @@ def check(
     overrides = [*overrides, f"algorithm.outer_iterations={iterations}"]
     cfg = config.load(path, overrides)
     cfg = _with(cfg, "run", checkpoint_every=0, client_series=False)
-    watch = Watchdog(cfg.run.round_timeout or timeout)  # a plugin that blocks: one line naming its hook, exit 2
+    watch = Watchdog(cfg.run.round_timeout or timeout, cfg.run.idle_timeout)  # a plugin that blocks: exit 2
     base = simulate(cfg, SerialComm(), [watch]).history  # a PluginError: exit 2 with its line
     say(f"contract: ok ({cfg.problem.name} with {cfg.algorithm.name}: every oracle probed, {iterations} iterations)")
     verdicts = []
@@ -142,33 +141,52 @@ def _ranks_check(path: str, overrides: Sequence[str], ranks: int, timeout: float
 
 class Watchdog:
     """The one-rank runs' watchdog (a callback and a thread): an outer iteration that does not complete within
-    ``limit`` seconds (``run.round_timeout``, else ``--timeout``) ends ``check`` with one line naming the plugin
-    hook the run is in (:func:`fednest_mpi.contract.hook_running`), exit 2."""
+    ``limit`` seconds (``run.round_timeout``, else ``--timeout``), or a plugin hook that uses no CPU for ``idle``
+    seconds (``run.idle_timeout``: :class:`fednest_mpi.stop.IdleLook`), ends ``check`` with one line naming the
+    plugin hook the run is in (:func:`fednest_mpi.contract.hook_running`), exit 2. Time the process was stopped
+    does not count (:class:`fednest_mpi.stop.RunningClock`)."""
 
-    def __init__(self, limit: float):
-        self.limit, self.beat = float(limit), time.monotonic()
+    def __init__(self, limit: float, idle: float = 0.0):
+        from fednest_mpi.stop import IdleLook, RunningClock
+
+        self.clock = RunningClock()
+        self.idle = IdleLook(idle, self.clock)
+        self.limit, self.beat = float(limit), self.clock.now()
         self.done = threading.Event()
         threading.Thread(target=self._watch, name="fednest-check-watch", daemon=True).start()
 
     def on_start(self, sim, k: int) -> None:
-        self.beat = time.monotonic()
+        self.beat = self.clock.now()
 
     def on_iteration(self, k: int, row: dict) -> None:
-        self.beat = time.monotonic()
+        self.beat = self.clock.now()
 
     def stop(self) -> None:
         self.done.set()
 
     def _watch(self) -> None:
         from fednest_mpi.contract import hook_running
+        from fednest_mpi.stop import WATCH_SECONDS
 
-        while not self.done.wait(0.2):
-            if time.monotonic() - self.beat > self.limit:
+        while not self.done.wait(WATCH_SECONDS):
+            self.clock.tick()
+            self.idle.sample()
+            if self.idle.idle():
+                where = hook_running()
+                if where is not None:
+                    self._fail(
+                        f"the one-rank run is in {where} and has used no CPU for {self.idle.seconds:g} s "
+                        "(run.idle_timeout: a plugin that blocks)"
+                    )
+                self.idle.reset()
+            if self.clock.now() - self.beat > self.limit:
                 where = hook_running() or "no plugin hook (the run itself)"
-                print(
-                    f"fednest-mpi: error: the one-rank run completed no outer iteration within {self.limit:g} s "
-                    f"(run.round_timeout, else --timeout): it is in {where}",
-                    file=sys.stderr,
-                    flush=True,
+                self._fail(
+                    f"the one-rank run completed no outer iteration within {self.limit:g} s "
+                    f"(run.round_timeout, else --timeout): it is in {where}"
                 )
-                os._exit(EXIT["usage"])
+
+    @staticmethod
+    def _fail(message: str) -> None:
+        print(f"fednest-mpi: error: {message}", file=sys.stderr, flush=True)
+        os._exit(EXIT["usage"])

@@ -206,11 +206,16 @@ class StopRequests:
     ``stop_timeout``: seconds after a SIGTERM/SIGINT within which the ranks must reach the stop (0:
     no limit); ``round_timeout``: seconds an outer iteration may take (0: the automatic limit, ``round_factor``
     times the longest completed iteration and at least :data:`AUTO_MIN_SECONDS`; both 0: no watchdog);
-    ``idle_timeout``: seconds a rank may sit in a plugin hook using no CPU (0: no idle look). :meth:`arm` gives the function that ends the run at once; :meth:`beat` marks a completed iteration.
+    ``idle_timeout``: seconds a rank may sit in a plugin hook using no CPU (0: no idle look). :meth:`arm` gives
+    the function that ends the run at once; :meth:`beat` marks a completed iteration.
     """
 
     def __init__(
-        self, stop_timeout: float = 0.0, round_timeout: float = 0.0, round_factor: float = 0.0, idle_timeout: float = 0.0
+        self,
+        stop_timeout: float = 0.0,
+        round_timeout: float = 0.0,
+        round_factor: float = 0.0,
+        idle_timeout: float = 0.0,
     ):
         self.stop_timeout, self.round_timeout = float(stop_timeout), float(round_timeout)
         self.round_factor = float(round_factor)

@@ -460,15 +460,27 @@ def test_check_names_the_first_difference_and_exits_3(tmp_path):
     assert lines[2].startswith("ranks: differs: hypergradient_estimate_norm at iteration 1 (1.39447702824")
 
 
-def test_check_of_a_plugin_that_blocks_ends_naming_the_hook(tmp_path):
-    # the one-rank run blocks in iteration 1: check's watchdog ends it before any mpiexec starts
-    sets = ("--set", 'problem.fault="sleep"', "--set", "problem.fault_rank=-1", "--set", "run.round_timeout=2")
+@pytest.mark.parametrize(
+    ("limit", "line"),
+    [
+        (
+            "run.round_timeout=2",
+            "fednest-mpi: error: the one-rank run completed no outer iteration within 2 s (run.round_timeout, else "
+            f"--timeout): it is in {PROBLEM} hook grad_x_outer",
+        ),
+        (
+            "run.idle_timeout=2",
+            f"fednest-mpi: error: the one-rank run is in {PROBLEM} hook grad_x_outer and has used no CPU for 2 s "
+            "(run.idle_timeout: a plugin that blocks)",
+        ),
+    ],
+)
+def test_check_of_a_plugin_that_blocks_ends_naming_the_hook(tmp_path, limit, line):
+    # the one-rank run blocks in iteration 1: check's watchdog (or its idle look) ends it before any mpiexec starts
+    sets = ("--set", 'problem.fault="sleep"', "--set", "problem.fault_rank=-1", "--set", limit)
     done = _check(tmp_path, *sets)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.splitlines() == [
-        "fednest-mpi: error: the one-rank run completed no outer iteration within 2 s (run.round_timeout, else "
-        f"--timeout): it is in {PROBLEM} hook grad_x_outer"
-    ]
+    assert done.stderr.splitlines() == [line]
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes

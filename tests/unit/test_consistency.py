@@ -84,7 +84,8 @@ def test_a_resumed_run_may_turn_the_check_on(tmp_path, capsys):
         .err.rstrip()
         .endswith(
             "Resume with the config of the interrupted run (only algorithm.outer_iterations, run.check_consistency, "
-            "run.checkpoint_every, run.idle_timeout, run.log_every, run.mlflow_experiment, run.mlflow_uri, run.overwrite, run.progress, "
-            "run.round_timeout, run.round_timeout_factor, run.stop_timeout, run.tensorboard_dir may change)"
+            "run.checkpoint_every, run.idle_timeout, run.log_every, run.mlflow_experiment, run.mlflow_uri, "
+            "run.overwrite, run.progress, run.round_timeout, run.round_timeout_factor, run.stop_timeout, "
+            "run.tensorboard_dir may change)"
         )
     )
