@@ -485,6 +485,22 @@ def test_checkpoint_table_is_mean_and_sd_over_seeds_by_hand(runs):
         assert cells[4] == f"{post.format_number(np.mean(at10))} ± {post.format_number(np.std(at10, ddof=1))}"
 
 
+def test_checkpoint_table_says_how_many_runs_of_a_row_reach_an_iteration(runs, tmp_path):
+    """A run that ended early (diverged, cut off) drops out of the mean past its end: the cell says so."""
+    short = tmp_path / "fednest_short.h5"
+    _write_run(short, "fednest", 7, outer_iterations=6)
+    table = post.checkpoint_table([*runs, short], "x_error", at=[5, 10], group_by=["algorithm.name"])
+    row = next(line for line in table.splitlines() if " fednest " in line)
+    cells = [c.strip() for c in row.split("|")]
+    members = [p for p in runs if p.stem.startswith("fednest_")]
+    at10 = [read_run(p)[1]["x_error"][10] for p in members]
+    assert cells[2] == str(len(members) + 1) and "of" not in cells[3]  # all three reach 5
+    assert cells[4] == (
+        f"{post.format_number(np.mean(at10))} ± {post.format_number(np.std(at10, ddof=1))} "
+        f"({len(members)} of {len(members) + 1})"
+    )
+
+
 def test_plot_and_table_group_by_two_fields(runs, tmp_path):
     fig = post.plot(runs, tmp_path / "two.png", metric="x_error", group_by=["algorithm.name", "seed"], smooth=5)
     assert (tmp_path / "two.png").read_bytes().startswith(PNG_MAGIC)

@@ -44,7 +44,8 @@ def _add_report(sub) -> None:
         action="append",
         metavar="K",
         help="instead of the summary: a Markdown table of the (first) metric, by default the problem's "
-        "primary metric, at outer iteration K (repeatable), mean ± sd over the runs of each --group-by value",
+        "primary metric, at outer iteration K (repeatable), mean ± sd over the runs of each --group-by value "
+        "('(2 of 3)' where some of them end before K)",
     )
     _grouping_arguments(rep)
 

@@ -335,8 +335,9 @@ def checkpoint_table(
 ) -> str:
     """A Markdown table of ``metric`` (None: the runs' primary metric; optionally a trailing running mean)
     at the iterations ``at``: one row per group (mean +- sd over its runs, e.g. seeds) or per run, with
-    the run count and the median wall time per iteration. An iteration that some runs do not reach shows
-    what the others have ('-' where none of a row's runs does); one that no run reaches is a UsageError."""
+    the run count and the median wall time per iteration. An iteration that some runs of a row do not reach
+    shows what the others have, marked ``(2 of 3)``, so that a short run cannot drop out of a mean unseen ('-'
+    where none of a row's runs does); one that no run reaches is a UsageError."""
     runs = read_runs(paths)
     if metric is None:
         metric = common_primary_metrics(runs)[0]
@@ -361,12 +362,13 @@ def checkpoint_table(
             values = np.asarray(
                 [y[it == k][0] for it, y in (smoothed[id(r)] for r in members) if (it == k).any()], dtype=float
             )
+            short = f" ({values.size} of {len(members)})" if 0 < values.size < len(members) else ""
             if not values.size:
                 cells.append(" - ")
             elif values.size == 1:
-                cells.append(f" {format_number(values[0])} ")
+                cells.append(f" {format_number(values[0])}{short} ")
             else:
-                cells.append(f" {format_number(values.mean())} ± {format_number(values.std(ddof=1))} ")
+                cells.append(f" {format_number(values.mean())} ± {format_number(values.std(ddof=1))}{short} ")
         per_it = [
             float(np.nanmedian(np.diff(np.asarray(r.data["wall_time"], dtype=float))))
             for r in members
