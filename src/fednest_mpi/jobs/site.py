@@ -93,44 +93,59 @@ def site_from_dict(data: Mapping, where: str = "site") -> Site:
         if key in data:
             kw[key] = _strings(pre + key, data[key])
     if "sbatch_extra" in data:
-        kw["sbatch_extra"] = _strings(pre + "sbatch_extra", data["sbatch_extra"])
-        for i, opt in enumerate(kw["sbatch_extra"]):
-            if not opt.startswith("-"):
-                raise UsageError(
-                    f"{pre}sbatch_extra[{i}]: {opt!r} is not an sbatch option; write it as '--constraint=cpu'"
-                )
+        kw["sbatch_extra"] = _sbatch_extra(pre, data["sbatch_extra"])
     if "mpirun_command" in data:
         kw["mpirun_command"] = _string(pre + "mpirun_command", data["mpirun_command"], empty=False)
     if "command" in data:
-        cmd = data["command"]
-        kw["command"] = (
-            tuple(shlex.split(_string(pre + "command", cmd, empty=False)))
-            if isinstance(cmd, str)
-            else _strings(pre + "command", cmd)
-        )
-        if not kw["command"]:
-            raise UsageError(f"{pre}command: must name a program, e.g. 'fednest-mpi'")
+        kw["command"] = _command(pre, data["command"])
     if "launcher" in data:
-        launcher = data["launcher"]
-        if launcher not in LAUNCHERS:
-            raise UsageError(
-                f"{pre}launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}"
-                + did_you_mean(str(launcher), LAUNCHERS)
-            )
-        kw["launcher"] = launcher
+        kw["launcher"] = _launcher(pre, data["launcher"])
     if "env" in data:
-        env = data["env"]
-        if not isinstance(env, dict):
-            raise UsageError(f"{pre}env: expected a table of NAME = value, got {env!r}")
-        out = {}
-        for key, value in env.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise UsageError(f"{pre}env.{key}: not a valid environment variable name")
-            if isinstance(value, (dict, list)):
-                raise UsageError(f"{pre}env.{key}: expected a string or number, got {value!r}")
-            out[key] = toml_value(value).strip('"') if not isinstance(value, str) else _string(f"{pre}env.{key}", value)
-        kw["env"] = out
+        kw["env"] = _environment(pre, data["env"])
     return Site(**kw)
+
+
+def _sbatch_extra(pre: str, value) -> tuple[str, ...]:
+    """The site's extra sbatch options: strings, each an option (``--constraint=cpu``)."""
+    options = _strings(pre + "sbatch_extra", value)
+    for i, opt in enumerate(options):
+        if not opt.startswith("-"):
+            raise UsageError(f"{pre}sbatch_extra[{i}]: {opt!r} is not an sbatch option; write it as '--constraint=cpu'")
+    return options
+
+
+def _command(pre: str, cmd) -> tuple[str, ...]:
+    """The site's command: a shell-like string or a list of words, naming a program."""
+    words = (
+        tuple(shlex.split(_string(pre + "command", cmd, empty=False)))
+        if isinstance(cmd, str)
+        else _strings(pre + "command", cmd)
+    )
+    if not words:
+        raise UsageError(f"{pre}command: must name a program, e.g. 'fednest-mpi'")
+    return words
+
+
+def _launcher(pre: str, launcher) -> str:
+    if launcher not in LAUNCHERS:
+        raise UsageError(
+            f"{pre}launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}" + did_you_mean(str(launcher), LAUNCHERS)
+        )
+    return launcher
+
+
+def _environment(pre: str, env) -> dict[str, str]:
+    """The site's environment table: valid names, string or number values (as the shell gets them)."""
+    if not isinstance(env, dict):
+        raise UsageError(f"{pre}env: expected a table of NAME = value, got {env!r}")
+    out = {}
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"{pre}env.{key}: not a valid environment variable name")
+        if isinstance(value, (dict, list)):
+            raise UsageError(f"{pre}env.{key}: expected a string or number, got {value!r}")
+        out[key] = toml_value(value).strip('"') if not isinstance(value, str) else _string(f"{pre}env.{key}", value)
+    return out
 
 
 def builtin_sites() -> list[str]:

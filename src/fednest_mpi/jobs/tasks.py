@@ -75,40 +75,46 @@ def expand(sweep: Sweep) -> list[Task]:
     grid_keys, zip_keys = list(sweep.grid), list(sweep.zip)
     zip_rows = list(zip(*sweep.zip.values())) if sweep.zip else [()]
     rank_list = sweep.scaling.ranks if sweep.scaling else (sweep.resources.ranks,)
-    width = len(str(max(rank_list)))
     labels = {k: _values_label(k, v) for k, v in {**sweep.grid, **sweep.zip}.items()}
     tasks: list[Task] = []
     for ranks in rank_list:
         for combo in itertools.product(*sweep.grid.values(), zip_rows):
             varying = dict(zip(grid_keys, combo[:-1])) | dict(zip(zip_keys, combo[-1]))
-            derived = {}
-            if sweep.scaling and sweep.scaling.kind == "weak":
-                derived = {k: v * ranks for k, v in sweep.scaling.per_rank.items()}
-            index = len(tasks)
-            values = {**sweep.set, **varying, **derived}
-            if sweep.scaling:
-                values["ranks"] = ranks
-            if sweep.name_pattern:
-                name = _format_name(sweep.name_pattern, {**values, "index": index, "sweep": sweep.name}, where)
-            else:
-                parts = [f"ranks{ranks:0{width}d}"] if sweep.scaling else []
-                parts += [labels[k](v) for k, v in varying.items()]
-                name = "_".join(parts) or sweep.name
-            overrides = tuple(f"{k}={toml_value(v)}" for k, v in {**sweep.set, **varying, **derived}.items())
-            output = str(Path(sweep.output_dir) / f"{name}.h5") if sweep.output_dir else f"{name}.h5"
-            tasks.append(
-                Task(
-                    index=index,
-                    name=name,
-                    config=sweep.config,
-                    overrides=overrides,
-                    output=output,
-                    ranks=ranks,
-                    values={**varying, **derived, **({"ranks": ranks} if sweep.scaling else {})},
-                    sweep=sweep.name,
-                    overwrite=sweep.overwrite,
-                )
-            )
+            tasks.append(_task(sweep, len(tasks), ranks, varying, labels, len(str(max(rank_list))), where))
+    _check_unique_names(tasks, where)
+    return tasks
+
+
+def _task(sweep: Sweep, index: int, ranks: int, varying: dict, labels: dict, width: int, where: str) -> Task:
+    """Run ``index`` of ``sweep``: ``ranks`` ranks, the grid/zip values ``varying`` (and the weak-scaling
+    values derived from the rank count), named by the sweep's name_pattern or by its varying values."""
+    derived = {}
+    if sweep.scaling and sweep.scaling.kind == "weak":
+        derived = {k: v * ranks for k, v in sweep.scaling.per_rank.items()}
+    values = {**sweep.set, **varying, **derived}
+    if sweep.scaling:
+        values["ranks"] = ranks
+    if sweep.name_pattern:
+        name = _format_name(sweep.name_pattern, {**values, "index": index, "sweep": sweep.name}, where)
+    else:
+        parts = [f"ranks{ranks:0{width}d}"] if sweep.scaling else []
+        parts += [labels[k](v) for k, v in varying.items()]
+        name = "_".join(parts) or sweep.name
+    overrides = tuple(f"{k}={toml_value(v)}" for k, v in {**sweep.set, **varying, **derived}.items())
+    return Task(
+        index=index,
+        name=name,
+        config=sweep.config,
+        overrides=overrides,
+        output=str(Path(sweep.output_dir) / f"{name}.h5") if sweep.output_dir else f"{name}.h5",
+        ranks=ranks,
+        values={**varying, **derived, **({"ranks": ranks} if sweep.scaling else {})},
+        sweep=sweep.name,
+        overwrite=sweep.overwrite,
+    )
+
+
+def _check_unique_names(tasks: list[Task], where: str) -> None:
     seen: dict[str, Task] = {}
     for t in tasks:
         if t.name in seen:
@@ -117,7 +123,6 @@ def expand(sweep: Sweep) -> list[Task]:
                 "add the fields that tell them apart to name_pattern"
             )
         seen[t.name] = t
-    return tasks
 
 
 def check_tasks(tasks: Sequence[Task], workdir: str | Path = ".") -> None:

@@ -123,69 +123,77 @@ def _records_folder(path: Path, data: dict, task: str) -> Path | None:
     return None if value is None else _beside(path, value) / task
 
 
+#: the fields every [[task]] table has, and their TOML types
+_TASK_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "runs": str,
+    "metric": str,
+    "target": (int, float),
+    "budget_rounds": int,
+}
+_TASK_OPTIONAL = ("tune_seeds", "report_seeds", "tie_tolerance")
+
+
 def read_benchmark_file(path: str | Path) -> list[BenchmarkTask]:
     """The tasks of a benchmark file, checked (:class:`UsageError` naming the field and the fix)."""
     p = Path(path)
+    data = _benchmark_toml(p)
+    tasks = data.get("task")
+    if not isinstance(tasks, list) or not tasks:
+        raise UsageError(f"{p}: no [[task]] tables; each task needs name, runs, metric, target, budget_rounds")
+    return [_benchmark_task(p, data, i, task) for i, task in enumerate(tasks)]
+
+
+def _benchmark_toml(p: Path) -> dict:
+    """The benchmark file's TOML, or the UsageError that says why it cannot be read."""
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(
             f"--benchmark: {str(p)!r} does not exist; pass a benchmark file such as jobs/benchmarks/table.toml"
         ) from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"--benchmark: {str(p)!r} is not a readable TOML file ({exc})") from None
-    tasks = data.get("task")
-    if not isinstance(tasks, list) or not tasks:
-        raise UsageError(f"{p}: no [[task]] tables; each task needs name, runs, metric, target, budget_rounds")
-    out = []
-    kinds: dict[str, type | tuple[type, ...]] = {
-        "name": str,
-        "runs": str,
-        "metric": str,
-        "target": (int, float),
-        "budget_rounds": int,
-    }
-    optional = ("tune_seeds", "report_seeds", "tie_tolerance")
-    for i, task in enumerate(tasks):
-        for key, kind in kinds.items():
-            value = task.get(key)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise UsageError(
-                    f"{p}: task {i + 1}: {key}: expected a {getattr(kind, '__name__', 'number')}, got {value!r}"
-                )
-        unknown = sorted(set(task) - set(kinds) - set(optional))
-        if unknown:
+
+
+def _benchmark_task(p: Path, data: dict, i: int, task: dict) -> BenchmarkTask:
+    """Task ``i`` (0-based) of the benchmark file ``p`` (its TOML ``data``), checked field by field."""
+    for key, kind in _TASK_FIELDS.items():
+        value = task.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
             raise UsageError(
-                f"{p}: task {task['name']!r}: unknown field(s) {', '.join(unknown)}; known: "
-                f"{', '.join([*kinds, *optional])}"
+                f"{p}: task {i + 1}: {key}: expected a {getattr(kind, '__name__', 'number')}, got {value!r}"
             )
-        where = f"{p}: task {task['name']!r}"
-        tune = _seeds(where, "tune_seeds", task.get("tune_seeds", list(TUNE_SEEDS)))
-        report = _seeds(where, "report_seeds", task.get("report_seeds", list(REPORT_SEEDS)))
-        if set(tune) & set(report):
-            raise UsageError(
-                f"{where}: tune_seeds and report_seeds share seed(s) {sorted(set(tune) & set(report))}; "
-                "tune on seeds the table does not report"
-            )
-        tolerance = task.get("tie_tolerance", 0.0)
-        if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
-            raise UsageError(
-                f"{where}: tie_tolerance: expected a number >= 0 (0: ties at relative 1e-9 only), got {tolerance!r}"
-            )
-        out.append(
-            BenchmarkTask(
-                task["name"],
-                _beside(p, task["runs"]),
-                task["metric"],
-                float(task["target"]),
-                task["budget_rounds"],
-                tune,
-                report,
-                float(tolerance),
-                _records_folder(p, data, task["name"]),
-            )
+    unknown = sorted(set(task) - set(_TASK_FIELDS) - set(_TASK_OPTIONAL))
+    if unknown:
+        raise UsageError(
+            f"{p}: task {task['name']!r}: unknown field(s) {', '.join(unknown)}; known: "
+            f"{', '.join([*_TASK_FIELDS, *_TASK_OPTIONAL])}"
         )
-    return out
+    where = f"{p}: task {task['name']!r}"
+    tune = _seeds(where, "tune_seeds", task.get("tune_seeds", list(TUNE_SEEDS)))
+    report = _seeds(where, "report_seeds", task.get("report_seeds", list(REPORT_SEEDS)))
+    if set(tune) & set(report):
+        raise UsageError(
+            f"{where}: tune_seeds and report_seeds share seed(s) {sorted(set(tune) & set(report))}; "
+            "tune on seeds the table does not report"
+        )
+    tolerance = task.get("tie_tolerance", 0.0)
+    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
+        raise UsageError(
+            f"{where}: tie_tolerance: expected a number >= 0 (0: ties at relative 1e-9 only), got {tolerance!r}"
+        )
+    return BenchmarkTask(
+        task["name"],
+        _beside(p, task["runs"]),
+        task["metric"],
+        float(task["target"]),
+        task["budget_rounds"],
+        tune,
+        report,
+        float(tolerance),
+        _records_folder(p, data, task["name"]),
+    )
 
 
 @dataclass
@@ -569,67 +577,95 @@ def benchmark_table(
             lines += [f"### {task.name}", "", f"Not run here yet: `bash jobs/benchmarks/run.sh {task.name}`.", ""]
             continue
         rows = task_rows(task)
-        tune, report = (", ".join(map(str, s)) for s in (task.tune_seeds, task.report_seeds))
-        at = f"{task.metric} at {task.budget_rounds}"
-        tie = f"an absolute {format_number(task.tie_tolerance)} or relative" if task.tie_tolerance else "relative"
-        lines += [
-            f"### {task.name}",
-            "",
-            f"{task.metric}: target {format_number(task.target)}, budget {task.budget_rounds} rounds; "
-            f"{_where(task)}. Each algorithm's setting is chosen on seeds {tune} "
-            "(the `tuning` columns) by the rule of docs/benchmarks.md (rounds to target first; the metric at the "
-            f"budget among settings that miss it; ties within {tie} {TIE_RTOL:g} of the metric); the other "
-            f"columns report seeds {report}, mean ± sd. 'edge of grid': the chosen value is the smallest or "
-            "largest tried.",
-            "",
-            f"| algorithm | setting | tuning: rounds to target | tuning: {at} | rounds to target "
-            f"| bytes to target (per rank) | {at} rounds | config |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
         chosen = chosen_rows(rows, task)
-        notes: dict[int, str] = {}
-        for i, row in enumerate(rows):
-            setting = _setting_text(row)
-            if i in chosen and len(row.setting):
-                edges = grid_edges(rows, i, task)
-                notes[i] = _edges_text(edges) if edges else ""
-                setting = f"**{setting}** (chosen{'; ' + notes[i] if edges else ''})"
-            link = "-"
-            if folder is not None:
-                cfg = _config_file(row, task, folder)
-                rel = cfg.relative_to(link_base) if link_base is not None else cfg
-                link = f"[json]({rel.as_posix()})"
-            lines.append(
-                f"| {row.algorithm} | {setting} | {_reach(row.tuning.rounds_to_target)} "
-                f"| {_at_budget(row.tuning.value_at_budget) if row.tuning.runs else '-'} "
-                f"| {_reach(row.report.rounds_to_target)} | {_reach(row.report.bytes_to_target, format_bytes)} "
-                f"| {_at_budget(row.report.value_at_budget) if row.report.runs else '-'} | {link} |"
-            )
-        lines += [
-            "",
-            f"Chosen rows of {task.name} (seeds {report}):",
-            "",
-            f"| algorithm | setting | rounds to target | bytes to target (per rank) | {at} rounds | note |",
-            "|---|---|---|---|---|---|",
-        ]
-        for algorithm in sorted({row.algorithm for row in rows}):
-            members = [i for i, row in enumerate(rows) if row.algorithm == algorithm]
-            picked = [i for i in members if i in chosen]
-            if len(members) == 1:
-                i, note = members[0], "one setting, not tuned"
-            elif picked:
-                i, note = picked[0], notes.get(picked[0], "") or "bracketed"
-            else:
-                lines.append(f"| {algorithm} | - | - | - | - | not chosen: no setting ran every tuning seed |")
-                continue
-            row = rows[i]
-            lines.append(
-                f"| {algorithm} | {_setting_text(row)} | {_reach(row.report.rounds_to_target)} "
-                f"| {_reach(row.report.bytes_to_target, format_bytes)} | {_at_budget(row.report.value_at_budget)} "
-                f"| {note} |"
-            )
-        lines.append("")
+        lines += _task_head(task)
+        notes = _edge_notes(rows, chosen, task)
+        lines += [_row_line(row, i, chosen, notes, task, folder, link_base) for i, row in enumerate(rows)]
+        lines += _chosen_lines(rows, chosen, notes, task)
     return "\n".join(lines)
+
+
+def _at_text(task: BenchmarkTask) -> str:
+    return f"{task.metric} at {task.budget_rounds}"
+
+
+def _task_head(task: BenchmarkTask) -> list[str]:
+    """A task's heading, the words on how it was tuned and reported, and its table's head."""
+    tune, report = (", ".join(map(str, s)) for s in (task.tune_seeds, task.report_seeds))
+    at = _at_text(task)
+    tie = f"an absolute {format_number(task.tie_tolerance)} or relative" if task.tie_tolerance else "relative"
+    return [
+        f"### {task.name}",
+        "",
+        f"{task.metric}: target {format_number(task.target)}, budget {task.budget_rounds} rounds; "
+        f"{_where(task)}. Each algorithm's setting is chosen on seeds {tune} "
+        "(the `tuning` columns) by the rule of docs/benchmarks.md (rounds to target first; the metric at the "
+        f"budget among settings that miss it; ties within {tie} {TIE_RTOL:g} of the metric); the other "
+        f"columns report seeds {report}, mean ± sd. 'edge of grid': the chosen value is the smallest or "
+        "largest tried.",
+        "",
+        f"| algorithm | setting | tuning: rounds to target | tuning: {at} | rounds to target "
+        f"| bytes to target (per rank) | {at} rounds | config |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+
+def _edge_notes(rows: list[TaskRow], chosen, task: BenchmarkTask) -> dict[int, str]:
+    """For each chosen row with a setting: the words on its grid's edges ('' where it is bracketed)."""
+    notes = {}
+    for i in chosen:
+        if len(rows[i].setting):
+            edges = grid_edges(rows, i, task)
+            notes[i] = _edges_text(edges) if edges else ""
+    return notes
+
+
+def _row_line(row: TaskRow, i: int, chosen, notes, task, folder: Path | None, link_base) -> str:
+    """Row ``i`` of a task's table: its setting (bold where chosen), tuning and reported numbers, its config."""
+    setting = _setting_text(row)
+    if i in notes:
+        setting = f"**{setting}** (chosen{'; ' + notes[i] if notes[i] else ''})"
+    link = "-"
+    if folder is not None:
+        cfg = _config_file(row, task, folder)
+        rel = cfg.relative_to(link_base) if link_base is not None else cfg
+        link = f"[json]({rel.as_posix()})"
+    return (
+        f"| {row.algorithm} | {setting} | {_reach(row.tuning.rounds_to_target)} "
+        f"| {_at_budget(row.tuning.value_at_budget) if row.tuning.runs else '-'} "
+        f"| {_reach(row.report.rounds_to_target)} | {_reach(row.report.bytes_to_target, format_bytes)} "
+        f"| {_at_budget(row.report.value_at_budget) if row.report.runs else '-'} | {link} |"
+    )
+
+
+def _chosen_lines(rows: list[TaskRow], chosen, notes: dict[int, str], task: BenchmarkTask) -> list[str]:
+    """The table of each algorithm's chosen row on the reported seeds."""
+    report = ", ".join(map(str, task.report_seeds))
+    lines = [
+        "",
+        f"Chosen rows of {task.name} (seeds {report}):",
+        "",
+        f"| algorithm | setting | rounds to target | bytes to target (per rank) | {_at_text(task)} rounds | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for algorithm in sorted({row.algorithm for row in rows}):
+        members = [i for i, row in enumerate(rows) if row.algorithm == algorithm]
+        picked = [i for i in members if i in chosen]
+        if len(members) == 1:
+            i, note = members[0], "one setting, not tuned"
+        elif picked:
+            i, note = picked[0], notes.get(picked[0], "") or "bracketed"
+        else:
+            lines.append(f"| {algorithm} | - | - | - | - | not chosen: no setting ran every tuning seed |")
+            continue
+        row = rows[i]
+        lines.append(
+            f"| {algorithm} | {_setting_text(row)} | {_reach(row.report.rounds_to_target)} "
+            f"| {_reach(row.report.bytes_to_target, format_bytes)} | {_at_budget(row.report.value_at_budget)} "
+            f"| {note} |"
+        )
+    lines.append("")
+    return lines
 
 
 @dataclass(frozen=True)
