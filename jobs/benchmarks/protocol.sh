@@ -2,7 +2,8 @@
 # The tuning protocol of docs/benchmarks.md for the named algorithms of the quadratic tasks, one algorithm after the
 # other, resumable across sessions: a run whose run file or benchmark record (docs/benchmarks/records) exists is not
 # run again, and an algorithm whose chosen setting has run on the reported seeds is complete and skipped.
-# Usage: bash jobs/benchmarks/protocol.sh TASK/ALG ...   (a sweep jobs/benchmarks/TASK/ALG.toml of table.toml's tasks)
+# Usage: bash jobs/benchmarks/protocol.sh TASK/ALG ...   (a sweep jobs/benchmarks/TASK/ALG.toml of table.toml's tasks;
+#   the MNIST tasks of mnist.toml: TABLE=jobs/benchmarks/mnist.toml FEDNEST_DATA=../shared/data bash ...)
 # Example: nice -n 19 bash jobs/benchmarks/protocol.sh quadratic_local/fedmsa quadratic_uneven/fedmbo
 # Then: fednest-mpi report --benchmark jobs/benchmarks/table.toml --archive, and commit docs/benchmarks/records.
 # DRY_RUN=1 prints what would run and runs nothing. One run at a time (-j 1).
@@ -10,9 +11,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 FEDNEST=${FEDNEST:-.venv/bin/fednest-mpi}
 EXTENSIONS=${EXTENSIONS:-2}   # at most this many grid extensions per algorithm (per call: see docs/benchmarks.md)
-TABLE=jobs/benchmarks/table.toml
+TABLE=${TABLE:-jobs/benchmarks/table.toml}   # the MNIST tasks: TABLE=jobs/benchmarks/mnist.toml (and FEDNEST_DATA)
 RECORDS=docs/benchmarks/records
-if [ $# -eq 0 ] || [ "${1:-}" = "-h" ]; then sed -n '2,8p' "$0"; exit 2; fi
+if [ $# -eq 0 ] || [ "${1:-}" = "-h" ]; then sed -n '2,9p' "$0"; exit 2; fi
 failed=()
 done_names() {   # done_names TASK: the names of the runs of TASK that have a run file or a record
     ls runs/benchmarks/"$1"/ 2> /dev/null | sed -n 's/\.h5$//p'
