@@ -14,9 +14,11 @@
   with exit code 1. The limit is ``run.round_timeout`` seconds when set; else (0, the default) it is
   automatic from the first completed iteration on: ``run.round_timeout_factor`` times the longest iteration so
   far, and at least :data:`AUTO_MIN_SECONDS`, so that a plugin that blocks for ever on one rank cannot hang a
-  job (a factor of 0 turns it off). During the start-up the same limit (:data:`AUTO_MIN_SECONDS` when automatic)
-  ends a rank that is inside a plugin hook (its constructor, the probe's oracle calls) after that long; the
-  project's own start-up (data, collectives) is not limited.
+  job (a factor of 0 turns it off). A rank inside a plugin hook (a hook that spins) gets less: the same factor
+  and at least :data:`AUTO_HOOK_MIN_SECONDS` (:meth:`StopRequests.hook_limit`). During the start-up and the
+  first iteration :data:`AUTO_MIN_SECONDS` (or ``run.round_timeout``) ends a rank that is inside a plugin hook
+  (its constructor, the probe's oracle calls, the first step) after that long; the project's own start-up
+  (data, collectives) is not limited.
 * The **idle look** ends a blocked plugin within seconds, where the watchdog needs minutes: a rank whose main
   thread is inside a plugin hook (start-up or iterations) and whose process has used (next to) no CPU for
   ``run.idle_timeout`` seconds (a hook that waits for input, a lock, a message or a child that never comes)
@@ -52,6 +54,9 @@ WATCH_SECONDS = 0.2  # how often the deadlines are looked at
 #: the automatic watchdog's least limit (run.round_timeout = 0): a slow file system or a long evaluation in one
 #: iteration must not end a run whose iterations are short
 AUTO_MIN_SECONDS = 600.0
+#: the automatic watchdog's least limit for a rank inside a plugin hook, from the first completed iteration on
+#: (a hook that spins; the project's own I/O keeps AUTO_MIN_SECONDS)
+AUTO_HOOK_MIN_SECONDS = 60.0
 #: a gap between two ticks of the watch thread longer than this is time the process was stopped (SIGSTOP)
 STOPPED_GAP_SECONDS = 2.0
 #: the idle look: a rank in a plugin hook that used less than this share of one core over run.idle_timeout is
@@ -298,6 +303,25 @@ class StopRequests:
             )
         return 0.0, ""
 
+    def hook_limit(self) -> tuple[float, str]:
+        """The limit for a rank whose main thread is inside a plugin hook (a hook that spins, or blocks while
+        using CPU) and its name: :meth:`limit`, except that the automatic one is shorter from the first
+        completed iteration on, ``round_timeout_factor`` times the longest iteration and at least
+        :data:`AUTO_HOOK_MIN_SECONDS` (a hook call that long is not a slow one), and :data:`AUTO_MIN_SECONDS`
+        during the start-up and the first iteration (nothing is known of their length)."""
+        if self.round_timeout > 0 or self.round_factor <= 0:
+            return self.limit()
+        if self._longest is None:
+            return AUTO_MIN_SECONDS, (
+                f"the automatic watchdog's {AUTO_MIN_SECONDS:.0f} s (no iteration yet; set run.round_timeout to choose)"
+            )
+        seconds = max(AUTO_HOOK_MIN_SECONDS, self.round_factor * self._longest)
+        return seconds, (
+            f"the automatic watchdog's {seconds:.0f} s for a rank in a plugin hook (run.round_timeout_factor = "
+            f"{self.round_factor:g} times the longest iteration so far, at least {AUTO_HOOK_MIN_SECONDS:g} s; set "
+            "run.round_timeout to choose)"
+        )
+
     def _watch(self) -> None:
         while not self._done.is_set():
             _P.wake.wait(WATCH_SECONDS)
@@ -328,26 +352,26 @@ class StopRequests:
         idle = self._idle_reason(after)
         if idle is not None:
             return idle
-        seconds, limit = self.limit()
-        if not self._rounds and seconds > 0 and self._locate is not None and now - self._last_beat > seconds:
-            stuck = self._locate()  # start-up: only a rank inside a plugin hook (constructor, probe) is ended
-            if stuck is not None:
+        elapsed = now - self._last_beat
+        hook_seconds, hook_limit = self.hook_limit()
+        if hook_seconds > 0 and elapsed > hook_seconds and self._locate is not None:
+            stuck = self._locate()  # only a rank inside a plugin hook; the others wait for it (below)
+            if stuck is not None and not self._rounds:
                 return 1, (
-                    f"run failed: the start-up did not finish within {limit}: {stuck} (a plugin that blocks, or "
-                    "raise run.round_timeout)"
+                    f"run failed: the start-up did not finish within {hook_limit}: {stuck} (a plugin that blocks, "
+                    "or raise run.round_timeout)"
                 )
-        if self._rounds and seconds > 0 and now - self._last_beat > seconds:
-            stuck = self._locate() if self._locate is not None else None
             if stuck is not None:
                 return 1, (
-                    f"run failed: no outer iteration completed within {limit}: "
+                    f"run failed: no outer iteration completed within {hook_limit}: "
                     f"{stuck} {after} (a plugin that blocks, or raise run.round_timeout)"
                 )
-            if now - self._last_beat > seconds + WAITING_GRACE_SECONDS:
-                return 1, (
-                    f"run failed: no outer iteration completed within {limit} "
-                    f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"
-                )
+        seconds, limit = self.limit()
+        if self._rounds and seconds > 0 and elapsed > seconds + WAITING_GRACE_SECONDS:
+            return 1, (
+                f"run failed: no outer iteration completed within {limit} "
+                f"(a rank stopped or blocked on I/O, or raise run.round_timeout) {after}"
+            )
         return None
 
     def _idle_reason(self, after: str) -> tuple[int, str] | None:

@@ -191,6 +191,26 @@ def test_the_idle_look_ends_a_rank_in_a_plugin_hook_and_spares_one_that_waits_fo
         assert not waiting.event.wait(1.5)
 
 
+def test_the_automatic_watchdog_gives_a_rank_in_a_plugin_hook_less_time(monkeypatch):
+    """From the first completed iteration on, a rank inside a plugin hook (a hook that spins) is ended after
+    round_timeout_factor times the longest iteration and at least AUTO_HOOK_MIN_SECONDS, not AUTO_MIN_SECONDS;
+    before it (the first iteration), after AUTO_MIN_SECONDS."""
+    monkeypatch.setattr(stop, "AUTO_MIN_SECONDS", 30.0)
+    monkeypatch.setattr(stop, "AUTO_HOOK_MIN_SECONDS", 0.5)
+    hook = "rank 0/1 is in problem 'p' hook grad_x_outer"
+    ended = Ended()
+    with stop.StopRequests(round_timeout=0.0, round_factor=3.0) as requests:
+        requests.arm(ended, rounds=True, locate=lambda: hook)
+        assert requests.hook_limit()[0] == 30.0 and not ended.event.wait(1.0)  # the first iteration: 30 s
+        requests.beat(0)
+        assert requests.hook_limit()[0] == pytest.approx(3.0, rel=0.2)  # 3 x its ~1 s
+        assert requests.limit()[0] == 30.0  # a rank not in a hook: AUTO_MIN_SECONDS
+        assert ended.event.wait(10)
+    ((code, message),) = ended.calls
+    assert code == 1 and message.startswith("run failed: no outer iteration completed within the automatic watchdog's")
+    assert "for a rank in a plugin hook" in message and f"{hook} after iteration 0" in message
+
+
 def test_nothing_ends_a_disarmed_run():
     ended = Ended()
     with stop.StopRequests(round_timeout=0.2) as requests:
