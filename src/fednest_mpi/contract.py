@@ -90,12 +90,17 @@ def plugin_of(obj) -> str:
 def hook_of(exc: BaseException) -> str | None:
     """``problem 'name' (module:Class) hook H`` for the innermost problem or algorithm hook (``H`` without
     its implementation's underscore) in ``exc``'s traceback, else ``callback 'module:Class' hook H`` for a
-    callback's method (:data:`fednest_mpi.callbacks.POINTS`), or None when it came from elsewhere."""
+    callback's method (:data:`fednest_mpi.callbacks.POINTS`), or None when it came from elsewhere. The traceback
+    goes on into ``exc.__cause__``'s (``raise ... from``): a ``StopIteration`` that a plugin raised under a
+    generator of the project arrives as the generator's ``RuntimeError``, whose cause holds the plugin's frames."""
     frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
+    cause: BaseException | None = exc
+    while cause is not None and len(frames) < 10_000:  # (a cycle of causes made by hand ends too)
+        tb = cause.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        cause = cause.__cause__
     return _hook_in(frames)[0]
 
 

@@ -82,8 +82,18 @@ def failure_line(exc: BaseException, rank: int, size: int, last: int | None) -> 
 
     where = f" after iteration {last}" if last is not None else ""
     hook = hook_of(exc)
-    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = exception_text(exc)
+    what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return f"rank {rank}/{size}: run failed{where}: {what}" + (f" (raised in {hook})" if hook else "")
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or what its ``__str__`` raised instead: a plugin's exception whose ``__str__`` fails must
+    still give the rank's one line (the job would wait for it in a collective)."""
+    try:
+        return str(exc)
+    except Exception as err:  # noqa: BLE001 -- anything a plugin's __str__ raises
+        return f"<str() of it raised {type(err).__name__}>"
 
 
 class Beat:

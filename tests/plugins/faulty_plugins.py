@@ -14,7 +14,14 @@ from derived_plugins import LossQuadratic
 from fednest_mpi.api import FedNest, FedNestConfig, QuadraticConfig, QuadraticProblem, State, spec
 
 #: faults of the problem after its probe (every oracle called twice at construction)
-LATE = ("system_exit", "keyboard_interrupt", "shape_late")
+LATE = ("system_exit", "keyboard_interrupt", "shape_late", "unprintable", "stop_iteration")
+
+
+class Unprintable(Exception):
+    """An exception whose message cannot be made: its ``__str__`` raises."""
+
+    def __str__(self):
+        raise RuntimeError("no message")
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,10 @@ class FaultyQuadratic(QuadraticProblem):
             raise SystemExit(3)
         if fault == "keyboard_interrupt" and late:
             raise KeyboardInterrupt
+        if fault == "unprintable" and late:
+            raise Unprintable
+        if fault == "stop_iteration" and late:  # reaches the run through a generator: PEP 479 makes it a RuntimeError
+            raise StopIteration
         if fault == "shape" or (fault == "shape_late" and late):
             return out[0]
         if fault == "float32":

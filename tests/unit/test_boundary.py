@@ -250,7 +250,15 @@ def test_the_probe_leaves_the_oracle_counts_alone():
         assert h[name] == plain[name], name
 
 
-@pytest.mark.parametrize("fault, kind", [("system_exit", "SystemExit: 3"), ("keyboard_interrupt", "KeyboardInterrupt")])
+@pytest.mark.parametrize(
+    "fault, kind",
+    [
+        ("system_exit", "SystemExit: 3"),
+        ("keyboard_interrupt", "KeyboardInterrupt"),
+        ("unprintable", "Unprintable: <str() of it raised RuntimeError>"),  # its __str__ raises: still one line
+        ("stop_iteration", "RuntimeError: generator raised StopIteration"),  # named by its cause's frames
+    ],
+)
 def test_a_base_exception_in_a_hook_fails_the_run_naming_the_hook(tmp_path, fault, kind):
     cfg = faulty(fault, output=str(tmp_path / "o.h5"), checkpoint_dir=str(tmp_path / "ckpt"))
     with pytest.raises(RunFailed) as caught:
@@ -284,10 +292,17 @@ def test_an_oracle_of_a_subclass_may_call_super_under_its_public_name():
         assert sub[name] == plain[name], name
 
 
+def _env(**more) -> dict:
+    """The environment of a run in a process of its own: the plugins' folder before the caller's PYTHONPATH (which
+    may name the checkout's src/), one OpenMP thread."""
+    path = os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **more}
+
+
 def _mpiexec(cfg: Path, *args, ranks=2, timeout=120):
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "fednest_mpi", "run", str(cfg), *map(str, args)]
-    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    env = _env(MPI4PY_RC_THREAD_LEVEL="single")
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     return done, time.monotonic() - start
@@ -321,6 +336,12 @@ clients_per_round = 6
             1,
             f"fednest-mpi: rank 1/2: run failed after iteration 0: KeyboardInterrupt (raised in {PROBLEM} hook "
             "grad_x_outer)",
+        ),
+        (  # an exception whose __str__ raises: the rank's line still comes (the other rank waited for it)
+            "unprintable",
+            1,
+            "fednest-mpi: rank 1/2: run failed after iteration 0: Unprintable: <str() of it raised RuntimeError> "
+            f"(raised in {PROBLEM} hook grad_x_outer)",
         ),
         (
             "shape_late",
@@ -418,7 +439,7 @@ def test_a_run_that_ends_well_leaves_no_fatal_log(tmp_path):
     # a process of its own: faulthandler is pytest's in this one (the log is kept only where nobody enabled it)
     cfg = tmp_path / "f.toml"
     cfg.write_text(CONFIG)
-    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "OMP_NUM_THREADS": "1"}
+    env = _env()
     env.pop("PYTHONFAULTHANDLER", None)
     cmd = [sys.executable, "-m", "fednest_mpi", "run", str(cfg), "--output", str(tmp_path / "o.h5"), "-q"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -433,7 +454,7 @@ def test_usage_error_is_the_base_of_plugin_error():
 def _check(tmp_path, *args):
     cfg = tmp_path / "f.toml"
     cfg.write_text(CONFIG)
-    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    env = _env(MPI4PY_RC_THREAD_LEVEL="single")
     cmd = [sys.executable, "-m", "fednest_mpi", "check", str(cfg), "--iterations", "2", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
