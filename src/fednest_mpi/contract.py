@@ -154,6 +154,8 @@ def _describe(value) -> str:
     if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value):
         parts = ", ".join(_describe(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
         return f"a {type(value).__name__} of {len(value)} ({parts})"
+    if isinstance(value, np.ndarray):  # not its values: one line (return torch.as_tensor(a, dtype=..., device=...))
+        return f"a numpy {value.dtype} array of shape {value.shape} (a torch tensor is needed: torch.as_tensor)"
     return " ".join(f"{type(value).__name__} {value!r}".split())[:120]  # one line
 
 
@@ -242,17 +244,8 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
     from fednest_mpi.problems.base import Sample, shared_rows
 
     plugin = plugin_of(problem)
-    if not hasattr(problem, "unchecked_calls"):
-        raise PluginError(
-            f"{plugin} hook __init__: expected the constructor to call super().__init__() (the oracle counters of "
-            "BilevelProblem), got an instance without them; call it first"
-        )
-    for attr in ("dim_x", "dim_y", "n_clients"):
-        if not isinstance(getattr(problem, attr, None), (int, np.integer)):
-            raise PluginError(
-                f"{plugin} hook __init__: expected the attribute {attr} (an int) set by the constructor, "
-                f"got {_describe(getattr(problem, attr, None))}"
-            )
+    _check_constructed(problem, plugin)
+    _check_metric_info(plugin, problem.metric_info())
     point = problem.initial_point()
     if not (isinstance(point, tuple) and len(point) == 2):
         raise PluginError(f"{plugin} hook initial_point: expected a tuple (x0, y0), got {_describe(point)}")
@@ -269,6 +262,40 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
         _probe_oracles(problem, plugin, ids, X, Y, V, Sample(int(key), 0))
     finally:
         problem.oracle_counts = counts
+
+
+def _check_constructed(problem, plugin: str) -> None:
+    """The constructor called ``BilevelProblem.__init__`` and set ``dim_x``, ``dim_y`` and ``n_clients``, each an
+    int >= 1 (a bool is no size)."""
+    if not hasattr(problem, "unchecked_calls"):
+        raise PluginError(
+            f"{plugin} hook __init__: expected the constructor to call super().__init__() (the oracle counters of "
+            "BilevelProblem), got an instance without them; call it first"
+        )
+    for attr in ("dim_x", "dim_y", "n_clients"):
+        value = getattr(problem, attr, None)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise PluginError(
+                f"{plugin} hook __init__: expected the attribute {attr} (an int >= 1) set by the constructor, "
+                f"got {_describe(value)}"
+            )
+
+
+def _check_metric_info(plugin: str, info) -> None:
+    """``metric_info()`` is a dict name -> (description, units) or (description, units, higher_is_better): the
+    columns of the run file (checked on every rank: rank 0 alone reads it for the file)."""
+    expected = f"{plugin} hook metric_info: expected a dict name -> (description, units[, higher_is_better])"
+    if not isinstance(info, dict):
+        raise PluginError(f"{expected}, got {_describe(info)}")
+    for name, entry in info.items():
+        if not (
+            isinstance(name, str)
+            and isinstance(entry, tuple)
+            and len(entry) in (2, 3)
+            and all(isinstance(part, str) for part in entry[:2])
+            and (len(entry) == 2 or isinstance(entry[2], bool))
+        ):
+            raise PluginError(f"{expected}, got the entry {_describe(name)}: {_describe(entry)}")
 
 
 def _probe_oracles(problem, plugin: str, ids: np.ndarray, X, Y, V, sample) -> None:

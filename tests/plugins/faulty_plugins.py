@@ -41,6 +41,10 @@ class FaultyQuadratic(QuadraticProblem):
         self.calls = 0
         if cfg.fault == "no_super_init":  # as if BilevelProblem.__init__ had not been called
             del self.oracle_counts, self.unchecked_calls
+        if cfg.fault == "negative_dim":
+            self.dim_x = -self.dim_x
+        if cfg.fault == "bool_clients":
+            self.n_clients = True
         if self._faulty() == "sleep_in_init":  # a constructor that blocks for ever (e.g. on a lock or a file)
             threading.Event().wait()
 
@@ -66,6 +70,8 @@ class FaultyQuadratic(QuadraticProblem):
             return out[0]
         if fault == "float32":
             return out.float()
+        if fault == "numpy":
+            return out.numpy()
         if fault == "random":
             return out + torch.randn(out.shape, dtype=out.dtype)
         if fault == "nan":
@@ -96,6 +102,10 @@ class FaultyQuadratic(QuadraticProblem):
         if self._faulty() == "nan_metric" and self.calls > 3:
             metrics["x_error"] = float("nan")
         return metrics
+
+    def metric_info(self):
+        info = super().metric_info()
+        return list(info) if self._faulty() == "metric_names" else info  # names without (description, units)
 
 
 @dataclass(frozen=True)

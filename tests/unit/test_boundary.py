@@ -55,6 +55,28 @@ WRONG_SHAPE = f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of 
         ("shape", "", WRONG_SHAPE + "torch.float64 tensor of shape (4,) on cpu"),
         ("float32", "", WRONG_SHAPE + "torch.float32 tensor of shape (2, 4) on cpu"),
         (
+            "numpy",
+            "",
+            WRONG_SHAPE + "numpy float64 array of shape (2, 4) (a torch tensor is needed: torch.as_tensor)",
+        ),
+        (
+            "negative_dim",
+            "",
+            f"{PROBLEM} hook __init__: expected the attribute dim_x (an int >= 1) set by the constructor, got int -4",
+        ),
+        (
+            "bool_clients",
+            "",
+            f"{PROBLEM} hook __init__: expected the attribute n_clients (an int >= 1) set by the constructor, got "
+            "bool True",
+        ),
+        (
+            "metric_names",
+            "",
+            f"{PROBLEM} hook metric_info: expected a dict name -> (description, units[, higher_is_better]), got list "
+            "['outer_objective', 'outer_loss', 'inner_loss', 'x_error', 'y_error', 'hypergradient_norm']",
+        ),
+        (
             "nan",
             "",
             f"{PROBLEM} hook grad_x_outer: expected finite values at finite x and y, got 8 NaN/Inf of 8 in the rows "
@@ -350,6 +372,13 @@ clients_per_round = 6
             "cpu, got a torch.float64 tensor of shape (4,) on cpu",
         ),
         ("shape", 2, f"fednest-mpi: error: rank 1/2: {WRONG_SHAPE}torch.float64 tensor of shape (4,) on cpu"),
+        (  # rank 0 alone reads metric_info for the run file: every rank checks it
+            "metric_names",
+            2,
+            f"fednest-mpi: error: rank 1/2: {PROBLEM} hook metric_info: expected a dict name -> (description, "
+            "units[, higher_is_better]), got list ['outer_objective', 'outer_loss', 'inner_loss', 'x_error', "
+            "'y_error', 'hypergradient_norm']",
+        ),
     ],
 )
 def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook(tmp_path, fault, code, line):
