@@ -413,6 +413,25 @@ def check_step(algorithm, out, x: torch.Tensor, y: torch.Tensor) -> None:
     check_state(algorithm, "step")
 
 
+def versions(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The version counters of ``tensors`` (torch counts every in-place write into a tensor or a view of it):
+    :func:`check_kept` compares them after ``step``."""
+    return tuple(t._version for t in tensors)
+
+
+def check_kept(algorithm, before: tuple[int, ...], x: torch.Tensor, y: torch.Tensor) -> None:
+    """``step`` left its arguments x_k and y_k as they were (:func:`versions` before it): the server optimiser
+    moves x by x_k - x_{k+1}, which an update written into x_k makes zero (the run would go on, silently
+    without it)."""
+    for name, version, value in zip(("x", "y"), before, (x, y)):
+        if value._version != version:
+            raise PluginError(
+                f"{plugin_of(algorithm)} hook step: expected its arguments x and y left as they were (the server "
+                f"optimiser compares x_k with the x it returns), got {name} written in place; return new tensors "
+                "(x - lr * h, not x.sub_(lr * h))"
+            )
+
+
 def check_metrics(problem, metrics, declared) -> None:
     """``evaluate`` returned a dict of numbers whose keys ``metric_info`` declares."""
     plugin = plugin_of(problem)

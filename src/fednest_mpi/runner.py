@@ -466,14 +466,18 @@ class RunLoop:
             raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
         if fault_at == k and fault_kind == "term":
             self._signal_self()
-        t0, rounds = time.perf_counter(), fed.stats.rounds
+        t0, rounds, versions = time.perf_counter(), fed.stats.rounds, contract.versions(self.x, self.y)
         failure.hook_entered(f"{contract.plugin_of(sim.algorithm)} hook step")  # named by a fatal signal's line
         try:
             out = step(k, self.x, self.y)
         finally:
             failure.hook_left()
-        broken = contract.violation(contract.check_step, sim.algorithm, out, self.x, self.y) or contract.violation(
-            contract.check_rounds, sim.algorithm, self.declared_rounds, fed.stats.rounds - rounds, k
+        broken = (
+            contract.violation(contract.check_step, sim.algorithm, out, self.x, self.y)
+            or contract.violation(contract.check_kept, sim.algorithm, versions, self.x, self.y)
+            or contract.violation(
+                contract.check_rounds, sim.algorithm, self.declared_rounds, fed.stats.rounds - rounds, k
+            )
         )
         diag = {}
         if broken is None:

@@ -158,6 +158,7 @@ class FaultyFedNest(FedNest):
         return {"rounds": 3, "rounds_negative": -1, "rounds_none": None}.get(cfg.fault, declared)
 
     def step(self, k, x, y):
+        given = x
         x, y, diag = super().step(k, x, y)
         if k >= self.cfg.fault_at and self.cfg.fault_rank in (-1, self.fed.rank):
             if self.cfg.fault == "rank_x":  # rank-dependent: this rank's x moves by one part in 2**40
@@ -166,6 +167,8 @@ class FaultyFedNest(FedNest):
                 os._exit(3)
         if self.cfg.fault == "new_field":  # an attribute the State class does not declare: never checkpointed
             self.state.seen = torch.ones(1)
+        if self.cfg.fault == "x_in_place":  # the update written into x_k itself: the server optimiser's x_k is gone
+            return given.copy_(x), y, diag
         if self.cfg.fault == "x_shape":
             return x[:-1], y, diag
         if self.cfg.fault == "not_a_tuple":

@@ -173,6 +173,12 @@ WRONG_SHAPE = f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of 
             f"{ALGORITHM} hook step: expected a torch.float64 tensor of shape (4,) on cpu, got a torch.float64 "
             "tensor of shape (3,) on cpu",
         ),
+        (  # with a server optimiser the run would go on, without it (x_k - x_{k+1} = 0): exit 0, a wrong result
+            "",
+            "x_in_place",
+            f"{ALGORITHM} hook step: expected its arguments x and y left as they were (the server optimiser compares "
+            "x_k with the x it returns), got x written in place; return new tensors (x - lr * h, not x.sub_(lr * h))",
+        ),
         (
             "",
             "not_a_tuple",
