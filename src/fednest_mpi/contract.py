@@ -344,6 +344,24 @@ def _probe_arguments_kept(problem, plugin: str, hook: str, args) -> None:
             raise _changed(plugin, hook, name)
 
 
+def streams() -> tuple:
+    """``sys.stdout`` and ``sys.stderr`` now: :func:`check_streams` compares them after a plugin's constructor."""
+    return sys.stdout, sys.stderr
+
+
+def check_streams(plugin_object, before: tuple) -> None:
+    """The constructor of ``plugin_object`` left ``sys.stdout`` and ``sys.stderr`` as :func:`streams` found them,
+    and open: the run prints its lines there (its last one, ``output: ...``, after every file is written)."""
+    for name, was in zip(("stdout", "stderr"), before):
+        now = getattr(sys, name)
+        what = "replaced" if now is not was else "closed" if getattr(now, "closed", False) else ""
+        if what:
+            raise PluginError(
+                f"{plugin_of(plugin_object)} hook __init__: expected sys.{name} left as it was (the run prints its "
+                f"lines there), got it {what}; redirect it only around your own code (contextlib.redirect_{name})"
+            )
+
+
 def check_state(algorithm, hook: str = "__init__") -> None:
     """``algorithm.state`` holds only its declared fields, each a tensor, None or a ``ClientStore`` (what
     checkpoints save); ``hook``: where it was changed last (``__init__``, ``step``)."""

@@ -4,7 +4,9 @@ whose ``fault`` field names the mistake, made on the rank ``fault_rank`` (-1: ev
 Imported by name (``faulty_plugins:FaultyQuadratic``) from tests/plugins on ``sys.path`` or ``PYTHONPATH``.
 """
 
+import io
 import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -45,6 +47,12 @@ class FaultyQuadratic(QuadraticProblem):
             self.dim_x = -self.dim_x
         if cfg.fault == "bool_clients":
             self.n_clients = True
+        if cfg.fault == "close_stdout":  # e.g. a library that closes what it took for its own log file
+            sys.stdout.close()
+        if cfg.fault == "replace_stdout":  # silencing a chatty library for good: the run's own lines go too
+            sys.stdout = io.StringIO()
+        if self._faulty() == "thread":  # a thread that is no daemon and never ends: the interpreter waits for it
+            threading.Thread(target=threading.Event().wait, name="plugin-thread").start()
         if self._faulty() == "sleep_in_init":  # a constructor that blocks for ever (e.g. on a lock or a file)
             threading.Event().wait()
 

@@ -2,6 +2,7 @@
 contract of tests/plugins/faulty_plugins.py ends the run with its one line (exit 2), and a fault of any kind
 on one rank ends every rank within seconds naming the rank and the hook."""
 
+import io
 import os
 import re
 import subprocess
@@ -191,6 +192,17 @@ def test_a_broken_contract_is_one_line_naming_the_plugin_and_the_hook(problem_fa
     with pytest.raises(PluginError) as caught:
         simulate(faulty(problem_fault, algorithm_fault), SerialComm())
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("fault, what", [("close_stdout", "closed"), ("replace_stdout", "replaced")])
+def test_a_constructor_that_closes_or_replaces_sys_stdout_is_refused(monkeypatch, fault, what):
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # the plugin's to close or replace; put back after the test
+    with pytest.raises(PluginError) as caught:
+        simulate(faulty(fault), SerialComm())
+    assert str(caught.value) == (
+        f"{PROBLEM} hook __init__: expected sys.stdout left as it was (the run prints its lines there), got it {what}; "
+        "redirect it only around your own code (contextlib.redirect_stdout)"
+    )
 
 
 def test_a_nan_of_one_client_after_the_probe_names_the_oracle_and_the_client():
@@ -446,6 +458,23 @@ def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path, fault, l
     first = done.stderr.splitlines()[0]
     assert first == line if whole else first.startswith(line), done.stderr
     assert seconds < 60, seconds
+
+
+@pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_thread_a_plugin_leaves_running_does_not_keep_the_job(tmp_path, ranks):
+    # the run completes; the interpreter would then wait for the thread for ever (the job never ends)
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    sets = ("--set", "problem.fault=thread", "--set", f"problem.fault_rank={ranks - 1}", "-q")
+    done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", *sets, ranks=ranks)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        f"fednest-mpi: warning: rank {ranks - 1}/{ranks}: the run is over, yet 1 thread(s) started by plugin code "
+        "still run: 'plugin-thread' (threading.Event.wait); not waiting for them (start such a thread with "
+        "daemon=True, or end it before the hook returns)"
+    ]
+    assert (tmp_path / "o.h5").is_file() and seconds < 60, seconds
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
