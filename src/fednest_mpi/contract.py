@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import signal
 import sys
 import threading
 from collections import Counter
@@ -344,22 +345,42 @@ def _probe_arguments_kept(problem, plugin: str, hook: str, args) -> None:
             raise _changed(plugin, hook, name)
 
 
-def streams() -> tuple:
-    """``sys.stdout`` and ``sys.stderr`` now: :func:`check_streams` compares them after a plugin's constructor."""
-    return sys.stdout, sys.stderr
+def surroundings() -> tuple:
+    """What a plugin's constructor must leave as it finds it (:func:`check_surroundings`): ``sys.stdout``,
+    ``sys.stderr`` and the handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1)."""
+    from fednest_mpi.stop import SIGNALS
+
+    return sys.stdout, sys.stderr, *(signal.getsignal(s) for s in SIGNALS)
 
 
-def check_streams(plugin_object, before: tuple) -> None:
-    """The constructor of ``plugin_object`` left ``sys.stdout`` and ``sys.stderr`` as :func:`streams` found them,
-    and open: the run prints its lines there (its last one, ``output: ...``, after every file is written)."""
-    for name, was in zip(("stdout", "stderr"), before):
-        now = getattr(sys, name)
+def check_surroundings(plugin_object, before: tuple) -> None:
+    """The constructor of ``plugin_object`` left what :func:`surroundings` found as it was: the run prints its
+    lines on ``sys.stdout`` and ``sys.stderr`` (its last one, ``output: ...``, after every file is written), and a
+    stop signal is the run's request to checkpoint and stop (an ignored SIGINT: Ctrl-C would do nothing)."""
+    plugin = plugin_of(plugin_object)
+    for name, was, now in zip(("stdout", "stderr"), before, (sys.stdout, sys.stderr)):
         what = "replaced" if now is not was else "closed" if getattr(now, "closed", False) else ""
         if what:
             raise PluginError(
-                f"{plugin_of(plugin_object)} hook __init__: expected sys.{name} left as it was (the run prints its "
-                f"lines there), got it {what}; redirect it only around your own code (contextlib.redirect_{name})"
+                f"{plugin} hook __init__: expected sys.{name} left as it was (the run prints its lines there), got "
+                f"it {what}; redirect it only around your own code (contextlib.redirect_{name})"
             )
+    from fednest_mpi.stop import SIGNALS
+
+    for number, was in zip(SIGNALS, before[2:]):
+        now = signal.getsignal(number)
+        if now is not was:
+            name = signal.Signals(number).name
+            raise PluginError(
+                f"{plugin} hook __init__: expected the handlers of SIGTERM, SIGINT and SIGUSR1 left as they were (the "
+                f"run's stop requests: checkpoint and stop), got {name} {_handler(now)}; leave them to the run"
+            )
+
+
+def _handler(handler) -> str:
+    if isinstance(handler, signal.Handlers):
+        return f"set to {handler.name}"
+    return f"handled by {getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', '?')}"
 
 
 def check_state(algorithm, hook: str = "__init__") -> None:

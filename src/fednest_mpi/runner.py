@@ -286,11 +286,11 @@ class Simulation:
             # the clients' local work and availability (reads the availability trace, if any)
             self.fed.system = SystemModel(cfg.heterogeneity, cfg.seed, cfg.problem.n_clients)
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
-            streams = contract.streams()
+            around = contract.surroundings()
             self.problem = build_problem(
                 cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype)
             )
-            contract.check_streams(self.problem, streams)
+            contract.check_surroundings(self.problem, around)
             if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
                 self.problem = problem_wrapper(self.problem)
             # the plugin boundary (fednest_mpi.contract): the oracles' outputs, the algorithm's State
@@ -298,7 +298,7 @@ class Simulation:
                 self.problem, self.fed.hosted, torch_dtype(cfg.run.dtype), int(rng.key(cfg.seed, rng.Purpose.PROBE))
             )
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
-            contract.check_streams(self.algorithm, streams)
+            contract.check_surroundings(self.algorithm, around)
             contract.check_state(self.algorithm)
             #: the most counted rounds one iteration may take (checked after each step: contract.check_rounds)
             self.declared_rounds = self._declared_rounds()

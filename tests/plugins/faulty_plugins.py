@@ -6,6 +6,7 @@ Imported by name (``faulty_plugins:FaultyQuadratic``) from tests/plugins on ``sy
 
 import io
 import os
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ class FaultyQuadratic(QuadraticProblem):
             sys.stdout.close()
         if cfg.fault == "replace_stdout":  # silencing a chatty library for good: the run's own lines go too
             sys.stdout = io.StringIO()
+        if cfg.fault == "ignore_sigint":  # Ctrl-C would do nothing: the run's stop request is gone
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self._faulty() == "thread":  # a thread that is no daemon and never ends: the interpreter waits for it
             threading.Thread(target=threading.Event().wait, name="plugin-thread").start()
         if self._faulty() == "sleep_in_init":  # a constructor that blocks for ever (e.g. on a lock or a file)
@@ -186,6 +189,30 @@ class FaultyFedNest(FedNest):
         if self.cfg.fault == "tuple_x":
             return (x,), y, diag
         return x, y, diag
+
+
+@dataclass(frozen=True)
+class TextDefaultParams(QuadraticConfig):
+    name: str = spec("text_default", "problem kind")
+    scale: float = spec("1.0", "a float field whose default is text")
+
+
+class TextDefault(QuadraticProblem):
+    """A problem whose parameter class gives a float field a text default."""
+
+    Params = TextDefaultParams
+
+
+@dataclass(frozen=True)
+class LowDefaultParams(QuadraticConfig):
+    name: str = spec("low_default", "problem kind")
+    width: int = spec(0, "an int field whose default is below its range", low=1)
+
+
+class LowDefault(QuadraticProblem):
+    """A problem whose parameter class gives an int field a default outside its range."""
+
+    Params = LowDefaultParams
 
 
 @dataclass(frozen=True)

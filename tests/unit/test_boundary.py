@@ -5,6 +5,7 @@ on one rank ends every rank within seconds naming the rank and the hook."""
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -205,6 +206,19 @@ def test_a_constructor_that_closes_or_replaces_sys_stdout_is_refused(monkeypatch
     )
 
 
+def test_a_constructor_that_takes_a_stop_signal_is_refused():
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(PluginError) as caught:
+            simulate(faulty("ignore_sigint"), SerialComm())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert str(caught.value) == (
+        f"{PROBLEM} hook __init__: expected the handlers of SIGTERM, SIGINT and SIGUSR1 left as they were (the run's "
+        "stop requests: checkpoint and stop), got SIGINT set to SIG_IGN; leave them to the run"
+    )
+
+
 def test_a_nan_of_one_client_after_the_probe_names_the_oracle_and_the_client():
     """After the probe a NaN/Inf at finite arguments may be the oracle's or an overflow of growing iterates (an
     exp of a diverging x): the NaN/Inf line names the oracle, its clients and the arguments' largest entry."""
@@ -315,6 +329,28 @@ def test_a_missing_oracle_is_refused_when_the_config_is_read():
         "problem.name: 'tiny_plugins:NoOracle': class NoOracle does not define grad_y_inner, hvp_yy_inner; define "
         "them (docs/extending.md: the contract of a problem)"
     )
+
+
+@pytest.mark.parametrize(
+    "cls, why",
+    [
+        (
+            "TextDefault",
+            "field 'scale' has the default '1.0', which the field refuses (expected a number, got '1.0'); "
+            "give it a default of its type (float) and range",
+        ),
+        (
+            "LowDefault",
+            "field 'width' has the default 0, which the field refuses (must be >= 1, got 0); give it a "
+            "default of its type (int) and range",
+        ),
+    ],
+)
+def test_a_default_that_its_own_field_refuses_is_named_when_the_config_is_read(cls, why):
+    # a config that does not set the field would hand the default to the plugin unchecked
+    with pytest.raises(ConfigError) as caught:
+        config.from_dict({"problem": {"name": f"faulty_plugins:{cls}"}})
+    assert str(caught.value) == f"problem 'faulty_plugins:{cls}': its parameter class '{cls}Params': {why}"
 
 
 def test_public_and_underscored_oracle_names_give_the_same_run():
