@@ -445,6 +445,25 @@ def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook
     assert seconds < 60, seconds  # no hang: the job ended (start-up of two ranks included)
 
 
+def test_an_mpi_error_during_the_run_is_one_short_line_with_what_it_means():
+    """Ranks whose collectives no longer match (one rank's step aggregates once more) fail in MPI with MPICH's error
+    stack, dozens of lines, as the exception's text: the rank's line keeps its first words and says what it means
+    (the stack goes to the traceback log). Under mpiexec MPICH's own fatal handler may print it first, or alone."""
+    from mpi4py import MPI
+
+    from fednest_mpi.session import failure_line
+
+    try:
+        raise MPI.Exception(MPI.ERR_TRUNCATE)
+    except MPI.Exception as exc:
+        line = failure_line(exc, 1, 2, 0)
+    assert line == (
+        "rank 1/2: run failed after iteration 0: MPI error: Message truncated (the ranks called different "
+        "collectives: plugin code that aggregates (mean_over, evaluation_sum) a different number of times on "
+        "different ranks, or calls MPI itself)"
+    )
+
+
 IDLE_HINT = (
     "(a plugin that blocks: it waits for input, a lock or a message that never comes; run.idle_timeout = 0 turns "
     "this look off, e.g. for a hook that waits on a download)"
