@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 import signal
 import sys
 import threading
@@ -347,34 +348,58 @@ def _probe_arguments_kept(problem, plugin: str, hook: str, args) -> None:
 
 def surroundings() -> tuple:
     """What a plugin's constructor must leave as it finds it (:func:`check_surroundings`): ``sys.stdout``,
-    ``sys.stderr`` and the handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1)."""
+    ``sys.stderr``, the working directory and the handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1)."""
     from fednest_mpi.stop import SIGNALS
 
-    return sys.stdout, sys.stderr, *(signal.getsignal(s) for s in SIGNALS)
+    return sys.stdout, sys.stderr, os.getcwd(), *(signal.getsignal(s) for s in SIGNALS)
 
 
 def check_surroundings(plugin_object, before: tuple) -> None:
     """The constructor of ``plugin_object`` left what :func:`surroundings` found as it was: the run prints its
-    lines on ``sys.stdout`` and ``sys.stderr`` (its last one, ``output: ...``, after every file is written), and a
-    stop signal is the run's request to checkpoint and stop (an ignored SIGINT: Ctrl-C would do nothing)."""
-    plugin = plugin_of(plugin_object)
-    for name, was, now in zip(("stdout", "stderr"), before, (sys.stdout, sys.stderr)):
-        what = "replaced" if now is not was else "closed" if getattr(now, "closed", False) else ""
-        if what:
-            raise PluginError(
-                f"{plugin} hook __init__: expected sys.{name} left as it was (the run prints its lines there), got "
-                f"it {what}; redirect it only around your own code (contextlib.redirect_{name})"
-            )
+    lines on ``sys.stdout`` and ``sys.stderr`` (its last one, ``output: ...``, after every file is written), opens
+    its relative paths (``run.output``, the checkpoints, the locks) from the working directory, and a stop signal
+    is the run's request to checkpoint and stop (an ignored SIGINT: Ctrl-C would do nothing). What was changed is
+    put back before the :class:`PluginError` is raised (so that its line is printed and the locks released)."""
+    broken = _changed_surroundings(before, surroundings())
+    if broken is not None:
+        _put_back(before)
+        raise PluginError(f"{plugin_of(plugin_object)} hook __init__: {broken}")
+
+
+def _changed_surroundings(before: tuple, now: tuple) -> str | None:
     from fednest_mpi.stop import SIGNALS
 
-    for number, was in zip(SIGNALS, before[2:]):
-        now = signal.getsignal(number)
-        if now is not was:
-            name = signal.Signals(number).name
-            raise PluginError(
-                f"{plugin} hook __init__: expected the handlers of SIGTERM, SIGINT and SIGUSR1 left as they were (the "
-                f"run's stop requests: checkpoint and stop), got {name} {_handler(now)}; leave them to the run"
+    for name, was, is_ in zip(("stdout", "stderr"), before, now):
+        what = "replaced" if is_ is not was else "closed" if getattr(is_, "closed", False) else ""
+        if what:
+            return (
+                f"expected sys.{name} left as it was (the run prints its lines there), got it {what}; redirect it "
+                f"only around your own code (contextlib.redirect_{name})"
             )
+    if now[2] != before[2]:
+        return (
+            "expected the working directory left as it was (the run's relative paths start there: run.output, its "
+            f"checkpoints and locks), got it changed to {now[2]!r}; open your files by absolute paths instead of "
+            "os.chdir"
+        )
+    for number, was, is_ in zip(SIGNALS, before[3:], now[3:]):
+        if is_ is not was:
+            return (
+                "expected the handlers of SIGTERM, SIGINT and SIGUSR1 left as they were (the run's stop requests: "
+                f"checkpoint and stop), got {signal.Signals(number).name} {_handler(is_)}; leave them to the run"
+            )
+    return None
+
+
+def _put_back(before: tuple) -> None:
+    from fednest_mpi.stop import SIGNALS
+
+    sys.stdout, sys.stderr = before[0], before[1]
+    os.chdir(before[2])
+    if threading.current_thread() is threading.main_thread():  # (signal.signal works there only)
+        for number, handler in zip(SIGNALS, before[3:]):
+            if handler is not None:
+                signal.signal(number, handler)
 
 
 def _handler(handler) -> str:

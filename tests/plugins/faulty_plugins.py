@@ -52,6 +52,8 @@ class FaultyQuadratic(QuadraticProblem):
             sys.stdout.close()
         if cfg.fault == "replace_stdout":  # silencing a chatty library for good: the run's own lines go too
             sys.stdout = io.StringIO()
+        if cfg.fault == "chdir":  # to read its data by relative names: the run's relative paths would move too
+            os.chdir("..")
         if cfg.fault == "ignore_sigint":  # Ctrl-C would do nothing: the run's stop request is gone
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self._faulty() == "thread":  # a thread that is no daemon and never ends: the interpreter waits for it

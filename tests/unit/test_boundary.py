@@ -206,6 +206,20 @@ def test_a_constructor_that_closes_or_replaces_sys_stdout_is_refused(monkeypatch
     )
 
 
+def test_a_constructor_that_changes_the_working_directory_is_refused_and_it_is_put_back(tmp_path, monkeypatch):
+    # the run's relative paths (its output, checkpoints and locks) would be opened, and released, elsewhere
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    with pytest.raises(PluginError) as caught:
+        simulate(faulty("chdir"), SerialComm())
+    assert str(caught.value) == (
+        f"{PROBLEM} hook __init__: expected the working directory left as it was (the run's relative paths start "
+        f"there: run.output, its checkpoints and locks), got it changed to {str(tmp_path)!r}; open your files by "
+        "absolute paths instead of os.chdir"
+    )
+    assert Path.cwd() == tmp_path / "run"
+
+
 def test_a_constructor_that_takes_a_stop_signal_is_refused():
     previous = signal.getsignal(signal.SIGINT)
     try:
