@@ -430,7 +430,8 @@ class RunLoop:
         n_oracles = len(ORACLES)
         self.history: dict[str, list] = {}
         if resume is None:
-            self.x, self.y = sim.problem.initial_point()
+            # copies: a problem that keeps its x0 and y0 and writes into them later must not move the iterates
+            self.x, self.y = (t.clone() for t in sim.problem.initial_point())
             self.k, self.base_counts, self.base_wall = 0, np.zeros(n_oracles), 0.0
         else:
             self.x, self.y = sim._restore(resume, checkpoint_dir)

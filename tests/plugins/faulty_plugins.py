@@ -67,10 +67,16 @@ class FaultyQuadratic(QuadraticProblem):
         rank = world().Get_rank()
         return self.cfg.fault if self.cfg.fault_rank in (-1, rank) else ""
 
+    def initial_point(self):
+        self.x0, y0 = super().initial_point()  # kept: "keep_x0" writes into it later
+        return self.x0, y0
+
     def grad_x_outer(self, clients, x, y, sample):
         out = self._grad_x_outer_quadratic(clients, x, y, sample)
         self.calls += 1
         fault, late = self._faulty(), self.calls > 3  # the probe calls it three times
+        if fault == "keep_x0" and late:  # its own x0, as a buffer: the run's x must not move with it
+            self.x0.mul_(0.5)
         if fault == "system_exit" and late:
             raise SystemExit(3)
         if fault == "keyboard_interrupt" and late:

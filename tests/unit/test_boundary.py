@@ -311,6 +311,14 @@ def test_randomness_from_a_global_generator_is_refused():
     assert text.endswith("draw randomness only from sample.key / rng.key (never torch's or numpy's global generators)")
 
 
+def test_a_problem_that_writes_into_the_x0_it_returned_does_not_move_the_iterates():
+    # the run starts from copies of initial_point's tensors (was: x moved with the problem's buffer, silently)
+    assert (
+        simulate(faulty("keep_x0"), SerialComm()).history["x_error"]
+        == simulate(faulty(), SerialComm()).history["x_error"]
+    )
+
+
 def test_the_probe_leaves_the_oracle_counts_alone():
     h = simulate(faulty(), SerialComm()).history
     plain = simulate(make_config(), SerialComm()).history
