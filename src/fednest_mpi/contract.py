@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
+import signal
 import sys
 import threading
 from collections import Counter
@@ -90,12 +92,17 @@ def plugin_of(obj) -> str:
 def hook_of(exc: BaseException) -> str | None:
     """``problem 'name' (module:Class) hook H`` for the innermost problem or algorithm hook (``H`` without
     its implementation's underscore) in ``exc``'s traceback, else ``callback 'module:Class' hook H`` for a
-    callback's method (:data:`fednest_mpi.callbacks.POINTS`), or None when it came from elsewhere."""
+    callback's method (:data:`fednest_mpi.callbacks.POINTS`), or None when it came from elsewhere. The traceback
+    goes on into ``exc.__cause__``'s (``raise ... from``): a ``StopIteration`` that a plugin raised under a
+    generator of the project arrives as the generator's ``RuntimeError``, whose cause holds the plugin's frames."""
     frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
+    cause: BaseException | None = exc
+    while cause is not None and len(frames) < 10_000:  # (a cycle of causes made by hand ends too)
+        tb = cause.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        cause = cause.__cause__
     return _hook_in(frames)[0]
 
 
@@ -149,6 +156,8 @@ def _describe(value) -> str:
     if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value):
         parts = ", ".join(_describe(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
         return f"a {type(value).__name__} of {len(value)} ({parts})"
+    if isinstance(value, np.ndarray):  # not its values: one line (return torch.as_tensor(a, dtype=..., device=...))
+        return f"a numpy {value.dtype} array of shape {value.shape} (a torch tensor is needed: torch.as_tensor)"
     return " ".join(f"{type(value).__name__} {value!r}".split())[:120]  # one line
 
 
@@ -237,17 +246,8 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
     from fednest_mpi.problems.base import Sample, shared_rows
 
     plugin = plugin_of(problem)
-    if not hasattr(problem, "unchecked_calls"):
-        raise PluginError(
-            f"{plugin} hook __init__: expected the constructor to call super().__init__() (the oracle counters of "
-            "BilevelProblem), got an instance without them; call it first"
-        )
-    for attr in ("dim_x", "dim_y", "n_clients"):
-        if not isinstance(getattr(problem, attr, None), (int, np.integer)):
-            raise PluginError(
-                f"{plugin} hook __init__: expected the attribute {attr} (an int) set by the constructor, "
-                f"got {_describe(getattr(problem, attr, None))}"
-            )
+    _check_constructed(problem, plugin)
+    _check_metric_info(plugin, problem.metric_info())
     point = problem.initial_point()
     if not (isinstance(point, tuple) and len(point) == 2):
         raise PluginError(f"{plugin} hook initial_point: expected a tuple (x0, y0), got {_describe(point)}")
@@ -264,6 +264,40 @@ def probe_problem(problem, hosted: range, dtype: torch.dtype, key: int) -> None:
         _probe_oracles(problem, plugin, ids, X, Y, V, Sample(int(key), 0))
     finally:
         problem.oracle_counts = counts
+
+
+def _check_constructed(problem, plugin: str) -> None:
+    """The constructor called ``BilevelProblem.__init__`` and set ``dim_x``, ``dim_y`` and ``n_clients``, each an
+    int >= 1 (a bool is no size)."""
+    if not hasattr(problem, "unchecked_calls"):
+        raise PluginError(
+            f"{plugin} hook __init__: expected the constructor to call super().__init__() (the oracle counters of "
+            "BilevelProblem), got an instance without them; call it first"
+        )
+    for attr in ("dim_x", "dim_y", "n_clients"):
+        value = getattr(problem, attr, None)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise PluginError(
+                f"{plugin} hook __init__: expected the attribute {attr} (an int >= 1) set by the constructor, "
+                f"got {_describe(value)}"
+            )
+
+
+def _check_metric_info(plugin: str, info) -> None:
+    """``metric_info()`` is a dict name -> (description, units) or (description, units, higher_is_better): the
+    columns of the run file (checked on every rank: rank 0 alone reads it for the file)."""
+    expected = f"{plugin} hook metric_info: expected a dict name -> (description, units[, higher_is_better])"
+    if not isinstance(info, dict):
+        raise PluginError(f"{expected}, got {_describe(info)}")
+    for name, entry in info.items():
+        if not (
+            isinstance(name, str)
+            and isinstance(entry, tuple)
+            and len(entry) in (2, 3)
+            and all(isinstance(part, str) for part in entry[:2])
+            and (len(entry) == 2 or isinstance(entry[2], bool))
+        ):
+            raise PluginError(f"{expected}, got the entry {_describe(name)}: {_describe(entry)}")
 
 
 def _probe_oracles(problem, plugin: str, ids: np.ndarray, X, Y, V, sample) -> None:
@@ -310,6 +344,68 @@ def _probe_arguments_kept(problem, plugin: str, hook: str, args) -> None:
     for name, before, after in zip(("x", "y", "v"), args[1:], dense[1:]):
         if isinstance(before, torch.Tensor) and not torch.equal(before, after):
             raise _changed(plugin, hook, name)
+
+
+def surroundings() -> tuple:
+    """What a plugin's constructor must leave as it finds it (:func:`check_surroundings`): ``sys.stdout``,
+    ``sys.stderr``, the working directory and the handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1)."""
+    from fednest_mpi.stop import SIGNALS
+
+    return sys.stdout, sys.stderr, os.getcwd(), *(signal.getsignal(s) for s in SIGNALS)
+
+
+def check_surroundings(plugin_object, before: tuple) -> None:
+    """The constructor of ``plugin_object`` left what :func:`surroundings` found as it was: the run prints its
+    lines on ``sys.stdout`` and ``sys.stderr`` (its last one, ``output: ...``, after every file is written), opens
+    its relative paths (``run.output``, the checkpoints, the locks) from the working directory, and a stop signal
+    is the run's request to checkpoint and stop (an ignored SIGINT: Ctrl-C would do nothing). What was changed is
+    put back before the :class:`PluginError` is raised (so that its line is printed and the locks released)."""
+    broken = _changed_surroundings(before, surroundings())
+    if broken is not None:
+        _put_back(before)
+        raise PluginError(f"{plugin_of(plugin_object)} hook __init__: {broken}")
+
+
+def _changed_surroundings(before: tuple, now: tuple) -> str | None:
+    from fednest_mpi.stop import SIGNALS
+
+    for name, was, is_ in zip(("stdout", "stderr"), before, now):
+        what = "replaced" if is_ is not was else "closed" if getattr(is_, "closed", False) else ""
+        if what:
+            return (
+                f"expected sys.{name} left as it was (the run prints its lines there), got it {what}; redirect it "
+                f"only around your own code (contextlib.redirect_{name})"
+            )
+    if now[2] != before[2]:
+        return (
+            "expected the working directory left as it was (the run's relative paths start there: run.output, its "
+            f"checkpoints and locks), got it changed to {now[2]!r}; open your files by absolute paths instead of "
+            "os.chdir"
+        )
+    for number, was, is_ in zip(SIGNALS, before[3:], now[3:]):
+        if is_ is not was:
+            return (
+                "expected the handlers of SIGTERM, SIGINT and SIGUSR1 left as they were (the run's stop requests: "
+                f"checkpoint and stop), got {signal.Signals(number).name} {_handler(is_)}; leave them to the run"
+            )
+    return None
+
+
+def _put_back(before: tuple) -> None:
+    from fednest_mpi.stop import SIGNALS
+
+    sys.stdout, sys.stderr = before[0], before[1]
+    os.chdir(before[2])
+    if threading.current_thread() is threading.main_thread():  # (signal.signal works there only)
+        for number, handler in zip(SIGNALS, before[3:]):
+            if handler is not None:
+                signal.signal(number, handler)
+
+
+def _handler(handler) -> str:
+    if isinstance(handler, signal.Handlers):
+        return f"set to {handler.name}"
+    return f"handled by {getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', '?')}"
 
 
 def check_state(algorithm, hook: str = "__init__") -> None:
@@ -379,6 +475,25 @@ def check_step(algorithm, out, x: torch.Tensor, y: torch.Tensor) -> None:
                 "return float(value)"
             )
     check_state(algorithm, "step")
+
+
+def versions(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The version counters of ``tensors`` (torch counts every in-place write into a tensor or a view of it):
+    :func:`check_kept` compares them after ``step``."""
+    return tuple(t._version for t in tensors)
+
+
+def check_kept(algorithm, before: tuple[int, ...], x: torch.Tensor, y: torch.Tensor) -> None:
+    """``step`` left its arguments x_k and y_k as they were (:func:`versions` before it): the server optimiser
+    moves x by x_k - x_{k+1}, which an update written into x_k makes zero (the run would go on, silently
+    without it)."""
+    for name, version, value in zip(("x", "y"), before, (x, y)):
+        if value._version != version:
+            raise PluginError(
+                f"{plugin_of(algorithm)} hook step: expected its arguments x and y left as they were (the server "
+                f"optimiser compares x_k with the x it returns), got {name} written in place; return new tensors "
+                "(x - lr * h, not x.sub_(lr * h))"
+            )
 
 
 def check_metrics(problem, metrics, declared) -> None:

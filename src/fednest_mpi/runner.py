@@ -286,9 +286,11 @@ class Simulation:
             # the clients' local work and availability (reads the availability trace, if any)
             self.fed.system = SystemModel(cfg.heterogeneity, cfg.seed, cfg.problem.n_clients)
             check_memory(cfg, len(self.fed.hosted), self.fed.node_size)  # before the problem allocates its data
+            around = contract.surroundings()
             self.problem = build_problem(
                 cfg.problem, cfg.seed, self.fed.hosted, device=device, dtype=torch_dtype(cfg.run.dtype)
             )
+            contract.check_surroundings(self.problem, around)
             if problem_wrapper is not None:  # a public hook (bench/: the sequential baseline's oracles)
                 self.problem = problem_wrapper(self.problem)
             # the plugin boundary (fednest_mpi.contract): the oracles' outputs, the algorithm's State
@@ -296,6 +298,7 @@ class Simulation:
                 self.problem, self.fed.hosted, torch_dtype(cfg.run.dtype), int(rng.key(cfg.seed, rng.Purpose.PROBE))
             )
             self.algorithm = build_algorithm(cfg.algorithm, self.problem, self.fed, cfg.seed)
+            contract.check_surroundings(self.algorithm, around)
             contract.check_state(self.algorithm)
             #: the most counted rounds one iteration may take (checked after each step: contract.check_rounds)
             self.declared_rounds = self._declared_rounds()
@@ -427,7 +430,8 @@ class RunLoop:
         n_oracles = len(ORACLES)
         self.history: dict[str, list] = {}
         if resume is None:
-            self.x, self.y = sim.problem.initial_point()
+            # copies: a problem that keeps its x0 and y0 and writes into them later must not move the iterates
+            self.x, self.y = (t.clone() for t in sim.problem.initial_point())
             self.k, self.base_counts, self.base_wall = 0, np.zeros(n_oracles), 0.0
         else:
             self.x, self.y = sim._restore(resume, checkpoint_dir)
@@ -466,14 +470,18 @@ class RunLoop:
             raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
         if fault_at == k and fault_kind == "term":
             self._signal_self()
-        t0, rounds = time.perf_counter(), fed.stats.rounds
+        t0, rounds, versions = time.perf_counter(), fed.stats.rounds, contract.versions(self.x, self.y)
         failure.hook_entered(f"{contract.plugin_of(sim.algorithm)} hook step")  # named by a fatal signal's line
         try:
             out = step(k, self.x, self.y)
         finally:
             failure.hook_left()
-        broken = contract.violation(contract.check_step, sim.algorithm, out, self.x, self.y) or contract.violation(
-            contract.check_rounds, sim.algorithm, self.declared_rounds, fed.stats.rounds - rounds, k
+        broken = (
+            contract.violation(contract.check_step, sim.algorithm, out, self.x, self.y)
+            or contract.violation(contract.check_kept, sim.algorithm, versions, self.x, self.y)
+            or contract.violation(
+                contract.check_rounds, sim.algorithm, self.declared_rounds, fed.stats.rounds - rounds, k
+            )
         )
         diag = {}
         if broken is None:

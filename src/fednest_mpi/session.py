@@ -82,8 +82,27 @@ def failure_line(exc: BaseException, rank: int, size: int, last: int | None) -> 
 
     where = f" after iteration {last}" if last is not None else ""
     hook = hook_of(exc)
-    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = exception_text(exc)
+    what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if type(exc).__module__ == "mpi4py.MPI":  # MPICH's error stack (dozens of frames) is in the traceback log
+        what = f"MPI error: {text.split(', error stack:')[0]} ({MPI_HINT})"
     return f"rank {rank}/{size}: run failed{where}: {what}" + (f" (raised in {hook})" if hook else "")
+
+
+#: what an MPI error in a collective during the run most likely means
+MPI_HINT = (
+    "the ranks called different collectives: plugin code that aggregates (mean_over, evaluation_sum) a different "
+    "number of times on different ranks, or calls MPI itself"
+)
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or what its ``__str__`` raised instead: a plugin's exception whose ``__str__`` fails must
+    still give the rank's one line (the job would wait for it in a collective)."""
+    try:
+        return str(exc)
+    except Exception as err:  # noqa: BLE001 -- anything a plugin's __str__ raises
+        return f"<str() of it raised {type(err).__name__}>"
 
 
 class Beat:

@@ -4,7 +4,10 @@ whose ``fault`` field names the mistake, made on the rank ``fault_rank`` (-1: ev
 Imported by name (``faulty_plugins:FaultyQuadratic``) from tests/plugins on ``sys.path`` or ``PYTHONPATH``.
 """
 
+import io
 import os
+import signal
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -14,7 +17,14 @@ from derived_plugins import LossQuadratic
 from fednest_mpi.api import FedNest, FedNestConfig, QuadraticConfig, QuadraticProblem, State, spec
 
 #: faults of the problem after its probe (every oracle called twice at construction)
-LATE = ("system_exit", "keyboard_interrupt", "shape_late")
+LATE = ("system_exit", "keyboard_interrupt", "shape_late", "unprintable", "stop_iteration")
+
+
+class Unprintable(Exception):
+    """An exception whose message cannot be made: its ``__str__`` raises."""
+
+    def __str__(self):
+        raise RuntimeError("no message")
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,20 @@ class FaultyQuadratic(QuadraticProblem):
         self.calls = 0
         if cfg.fault == "no_super_init":  # as if BilevelProblem.__init__ had not been called
             del self.oracle_counts, self.unchecked_calls
+        if cfg.fault == "negative_dim":
+            self.dim_x = -self.dim_x
+        if cfg.fault == "bool_clients":
+            self.n_clients = True
+        if cfg.fault == "close_stdout":  # e.g. a library that closes what it took for its own log file
+            sys.stdout.close()
+        if cfg.fault == "replace_stdout":  # silencing a chatty library for good: the run's own lines go too
+            sys.stdout = io.StringIO()
+        if cfg.fault == "chdir":  # to read its data by relative names: the run's relative paths would move too
+            os.chdir("..")
+        if cfg.fault == "ignore_sigint":  # Ctrl-C would do nothing: the run's stop request is gone
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if self._faulty() == "thread":  # a thread that is no daemon and never ends: the interpreter waits for it
+            threading.Thread(target=threading.Event().wait, name="plugin-thread").start()
         if self._faulty() == "sleep_in_init":  # a constructor that blocks for ever (e.g. on a lock or a file)
             threading.Event().wait()
 
@@ -43,18 +67,30 @@ class FaultyQuadratic(QuadraticProblem):
         rank = world().Get_rank()
         return self.cfg.fault if self.cfg.fault_rank in (-1, rank) else ""
 
+    def initial_point(self):
+        self.x0, y0 = super().initial_point()  # kept: "keep_x0" writes into it later
+        return self.x0, y0
+
     def grad_x_outer(self, clients, x, y, sample):
         out = self._grad_x_outer_quadratic(clients, x, y, sample)
         self.calls += 1
         fault, late = self._faulty(), self.calls > 3  # the probe calls it three times
+        if fault == "keep_x0" and late:  # its own x0, as a buffer: the run's x must not move with it
+            self.x0.mul_(0.5)
         if fault == "system_exit" and late:
             raise SystemExit(3)
         if fault == "keyboard_interrupt" and late:
             raise KeyboardInterrupt
+        if fault == "unprintable" and late:
+            raise Unprintable
+        if fault == "stop_iteration" and late:  # reaches the run through a generator: PEP 479 makes it a RuntimeError
+            raise StopIteration
         if fault == "shape" or (fault == "shape_late" and late):
             return out[0]
         if fault == "float32":
             return out.float()
+        if fault == "numpy":
+            return out.numpy()
         if fault == "random":
             return out + torch.randn(out.shape, dtype=out.dtype)
         if fault == "nan":
@@ -85,6 +121,10 @@ class FaultyQuadratic(QuadraticProblem):
         if self._faulty() == "nan_metric" and self.calls > 3:
             metrics["x_error"] = float("nan")
         return metrics
+
+    def metric_info(self):
+        info = super().metric_info()
+        return list(info) if self._faulty() == "metric_names" else info  # names without (description, units)
 
 
 @dataclass(frozen=True)
@@ -137,6 +177,7 @@ class FaultyFedNest(FedNest):
         return {"rounds": 3, "rounds_negative": -1, "rounds_none": None}.get(cfg.fault, declared)
 
     def step(self, k, x, y):
+        given = x
         x, y, diag = super().step(k, x, y)
         if k >= self.cfg.fault_at and self.cfg.fault_rank in (-1, self.fed.rank):
             if self.cfg.fault == "rank_x":  # rank-dependent: this rank's x moves by one part in 2**40
@@ -145,6 +186,8 @@ class FaultyFedNest(FedNest):
                 os._exit(3)
         if self.cfg.fault == "new_field":  # an attribute the State class does not declare: never checkpointed
             self.state.seen = torch.ones(1)
+        if self.cfg.fault == "x_in_place":  # the update written into x_k itself: the server optimiser's x_k is gone
+            return given.copy_(x), y, diag
         if self.cfg.fault == "x_shape":
             return x[:-1], y, diag
         if self.cfg.fault == "not_a_tuple":
@@ -154,6 +197,30 @@ class FaultyFedNest(FedNest):
         if self.cfg.fault == "tuple_x":
             return (x,), y, diag
         return x, y, diag
+
+
+@dataclass(frozen=True)
+class TextDefaultParams(QuadraticConfig):
+    name: str = spec("text_default", "problem kind")
+    scale: float = spec("1.0", "a float field whose default is text")
+
+
+class TextDefault(QuadraticProblem):
+    """A problem whose parameter class gives a float field a text default."""
+
+    Params = TextDefaultParams
+
+
+@dataclass(frozen=True)
+class LowDefaultParams(QuadraticConfig):
+    name: str = spec("low_default", "problem kind")
+    width: int = spec(0, "an int field whose default is below its range", low=1)
+
+
+class LowDefault(QuadraticProblem):
+    """A problem whose parameter class gives an int field a default outside its range."""
+
+    Params = LowDefaultParams
 
 
 @dataclass(frozen=True)

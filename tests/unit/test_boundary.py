@@ -2,8 +2,10 @@
 contract of tests/plugins/faulty_plugins.py ends the run with its one line (exit 2), and a fault of any kind
 on one rank ends every rank within seconds naming the rank and the hook."""
 
+import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -54,6 +56,28 @@ WRONG_SHAPE = f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of 
     [
         ("shape", "", WRONG_SHAPE + "torch.float64 tensor of shape (4,) on cpu"),
         ("float32", "", WRONG_SHAPE + "torch.float32 tensor of shape (2, 4) on cpu"),
+        (
+            "numpy",
+            "",
+            WRONG_SHAPE + "numpy float64 array of shape (2, 4) (a torch tensor is needed: torch.as_tensor)",
+        ),
+        (
+            "negative_dim",
+            "",
+            f"{PROBLEM} hook __init__: expected the attribute dim_x (an int >= 1) set by the constructor, got int -4",
+        ),
+        (
+            "bool_clients",
+            "",
+            f"{PROBLEM} hook __init__: expected the attribute n_clients (an int >= 1) set by the constructor, got "
+            "bool True",
+        ),
+        (
+            "metric_names",
+            "",
+            f"{PROBLEM} hook metric_info: expected a dict name -> (description, units[, higher_is_better]), got list "
+            "['outer_objective', 'outer_loss', 'inner_loss', 'x_error', 'y_error', 'hypergradient_norm']",
+        ),
         (
             "nan",
             "",
@@ -151,6 +175,12 @@ WRONG_SHAPE = f"{PROBLEM} hook grad_x_outer: expected a torch.float64 tensor of 
             f"{ALGORITHM} hook step: expected a torch.float64 tensor of shape (4,) on cpu, got a torch.float64 "
             "tensor of shape (3,) on cpu",
         ),
+        (  # with a server optimiser the run would go on, without it (x_k - x_{k+1} = 0): exit 0, a wrong result
+            "",
+            "x_in_place",
+            f"{ALGORITHM} hook step: expected its arguments x and y left as they were (the server optimiser compares "
+            "x_k with the x it returns), got x written in place; return new tensors (x - lr * h, not x.sub_(lr * h))",
+        ),
         (
             "",
             "not_a_tuple",
@@ -163,6 +193,44 @@ def test_a_broken_contract_is_one_line_naming_the_plugin_and_the_hook(problem_fa
     with pytest.raises(PluginError) as caught:
         simulate(faulty(problem_fault, algorithm_fault), SerialComm())
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("fault, what", [("close_stdout", "closed"), ("replace_stdout", "replaced")])
+def test_a_constructor_that_closes_or_replaces_sys_stdout_is_refused(monkeypatch, fault, what):
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # the plugin's to close or replace; put back after the test
+    with pytest.raises(PluginError) as caught:
+        simulate(faulty(fault), SerialComm())
+    assert str(caught.value) == (
+        f"{PROBLEM} hook __init__: expected sys.stdout left as it was (the run prints its lines there), got it {what}; "
+        "redirect it only around your own code (contextlib.redirect_stdout)"
+    )
+
+
+def test_a_constructor_that_changes_the_working_directory_is_refused_and_it_is_put_back(tmp_path, monkeypatch):
+    # the run's relative paths (its output, checkpoints and locks) would be opened, and released, elsewhere
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    with pytest.raises(PluginError) as caught:
+        simulate(faulty("chdir"), SerialComm())
+    assert str(caught.value) == (
+        f"{PROBLEM} hook __init__: expected the working directory left as it was (the run's relative paths start "
+        f"there: run.output, its checkpoints and locks), got it changed to {str(tmp_path)!r}; open your files by "
+        "absolute paths instead of os.chdir"
+    )
+    assert Path.cwd() == tmp_path / "run"
+
+
+def test_a_constructor_that_takes_a_stop_signal_is_refused():
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(PluginError) as caught:
+            simulate(faulty("ignore_sigint"), SerialComm())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert str(caught.value) == (
+        f"{PROBLEM} hook __init__: expected the handlers of SIGTERM, SIGINT and SIGUSR1 left as they were (the run's "
+        "stop requests: checkpoint and stop), got SIGINT set to SIG_IGN; leave them to the run"
+    )
 
 
 def test_a_nan_of_one_client_after_the_probe_names_the_oracle_and_the_client():
@@ -243,6 +311,14 @@ def test_randomness_from_a_global_generator_is_refused():
     assert text.endswith("draw randomness only from sample.key / rng.key (never torch's or numpy's global generators)")
 
 
+def test_a_problem_that_writes_into_the_x0_it_returned_does_not_move_the_iterates():
+    # the run starts from copies of initial_point's tensors (was: x moved with the problem's buffer, silently)
+    assert (
+        simulate(faulty("keep_x0"), SerialComm()).history["x_error"]
+        == simulate(faulty(), SerialComm()).history["x_error"]
+    )
+
+
 def test_the_probe_leaves_the_oracle_counts_alone():
     h = simulate(faulty(), SerialComm()).history
     plain = simulate(make_config(), SerialComm()).history
@@ -250,7 +326,15 @@ def test_the_probe_leaves_the_oracle_counts_alone():
         assert h[name] == plain[name], name
 
 
-@pytest.mark.parametrize("fault, kind", [("system_exit", "SystemExit: 3"), ("keyboard_interrupt", "KeyboardInterrupt")])
+@pytest.mark.parametrize(
+    "fault, kind",
+    [
+        ("system_exit", "SystemExit: 3"),
+        ("keyboard_interrupt", "KeyboardInterrupt"),
+        ("unprintable", "Unprintable: <str() of it raised RuntimeError>"),  # its __str__ raises: still one line
+        ("stop_iteration", "RuntimeError: generator raised StopIteration"),  # named by its cause's frames
+    ],
+)
 def test_a_base_exception_in_a_hook_fails_the_run_naming_the_hook(tmp_path, fault, kind):
     cfg = faulty(fault, output=str(tmp_path / "o.h5"), checkpoint_dir=str(tmp_path / "ckpt"))
     with pytest.raises(RunFailed) as caught:
@@ -269,6 +353,28 @@ def test_a_missing_oracle_is_refused_when_the_config_is_read():
     )
 
 
+@pytest.mark.parametrize(
+    "cls, why",
+    [
+        (
+            "TextDefault",
+            "field 'scale' has the default '1.0', which the field refuses (expected a number, got '1.0'); "
+            "give it a default of its type (float) and range",
+        ),
+        (
+            "LowDefault",
+            "field 'width' has the default 0, which the field refuses (must be >= 1, got 0); give it a "
+            "default of its type (int) and range",
+        ),
+    ],
+)
+def test_a_default_that_its_own_field_refuses_is_named_when_the_config_is_read(cls, why):
+    # a config that does not set the field would hand the default to the plugin unchecked
+    with pytest.raises(ConfigError) as caught:
+        config.from_dict({"problem": {"name": f"faulty_plugins:{cls}"}})
+    assert str(caught.value) == f"problem 'faulty_plugins:{cls}': its parameter class '{cls}Params': {why}"
+
+
 def test_public_and_underscored_oracle_names_give_the_same_run():
     # FaultyQuadratic defines grad_x_outer under its public name; the built-in under _grad_x_outer
     assert (
@@ -284,10 +390,17 @@ def test_an_oracle_of_a_subclass_may_call_super_under_its_public_name():
         assert sub[name] == plain[name], name
 
 
+def _env(**more) -> dict:
+    """The environment of a run in a process of its own: the plugins' folder before the caller's PYTHONPATH (which
+    may name the checkout's src/), one OpenMP thread."""
+    path = os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **more}
+
+
 def _mpiexec(cfg: Path, *args, ranks=2, timeout=120):
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "fednest_mpi", "run", str(cfg), *map(str, args)]
-    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    env = _env(MPI4PY_RC_THREAD_LEVEL="single")
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     return done, time.monotonic() - start
@@ -322,6 +435,12 @@ clients_per_round = 6
             f"fednest-mpi: rank 1/2: run failed after iteration 0: KeyboardInterrupt (raised in {PROBLEM} hook "
             "grad_x_outer)",
         ),
+        (  # an exception whose __str__ raises: the rank's line still comes (the other rank waited for it)
+            "unprintable",
+            1,
+            "fednest-mpi: rank 1/2: run failed after iteration 0: Unprintable: <str() of it raised RuntimeError> "
+            f"(raised in {PROBLEM} hook grad_x_outer)",
+        ),
         (
             "shape_late",
             2,
@@ -329,6 +448,13 @@ clients_per_round = 6
             "cpu, got a torch.float64 tensor of shape (4,) on cpu",
         ),
         ("shape", 2, f"fednest-mpi: error: rank 1/2: {WRONG_SHAPE}torch.float64 tensor of shape (4,) on cpu"),
+        (  # rank 0 alone reads metric_info for the run file: every rank checks it
+            "metric_names",
+            2,
+            f"fednest-mpi: error: rank 1/2: {PROBLEM} hook metric_info: expected a dict name -> (description, "
+            "units[, higher_is_better]), got list ['outer_objective', 'outer_loss', 'inner_loss', 'x_error', "
+            "'y_error', 'hypergradient_norm']",
+        ),
     ],
 )
 def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook(tmp_path, fault, code, line):
@@ -339,6 +465,25 @@ def test_a_fault_on_one_rank_ends_every_rank_within_seconds_naming_rank_and_hook
     first = done.stderr.splitlines()[0]
     assert first == line or first.startswith(line + " (traceback: "), done.stderr  # a raise: its per-rank log
     assert seconds < 60, seconds  # no hang: the job ended (start-up of two ranks included)
+
+
+def test_an_mpi_error_during_the_run_is_one_short_line_with_what_it_means():
+    """Ranks whose collectives no longer match (one rank's step aggregates once more) fail in MPI with MPICH's error
+    stack, dozens of lines, as the exception's text: the rank's line keeps its first words and says what it means
+    (the stack goes to the traceback log). Under mpiexec MPICH's own fatal handler may print it first, or alone."""
+    from mpi4py import MPI
+
+    from fednest_mpi.session import failure_line
+
+    try:
+        raise MPI.Exception(MPI.ERR_TRUNCATE)
+    except MPI.Exception as exc:
+        line = failure_line(exc, 1, 2, 0)
+    assert line == (
+        "rank 1/2: run failed after iteration 0: MPI error: Message truncated (the ranks called different "
+        "collectives: plugin code that aggregates (mean_over, evaluation_sum) a different number of times on "
+        "different ranks, or calls MPI itself)"
+    )
 
 
 IDLE_HINT = (
@@ -393,6 +538,23 @@ def test_the_watchdog_names_the_rank_and_the_hook_that_blocks(tmp_path, fault, l
 
 
 @pytest.mark.processes  # starts mpiexec: make test-processes
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_thread_a_plugin_leaves_running_does_not_keep_the_job(tmp_path, ranks):
+    # the run completes; the interpreter would then wait for the thread for ever (the job never ends)
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(CONFIG)
+    sets = ("--set", "problem.fault=thread", "--set", f"problem.fault_rank={ranks - 1}", "-q")
+    done, seconds = _mpiexec(cfg, "--output", tmp_path / "o.h5", *sets, ranks=ranks)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        f"fednest-mpi: warning: rank {ranks - 1}/{ranks}: the run is over, yet 1 thread(s) started by plugin code "
+        "still run: 'plugin-thread' (threading.Event.wait); not waiting for them (start such a thread with "
+        "daemon=True, or end it before the hook returns)"
+    ]
+    assert (tmp_path / "o.h5").is_file() and seconds < 60, seconds
+
+
+@pytest.mark.processes  # starts mpiexec: make test-processes
 def test_recover_names_the_hook_of_a_c_level_abort_on_one_rank(tmp_path):
     cfg = tmp_path / "f.toml"
     cfg.write_text(CONFIG)
@@ -418,7 +580,7 @@ def test_a_run_that_ends_well_leaves_no_fatal_log(tmp_path):
     # a process of its own: faulthandler is pytest's in this one (the log is kept only where nobody enabled it)
     cfg = tmp_path / "f.toml"
     cfg.write_text(CONFIG)
-    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "OMP_NUM_THREADS": "1"}
+    env = _env()
     env.pop("PYTHONFAULTHANDLER", None)
     cmd = [sys.executable, "-m", "fednest_mpi", "run", str(cfg), "--output", str(tmp_path / "o.h5"), "-q"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -433,7 +595,7 @@ def test_usage_error_is_the_base_of_plugin_error():
 def _check(tmp_path, *args):
     cfg = tmp_path / "f.toml"
     cfg.write_text(CONFIG)
-    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "MPI4PY_RC_THREAD_LEVEL": "single", "OMP_NUM_THREADS": "1"}
+    env = _env(MPI4PY_RC_THREAD_LEVEL="single")
     cmd = [sys.executable, "-m", "fednest_mpi", "check", str(cfg), "--iterations", "2", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     if program_run and args.command == "run":
         code = run.execute(args)
         stop.ignore_from_now()  # the run is over: the interpreter's teardown would put back SIG_DFL (exit 15)
-        return code
+        return run.leave(code)  # not waiting for a plugin's threads
     if args.command == "config-doc":
         return _config_doc(installed=not args.builtin)
     return COMMANDS[args.command].execute(args)

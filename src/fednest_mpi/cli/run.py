@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 
 from fednest_mpi.cli.common import config_command
 from fednest_mpi.errors import UsageError
@@ -69,3 +72,32 @@ def execute(args) -> int:
         from fednest_mpi.failure import folder_of
 
         return report_failure(comm, exc, folder_of(cfg.run.output))
+
+
+def leave(code: int) -> int:
+    """``code``, once the run is over; where plugin code left threads that are no daemons running (the interpreter
+    would wait for them at exit: a finished job that never ends), one line says so and the process ends now,
+    MPI finalised first, without waiting for them."""
+    stray = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not stray:
+        return code
+    from fednest_mpi.comm import mpi, world
+    from fednest_mpi.logs import write_line
+
+    comm = world()
+    names = ", ".join(f"{t.name!r} ({_target(t)})" for t in stray[:3]) + (", ..." if len(stray) > 3 else "")
+    write_line(
+        f"fednest-mpi: warning: rank {comm.Get_rank()}/{comm.Get_size()}: the run is over, yet {len(stray)} thread(s) "
+        f"started by plugin code still run: {names}; not waiting for them (start such a thread with daemon=True, or "
+        "end it before the hook returns)"
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not mpi().Is_finalized():
+        mpi().Finalize()
+    os._exit(code)
+
+
+def _target(thread: threading.Thread) -> str:
+    target = getattr(thread, "_target", None)  # Thread(target=f): what it runs
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}" if target else "?"
