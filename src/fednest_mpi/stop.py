@@ -14,7 +14,7 @@
   with exit code 1. The limit is ``run.round_timeout`` seconds when set; else (0, the default) it is
   automatic from the first completed iteration on: ``run.round_timeout_factor`` times the longest iteration so
   far, and at least :data:`AUTO_MIN_SECONDS`, so that a plugin that blocks for ever on one rank cannot hang a
-  job (a factor of 0 turns it off). A rank inside a plugin hook (a hook that spins) gets less: the same factor
+  job (a factor of 0 turns it off); the first iteration :data:`AUTO_FIRST_SECONDS`. A rank inside a plugin hook (a hook that spins) gets less: the same factor
   and at least :data:`AUTO_HOOK_MIN_SECONDS` (:meth:`StopRequests.hook_limit`). During the start-up and the
   first iteration :data:`AUTO_MIN_SECONDS` (or ``run.round_timeout``) ends a rank that is inside a plugin hook
   (its constructor, the probe's oracle calls, the first step) after that long; the project's own start-up
@@ -54,6 +54,9 @@ WATCH_SECONDS = 0.2  # how often the deadlines are looked at
 #: the automatic watchdog's least limit (run.round_timeout = 0): a slow file system or a long evaluation in one
 #: iteration must not end a run whose iterations are short
 AUTO_MIN_SECONDS = 600.0
+#: the automatic watchdog's limit on the first iteration (nothing is known of its length yet): long enough for the
+#: first iteration of a large run, short enough that ranks left waiting in mismatched collectives do not wait for ever
+AUTO_FIRST_SECONDS = 3600.0
 #: the automatic watchdog's least limit for a rank inside a plugin hook, from the first completed iteration on
 #: (a hook that spins; the project's own I/O keeps AUTO_MIN_SECONDS)
 AUTO_HOOK_MIN_SECONDS = 60.0
@@ -300,6 +303,11 @@ class StopRequests:
         if self.round_factor > 0 and not self._rounds:
             return AUTO_MIN_SECONDS, (
                 f"the automatic watchdog's {AUTO_MIN_SECONDS:.0f} s (no iteration yet; set run.round_timeout to choose)"
+            )
+        if self.round_factor > 0:  # the first iteration: ranks that wait in a collective for ever (a mismatch)
+            return AUTO_FIRST_SECONDS, (
+                f"the automatic watchdog's {AUTO_FIRST_SECONDS:g} s for the first iteration (set run.round_timeout "
+                "to choose)"
             )
         return 0.0, ""
 

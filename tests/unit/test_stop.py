@@ -86,13 +86,15 @@ def test_the_watchdog_ends_a_run_whose_iteration_does_not_complete():
 
 
 def test_the_automatic_watchdog_ends_an_iteration_far_longer_than_the_longest_so_far(monkeypatch):
-    """run.round_timeout = 0 (the default): no limit during start-up and the first iteration, then
-    round_timeout_factor times the longest completed iteration, at least AUTO_MIN_SECONDS; factor 0: none."""
+    """run.round_timeout = 0 (the default): AUTO_FIRST_SECONDS for the first iteration (ranks left waiting in
+    mismatched collectives end), then round_timeout_factor times the longest completed iteration, at least
+    AUTO_MIN_SECONDS; factor 0: none."""
     monkeypatch.setattr(stop, "AUTO_MIN_SECONDS", 0.5)
     ended = Ended()
     with stop.StopRequests(round_timeout=0.0, round_factor=3.0) as requests:
         requests.arm(ended, rounds=True)
-        time.sleep(0.7)  # the first iteration: longer than the least limit, not limited
+        assert requests.limit()[0] == stop.AUTO_FIRST_SECONDS
+        time.sleep(0.7)  # the first iteration: longer than the least limit, within AUTO_FIRST_SECONDS
         requests.beat(0)
         assert requests.limit()[0] >= 2.1 and not ended.calls  # 3 x 0.7 s
         time.sleep(1.5)  # a slower iteration, within the limit
@@ -209,6 +211,21 @@ def test_the_automatic_watchdog_gives_a_rank_in_a_plugin_hook_less_time(monkeypa
     ((code, message),) = ended.calls
     assert code == 1 and message.startswith("run failed: no outer iteration completed within the automatic watchdog's")
     assert "for a rank in a plugin hook" in message and f"{hook} after iteration 0" in message
+
+
+def test_the_first_iteration_ends_ranks_that_wait_longer_than_its_limit(monkeypatch):
+    """Ranks that wait in a collective in the first iteration (not in a hook: a collective mismatch) are ended
+    after AUTO_FIRST_SECONDS (and the grace), no longer left waiting for ever."""
+    monkeypatch.setattr(stop, "AUTO_FIRST_SECONDS", 0.5)
+    monkeypatch.setattr(stop, "WAITING_GRACE_SECONDS", 0.2)
+    ended = Ended()
+    with stop.StopRequests(round_timeout=0.0, round_factor=20.0) as requests:
+        requests.arm(ended, rounds=True, locate=lambda: None)
+        assert ended.event.wait(5)
+    ((code, message),) = ended.calls
+    assert code == 1 and message.startswith(
+        "run failed: no outer iteration completed within the automatic watchdog's 0.5 s for the first iteration"
+    )
 
 
 def test_nothing_ends_a_disarmed_run():

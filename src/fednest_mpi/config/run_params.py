@@ -136,7 +136,7 @@ class RunSection:
         "with round_timeout = 0, the automatic watchdog: from the first completed outer iteration on, an "
         "iteration may take this many times the longest one so far, and at least 600 s (a plugin that blocks "
         "for ever cannot hang the job; a rank inside a plugin hook: at least 60 s; the first iteration: 600 s "
-        "for a rank in a hook); 0: no watchdog at all",
+        "for a rank in a hook, 3600 s for the others); 0: no watchdog at all",
         low=0.0,
     )
     idle_timeout: float = spec(
