@@ -16,9 +16,9 @@
   far, and at least :data:`AUTO_MIN_SECONDS`, so that a plugin that blocks for ever on one rank cannot hang a
   job (a factor of 0 turns it off); the first iteration :data:`AUTO_FIRST_SECONDS`. A rank inside a plugin hook
   (a hook that spins) gets less: the same factor and at least :data:`AUTO_HOOK_MIN_SECONDS`
-  (:meth:`StopRequests.hook_limit`). During the start-up and the first iteration :data:`AUTO_MIN_SECONDS` (or ``run.round_timeout``) ends a rank that is inside a plugin hook
-  (its constructor, the probe's oracle calls, the first step) after that long; the project's own start-up
-  (data, collectives) is not limited.
+  (:meth:`StopRequests.hook_limit`). During the start-up and the first iteration :data:`AUTO_MIN_SECONDS` (or
+  ``run.round_timeout``) ends a rank that is inside a plugin hook (its constructor, the probe's oracle calls, the
+  first step) after that long; the project's own start-up (data, collectives) is not limited.
 * The **idle look** ends a blocked plugin within seconds, where the watchdog needs minutes: a rank whose main
   thread is inside a plugin hook (start-up or iterations) and whose process has used (next to) no CPU for
   ``run.idle_timeout`` seconds (a hook that waits for input, a lock, a message or a child that never comes)
