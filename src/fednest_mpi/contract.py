@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import types
 from collections import Counter
 
 import numpy as np
@@ -95,7 +96,7 @@ def hook_of(exc: BaseException) -> str | None:
     callback's method (:data:`fednest_mpi.callbacks.POINTS`), or None when it came from elsewhere. The traceback
     goes on into ``exc.__cause__``'s (``raise ... from``): a ``StopIteration`` that a plugin raised under a
     generator of the project arrives as the generator's ``RuntimeError``, whose cause holds the plugin's frames."""
-    frames = []
+    frames: list[types.FrameType] = []
     cause: BaseException | None = exc
     while cause is not None and len(frames) < 10_000:  # (a cycle of causes made by hand ends too)
         tb = cause.__traceback__
