@@ -168,21 +168,3 @@ def check_params(kind: str, name: str, params: Any, required: tuple[str, ...]) -
             )
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{where}: field {f.name!r} has no default; give it one with config.spec(default, help)")
-        _check_default(where, f, hints[f.name])
-
-
-def _check_default(where: str, f: dataclasses.Field, typ: type) -> None:
-    """A field's default is a value the field itself accepts (its type, choices and range): a config that does
-    not set the field gets it unchecked (a float field's default ``"1.0"`` reached the plugin as text)."""
-    from fednest_mpi.config.fields import check_range, coerce
-
-    if f.default is dataclasses.MISSING:
-        return
-    try:
-        check_range(f.name, coerce(f.name, f.default, typ), f.metadata)
-    except ConfigError as exc:
-        why = str(exc).removeprefix(f"{f.name}: ").split(";")[0]
-        raise ConfigError(
-            f"{where}: field {f.name!r} has the default {f.default!r}, which the field refuses ({why}); give it a "
-            f"default of its type ({typ.__name__}) and range"
-        ) from None

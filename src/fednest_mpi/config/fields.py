@@ -97,3 +97,22 @@ def build_section(cls: type, data: Any, path: str):
         if name != "name":  # a section's name was resolved by its registry (a plugin's may be 'module:Class')
             check_range(where, values[name], f.metadata)
     return cls(**values)
+
+
+def check_defaults(kind: str, name: str, cls: type) -> None:
+    """Every default of the parameter class ``cls`` of the ``kind`` (problem, algorithm) ``name`` is a value its
+    own field accepts (its type, choices and range): a config that does not set a field hands the default to the
+    plugin unchecked (a float field's default ``"1.0"`` reached the plugin as text)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is dataclasses.MISSING:
+            continue
+        try:
+            check_range(f.name, coerce(f.name, f.default, hints[f.name]), f.metadata)
+        except ConfigError as exc:
+            why = str(exc).removeprefix(f"{f.name}: ").split(";")[0]
+            raise ConfigError(
+                f"{kind} {name!r}: its parameter class {cls.__qualname__!r}: field {f.name!r} has the default "
+                f"{f.default!r}, which the field refuses ({why}); give it a default of its type "
+                f"({hints[f.name].__name__}) and range"
+            ) from None

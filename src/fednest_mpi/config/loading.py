@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fednest_mpi.config.fields import SEED_MAX, build_section, check_range, coerce, fields_of
+from fednest_mpi.config.fields import SEED_MAX, build_section, check_defaults, check_range, coerce, fields_of
 from fednest_mpi.config.registries import NAMED_SECTIONS, section_fields
 from fednest_mpi.config.run_params import SECTIONS, RunConfig
 from fednest_mpi.config.validation import validate_relations
@@ -44,6 +44,7 @@ def _build_named(section: str, data: Any, default: str):
             + did_you_mean(str(name), registry.names())
             + ", or name a plugin class as 'module:Class'"
         )
+    check_defaults(section, name, spec_.params)
     own, kept = fields_of(spec_.params), {}
     for key, value in data.items():
         owners = [s for s in registry.values() if key not in own and key in fields_of(s.params)]
