@@ -5,11 +5,14 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from shared_data import DATA, need
 
 from fednest_mpi import config
 from fednest_mpi.algorithms import ESTIMATORS, build_algorithm, implementation
 from fednest_mpi.federation import Federation
 from fednest_mpi.problems import build_problem
+from fednest_mpi.problems.losstuning import LossTuningProblem
+from fednest_mpi.problems.representation import RepresentationProblem
 from fednest_mpi.runner import simulate
 
 
@@ -225,3 +228,57 @@ def test_fednest_converges_with_the_new_estimators(small_config, estimator):
     )
     h = simulate(cfg, MPI.COMM_SELF).history
     assert h["x_error"][-1] < 1e-6 * h["x_error"][0]
+
+
+def test_minus_scaled_computes_in_a_fresh_output_with_the_same_bits():
+    """(I - eta H) r in Hr's memory where the problem promises fresh outputs (and Hr is dense): the same bits as
+    in a new tensor; otherwise Hr is left as it was (a problem may keep it); stride-0 rows never in place."""
+    from fednest_mpi.algorithms.estimators import minus_scaled
+
+    gen = torch.Generator().manual_seed(7)
+    Hr, r = torch.randn(5, 9, generator=gen, dtype=torch.float64), torch.randn(9, generator=gen, dtype=torch.float64)
+    expected = Hr.mul(-0.37).add_(r)
+    kept = Hr.clone()
+    out = minus_scaled(Hr, 0.37, r, fresh=False)
+    assert torch.equal(out, expected) and out.data_ptr() != Hr.data_ptr() and torch.equal(Hr, kept)
+    out = minus_scaled(Hr, 0.37, r, fresh=True)
+    assert torch.equal(out, expected) and out.data_ptr() == Hr.data_ptr()
+    shared = kept[0].expand(5, -1)  # one row for every client: not dense
+    out = minus_scaled(shared, 0.37, r, fresh=True)
+    assert torch.equal(out, kept[0].expand(5, -1).mul(-0.37).add_(r)) and torch.equal(kept[0], shared[0])
+
+
+def _fresh_and_not(cfg, monkeypatch):
+    """The histories of ``cfg`` run without and with FedIHGP computing in the problem's fresh outputs."""
+    from fednest_mpi.problems.base import BilevelProblem
+
+    runs = []
+    for fresh in (False, True):
+        monkeypatch.setattr(BilevelProblem, "fresh_outputs", fresh)
+        for cls in (LossTuningProblem, RepresentationProblem):
+            monkeypatch.delattr(cls, "fresh_outputs")  # the base class's value, set just above
+        runs.append(simulate(cfg, MPI.COMM_SELF).history)
+        monkeypatch.undo()
+    return runs
+
+
+@pytest.mark.parametrize("name", ["quadratic", "loss_tuning"])
+def test_a_run_computing_in_fresh_outputs_has_the_bits_of_one_that_does_not(name, small_config, monkeypatch):
+    """FedIHGP's (I - eta H) r in Hr's memory (fresh_outputs) changes no bit of a whole run."""
+    if name == "quadratic":
+        cfg = small_config(algorithm={"outer_iterations": 4})
+    else:
+        need(DATA / "mnist")
+        problem = {"name": name, "data_dir": str(DATA), "n_clients": 20, "partition": "shards", "hidden1": 7}
+        cfg = config.from_dict(
+            {
+                "problem": problem,
+                "algorithm": {"clients_per_round": 5, "outer_iterations": 3},
+                "run": {"dtype": "float64"},
+            }
+        )
+    plain, fresh = _fresh_and_not(cfg, monkeypatch)
+    assert plain.keys() == fresh.keys()
+    for column in plain:
+        if not column.endswith("_time"):
+            assert np.array_equal(np.asarray(plain[column]), np.asarray(fresh[column]), equal_nan=True), column

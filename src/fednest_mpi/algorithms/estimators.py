@@ -96,6 +96,15 @@ def neumann_series(step, v: torch.Tensor, n_terms: int, scale: float, mode: str,
     return (n_terms * scale) * r
 
 
+def minus_scaled(Hr: torch.Tensor, scale: float, r: torch.Tensor, fresh: bool) -> torch.Tensor:
+    """(I - eta H) r as r - eta Hr, bitwise (Hr times -eta, then plus r: two roundings per entry), in Hr's memory
+    where the problem's outputs are ``fresh`` (:attr:`BilevelProblem.fresh_outputs`) and Hr is dense, else in a
+    new tensor."""
+    if fresh and Hr.is_contiguous():
+        return Hr.mul_(-scale).add_(r)
+    return Hr.mul(-scale).add_(r)
+
+
 def quadratic_gradient(problem, ids: np.ndarray, X, Y, V, hvp_sample: Sample, grad_f: torch.Tensor) -> torch.Tensor:
     """Each client's gradient of q_i(v) = 1/2 v^T nabla^2_yy g_i v - v^T nabla_y f_i at its row of ``V``:
     nabla^2_yy g_i(X, Y) V - nabla_y f_i (``grad_f``, its rows already evaluated). The minimiser of the
@@ -184,7 +193,7 @@ class Estimator(ABC):
             ids, m = piece.local_ids, piece.local_ids.size
             R = alg._rows(r, m)
             Hr = alg.problem.hvp_yy_inner(ids, alg._rows(x, m), alg._rows(y, m), R, Sample(alg.key(P.HVP_SAMPLE, k), n))
-            return [Hr if scale is None else Hr.mul(-scale).add_(r)]  # (I - eta H) r: bitwise R - eta Hr
+            return [Hr if scale is None else minus_scaled(Hr, scale, r, getattr(alg.problem, "fresh_outputs", False))]
 
         (out,) = alg.mean_y_side(S, rows)
         return out

@@ -65,6 +65,7 @@ def _cross_entropy(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 class LossTuningProblem(AutogradOracles, BilevelProblem):
     primary_metric = "balanced_accuracy"
+    fresh_outputs = True  # hvp_yy_inner: new rows (torch.empty per call, or autograd's)
     """See the module docstring. ``clients`` lists the client ids this instance hosts."""
 
     # set by ImageClients.attach: the hosted samples and their per-client splits

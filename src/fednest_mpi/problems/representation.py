@@ -179,6 +179,7 @@ class RepresentationProblem(BilevelProblem):
     ``test_inputs``/``test_targets`` (the evaluation set) and call :meth:`_set_shape`.
     """
 
+    fresh_outputs = True  # hvp_yy_inner: a new (B, d2) sum per call
     inner: object
     outer: object
     cfg: Any
