@@ -171,14 +171,12 @@ class Watchdog:
         while not self.done.wait(WATCH_SECONDS):
             self.clock.tick()
             self.idle.sample()
-            if self.idle.idle():
-                where = hook_running()
-                if where is not None:
-                    self._fail(
-                        f"the one-rank run is in {where} and has used no CPU for {self.idle.seconds:g} s "
-                        "(run.idle_timeout: a plugin that blocks)"
-                    )
-                self.idle.reset()
+            where = self.idle.blocked_in(hook_running)
+            if where is not None:
+                self._fail(
+                    f"the one-rank run is in {where} and has used no CPU for {self.idle.seconds:g} s "
+                    "(run.idle_timeout: a plugin that blocks)"
+                )
             if self.clock.now() - self.beat > self.limit:
                 where = hook_running() or "no plugin hook (the run itself)"
                 self._fail(

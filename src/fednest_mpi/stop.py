@@ -205,6 +205,17 @@ class IdleLook:
         """Start afresh (a new phase, or the rank was found not in a hook)."""
         self._forget = True
 
+    def blocked_in(self, locate: Callable[[], str | None]) -> str | None:
+        """Where the process sits blocked: ``locate()`` (the plugin hook its main thread runs) once the process
+        has been :meth:`idle`, else None; idle outside a hook (waiting for other ranks, the project's own I/O) is
+        the watchdog's business, and the look starts afresh."""
+        if not self.idle():
+            return None
+        where = locate()
+        if where is None:
+            self.reset()
+        return where
+
 
 class StopRequests:
     """The stop requests of one run: :attr:`requested` and :attr:`received` for the runner, the
@@ -385,11 +396,8 @@ class StopRequests:
     def _idle_reason(self, after: str) -> tuple[int, str] | None:
         """The idle look's (exit code, message): this rank sits in a plugin hook and used no CPU for
         ``idle_timeout`` seconds."""
-        if self._locate is None or not self._idle.idle():
-            return None
-        stuck = self._locate()
-        if stuck is None:  # waiting for the others, or the project's own I/O: the watchdog's, not this look's
-            self._idle.reset()
+        stuck = None if self._locate is None else self._idle.blocked_in(self._locate)
+        if stuck is None:
             return None
         phase = "during the start-up" if not self._rounds else after
         return 1, (
