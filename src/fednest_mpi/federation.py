@@ -44,18 +44,49 @@ from fednest_mpi.heterogeneity import IDEAL, SystemModel
 from fednest_mpi.recorder import OFF
 
 
-def block_range(n_clients: int, size: int, rank: int) -> range:
-    """Client ids hosted by ``rank``: a contiguous block, block sizes differ by at most one."""
-    return range(rank * n_clients // size, (rank + 1) * n_clients // size)
+def block_range(n_clients: int, size: int, rank: int, group: int = 1) -> range:
+    """Client ids hosted by ``rank``: a contiguous block of whole summation groups (``group`` consecutive ids,
+    :func:`summation_group`); block sizes differ by at most one group (one client with groups of one)."""
+    n_groups = -(-n_clients // group)
+    return range(min(n_clients, rank * n_groups // size * group), min(n_clients, (rank + 1) * n_groups // size * group))
 
 
-def balanced_assignment(ids: np.ndarray, n_clients: int, size: int) -> np.ndarray:
+#: the automatic summation group (:func:`summation_group`): groups of one below this many clients per round,
+#: else about GROUP_MEMBERS members of a round's client set per group
+GROUP_FROM_CLIENTS = 256
+GROUP_MEMBERS = 16
+
+
+def summation_group(setting: int, n_clients: int, clients_per_round: int) -> int:
+    """Consecutive client ids per summation group of the exact reduction (``federation.group_clients``; 0:
+    automatic). Automatic: 1 (every client's row summed exactly) when fewer than :data:`GROUP_FROM_CLIENTS`
+    clients take part in a round, else ``GROUP_MEMBERS * M // |S|`` ids, so that a round's client set has about
+    GROUP_MEMBERS members in each group. Depends on the config only, never on the ranks or the chunk size."""
+    if setting > 0:
+        return min(setting, n_clients)
+    if clients_per_round < GROUP_FROM_CLIENTS:
+        return 1
+    return max(1, min(n_clients, GROUP_MEMBERS * n_clients // clients_per_round))
+
+
+def group_starts(group_of: np.ndarray) -> np.ndarray:
+    """Where each run of equal entries of ``group_of`` (the group of each member, in increasing order) begins."""
+    return np.flatnonzero(np.concatenate([[True], group_of[1:] != group_of[:-1]])) if group_of.size else group_of
+
+
+def balanced_assignment(ids: np.ndarray, n_clients: int, size: int, group: int = 1) -> np.ndarray:
     """The rank that evaluates each member of S (``ids`` in increasing order) under balanced
     placement: every rank gets floor(|S|/P) or ceil(|S|/P) members (the extra ones go to the ranks
     with the most members in their own block), and a member stays on its home rank (the one whose
     block holds it) unless that rank has more than its share; the surplus members, in id order,
     fill the other ranks in rank order. So the fewest members possible leave home (their
-    features cached at home stay useful), and every rank derives the same answer from S alone."""
+    features cached at home stay useful), and every rank derives the same answer from S alone.
+    With summation groups of ``group`` ids the groups that have members in S are assigned so (a group's
+    members stay together: each rank gets floor or ceil of the groups over P)."""
+    if group > 1:
+        first = group_starts(ids // group)
+        per_group = balanced_assignment(ids[first] // group, -(-n_clients // group), size)
+        return np.repeat(per_group, np.diff(np.concatenate([first, [ids.size]])))
     home = np.searchsorted([block_range(n_clients, size, r).stop for r in range(size)], ids, side="right")
     counts = np.bincount(home, minlength=size)
     base, extra = divmod(ids.size, size)
@@ -78,6 +109,7 @@ class Participants:
 
     ids: np.ndarray
     local_slots: np.ndarray
+    group: int = 1  # consecutive client ids per summation group (:func:`summation_group`)
 
     @property
     def local_ids(self) -> np.ndarray:
@@ -90,11 +122,21 @@ class Participants:
     def chunks(self, size: int) -> list[Participants]:
         """This rank's members in consecutive pieces of at most ``size`` (0: one piece), each a
         :class:`Participants` of the same S; always at least one piece (empty on a rank without
-        members, so that every rank evaluates the same shapes and reaches the same collectives)."""
+        members, so that every rank evaluates the same shapes and reaches the same collectives). With summation
+        groups of more than one id a piece holds whole groups (one group alone when it has more than ``size``)."""
         slots = self.local_slots
         if size <= 0 or slots.size <= size:
             return [self]
-        return [Participants(ids=self.ids, local_slots=slots[lo : lo + size]) for lo in range(0, slots.size, size)]
+        if self.group == 1:
+            cuts = list(range(0, slots.size, size))
+        else:
+            cuts = [0]
+            starts = group_starts(self.ids[slots] // self.group)
+            for lo, hi in zip(starts, np.append(starts[1:], slots.size)):
+                if hi - cuts[-1] > size and lo > cuts[-1]:
+                    cuts.append(int(lo))
+        bounds = zip(cuts, cuts[1:] + [slots.size])
+        return [Participants(ids=self.ids, local_slots=slots[lo:hi], group=self.group) for lo, hi in bounds]
 
 
 def dense(rows, lo: int = 0, hi: int | None = None) -> torch.Tensor:
@@ -115,16 +157,67 @@ _EXACT_TILE_BYTES = 1 << 24
 _EXACT_TILE_ROWS = 8
 
 
-def _add_exact(binned: exactsum.BinnedSum, rows: list, weights: torch.Tensor) -> None:
+def _add_exact(binned: exactsum.BinnedSum, rows: list, weights: torch.Tensor, groups, ids: np.ndarray) -> None:
     """Deposit ``weights[b] * row_b`` of a piece's rows into ``binned``, in tiles of whole rows (the sum is
-    exact, so the tiling changes no bit)."""
-    if len(rows) == 1 and isinstance(rows[0], torch.Tensor):
+    exact, so the tiling changes no bit); with summation groups (``groups``, a :class:`_GroupDeposits`; None
+    for groups of one) each group's sum instead (``ids``: the rows' clients). A row shared by every member
+    (stride 0, e.g. FedOut's x - alpha h at tau = 1) is deposited once for all, exactly, with or without groups."""
+    if len(rows) == 1 and isinstance(rows[0], torch.Tensor) and (groups is None or rows[0].stride(0) == 0):
         binned.add(rows[0], weights=weights)
+        return
+    if groups is not None:
+        groups.add(rows, weights, ids)
         return
     d = sum(int(r.shape[1]) for r in rows)
     tile = max(_EXACT_TILE_ROWS, _EXACT_TILE_BYTES // (d * torch.empty((), dtype=rows[0].dtype).element_size()))
     for lo in range(0, int(weights.shape[0]), tile):
         binned.add(_dense_block(rows, lo, lo + tile), weights=weights[lo : lo + tile])
+
+
+#: group sums wait in a buffer of at most this many bytes (and _GROUP_BUFFER_ROWS rows) and are deposited
+#: together: the exact sum's cost per call grows with d, whatever the rows
+_GROUP_BUFFER_BYTES = 1 << 25
+_GROUP_BUFFER_ROWS = 64
+
+
+class _GroupDeposits:
+    """The summation groups' sums of one exact reduction on this rank (:func:`summation_group`), each computed
+    in the rows' precision from the group's rows alone, so the same bits in any chunk, then deposited exactly
+    into ``binned`` a buffer at a time (the sum is exact, so the buffering changes no bit)."""
+
+    def __init__(self, binned: exactsum.BinnedSum, group: int):
+        self.binned, self.group, self.n = binned, group, 0
+        self.buffer: torch.Tensor | None = None  # (rows, d), made at the first group
+
+    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray) -> None:
+        """Each group's sum_b w_b row_b of a piece's rows (``ids``: their clients, increasing): a factored form by
+        its own ``group_sum`` (e.g. one GEMM of the factors of :class:`~fednest_mpi.problems.shared_start.\
+LowRankRows`), plain rows (and a factored form without it, made dense) by one (1, m) x (m, d) GEMM (strict
+        MKL, :mod:`fednest_mpi.numerics`: the same bits for the same shapes wherever the rows lie)."""
+        d, dtype = sum(int(r.shape[1]) for r in rows), rows[0].dtype
+        if self.buffer is None:
+            size = torch.empty((), dtype=dtype).element_size()
+            n_rows = max(1, min(_GROUP_BUFFER_ROWS, _GROUP_BUFFER_BYTES // (d * size)))
+            self.buffer = torch.empty((n_rows, d), dtype=dtype, device=weights.device)
+        starts = group_starts(ids // self.group)
+        w = weights.to(dtype)
+        for lo, hi in zip(starts.tolist(), np.append(starts[1:], ids.size).tolist()):
+            if self.n == self.buffer.shape[0]:
+                self.flush()
+            at, self.n = 0, self.n + 1
+            for r in rows:
+                target = self.buffer[self.n - 1, at : at + int(r.shape[1])]
+                at += int(r.shape[1])
+                if hasattr(r, "group_sum"):
+                    r.group_sum(lo, hi, w[lo:hi], target)
+                else:
+                    torch.mm(w[None, lo:hi], dense(r, lo, hi), out=target[None])
+
+    def flush(self) -> None:
+        """Deposit the waiting sums."""
+        if self.n and self.buffer is not None:
+            self.binned.add(self.buffer[: self.n])
+            self.n = 0
 
 
 def _weighted_sum(rows: list, w: torch.Tensor) -> torch.Tensor:
@@ -158,6 +251,8 @@ class Federation:
         :class:`~fednest_mpi.comm.SerialComm` (one rank, no MPI).
     n_clients : M, the number of clients.
     reduction : ``"exact"``, ``"sum"`` or ``"ordered"`` (see :meth:`mean`).
+    group : consecutive client ids per summation group of the exact reduction (:func:`summation_group`): a
+        round's rows are summed group by group in floating point, the groups' sums exactly.
     wait : how a rank waits for a collective: ``"block"`` (MPI's own wait, which busy-polls in
         MPICH), ``"poll"`` (a non-blocking collective tested in a loop that yields the core), or
         ``"auto"``: poll when this node runs more ranks than the cores this process may use.
@@ -176,6 +271,7 @@ class Federation:
         wait: str = "auto",
         placement: str = "block",
         system: SystemModel = IDEAL,
+        group: int = 1,
     ):
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -193,7 +289,10 @@ class Federation:
         self._cuda_aware: bool | None = None
         self.n_clients = n_clients
         self.reduction = reduction
-        self.block = block_range(n_clients, self.size, self.rank)
+        #: consecutive client ids per summation group of the exact reduction (:func:`summation_group`; 1 with
+        #: the other reductions): a rank hosts and a chunk holds whole groups
+        self.group = group if reduction == "exact" else 1
+        self.block = block_range(n_clients, self.size, self.rank, self.group)
         # the clients whose data this rank needs: its block, or every client when any rank may evaluate any client
         self.hosted = self.block if placement == "block" else range(n_clients)
         self.stats = CommStats()
@@ -217,10 +316,10 @@ class Federation:
         """
         ids = rng.sample_without_replacement(key, self.n_clients, size)
         if self.placement == "balanced":
-            local = np.nonzero(balanced_assignment(ids, self.n_clients, self.size) == self.rank)[0]
+            local = np.nonzero(balanced_assignment(ids, self.n_clients, self.size, self.group) == self.rank)[0]
         else:
             local = np.nonzero((ids >= self.block.start) & (ids < self.block.stop))[0]
-        return Participants(ids=ids, local_slots=local)
+        return Participants(ids=ids, local_slots=local, group=self.group)
 
     # -- system heterogeneity (heterogeneity.py) -----------------------------------------------
     def local_steps(self, ids: np.ndarray, k: int, steps: int) -> np.ndarray:
@@ -254,7 +353,8 @@ class Federation:
         if n_answered == part.size:
             return part, weights
         w = np.ones(part.size) if weights is None else np.asarray(weights, dtype=np.float64)
-        return Participants(ids=part.ids, local_slots=part.local_slots[local]), np.where(answered, w, 0.0)
+        answered_part = Participants(ids=part.ids, local_slots=part.local_slots[local], group=part.group)
+        return answered_part, np.where(answered, w, 0.0)
 
     # ---------------------------------------------------------------------------------------
     def mean(
@@ -346,7 +446,7 @@ class Federation:
         m = part.size
         total = None if weights is None else float(np.sum(weights))
         w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / (total or 1.0)
-        buf, w_t, dims, binned, dtype = None, None, [], None, None
+        buf, w_t, dims, binned, groups, dtype = None, None, [], None, None, None
         for piece, rows in pieces:
             rows = list(rows)
             if w_t is None:
@@ -355,12 +455,13 @@ class Federation:
                 w_t = torch.as_tensor(w, dtype=torch.float64 if exact else dtype, device=rows[0].device)
                 if exact:
                     binned = exactsum.BinnedSum(sum(dims), exactsum.bins_for(dtype), device=w_t.device)
+                    groups = _GroupDeposits(binned, part.group) if part.group > 1 else None
                 elif self.reduction == "ordered":
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
             if binned is not None:
                 if slots.numel():
-                    _add_exact(binned, rows, w_t[slots])
+                    _add_exact(binned, rows, w_t[slots], groups, piece.local_ids)
             elif self.reduction == "ordered":
                 assert buf is not None
                 buf[slots] = _dense_block(rows)
@@ -370,6 +471,8 @@ class Federation:
         assert w_t is not None and dtype is not None, "no piece of rows to reduce"
         payload = sum(dims) * torch.empty((), dtype=dtype).element_size()  # what the algorithm sends
         if binned is not None:
+            if groups is not None:
+                groups.flush()
             self._allreduce_binned_(binned, payload)
             if total == 0.0 and fallback is not None:
                 return list(fallback)

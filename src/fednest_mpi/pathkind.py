@@ -39,4 +39,3 @@ def not_a_file(path: str | os.PathLike) -> str | None:
         if test(mode):
             return words
     return "is not a regular file"
-

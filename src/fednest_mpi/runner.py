@@ -27,7 +27,7 @@ from fednest_mpi.allocator import keep_freed_memory
 from fednest_mpi.callbacks import Callback, Callbacks
 from fednest_mpi.config import RunConfig
 from fednest_mpi.errors import ConfigError, DataError, OutputLost, RanksDisagree, UsageError
-from fednest_mpi.federation import Federation, sum_in_client_order, torch_device
+from fednest_mpi.federation import Federation, sum_in_client_order, summation_group, torch_device
 from fednest_mpi.heterogeneity import SystemModel
 from fednest_mpi.io.schema import DEFAULT_METRICS
 from fednest_mpi.memory import check_memory
@@ -252,8 +252,14 @@ class Simulation:
         self.cfg = cfg
         #: numerics.in_force() on this rank: the code paths in force (run file attribute ``numerics``)
         self.numerics = {"mode": cfg.run.numerics, **paths}
+        group = summation_group(cfg.federation.group_clients, cfg.problem.n_clients, cfg.algorithm.clients_per_round)
         self.fed = Federation(
-            comm, cfg.problem.n_clients, cfg.federation.reduction, cfg.federation.wait, cfg.federation.placement
+            comm,
+            cfg.problem.n_clients,
+            cfg.federation.reduction,
+            cfg.federation.wait,
+            cfg.federation.placement,
+            group=group,
         )
         if self.fed.node_rank == 0 and self.fed.node_size * cfg.run.torch_threads > (os.cpu_count() or 1):
             logger.warning(

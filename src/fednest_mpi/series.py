@@ -34,7 +34,7 @@ def series_layout(sim, keep_rows: int | None = None) -> SeriesLayout:
     return SeriesLayout(
         run_path=Path(cfg.run.output),
         n_clients=cfg.problem.n_clients,
-        blocks=tuple(block_range(fed.n_clients, fed.size, r) for r in range(fed.size)),
+        blocks=tuple(block_range(fed.n_clients, fed.size, r, fed.group) for r in range(fed.size)),
         client_series=records_clients(cfg),
         snapshot_every=cfg.run.snapshot_every,
         dim_x=sim.problem.dim_x,

@@ -100,7 +100,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         table = tomllib.loads(f"v = {raw}")
         value = table["v"]
     except tomllib.TOMLDecodeError as exc:
-        if raw.lstrip()[:1] in ("\"", "'"):  # meant as a TOML string: never kept as a bare word, quotes and all
+        if raw.lstrip()[:1] in ('"', "'"):  # meant as a TOML string: never kept as a bare word, quotes and all
             raise ConfigError(
                 f"--set {keypath}: {raw!r} starts with a quote but is not one TOML string ({exc}); "
                 "close the quotes, or pass the value without them"

@@ -225,7 +225,7 @@ def check_names(output: str | Path, checkpoint_dir: str | Path | None = None) ->
             os.fsencode(p)
         except UnicodeEncodeError as exc:
             raise UsageError(
-                f"{field}: {str(p)!r} holds {exc.object[exc.start:exc.end]!r}, a character no file name can hold "
+                f"{field}: {str(p)!r} holds {exc.object[exc.start : exc.end]!r}, a character no file name can hold "
                 "(a lone surrogate, e.g. from a JSON escape); give the path as it is on disk"
             ) from None
         _check_path_lengths(field, what, p)
@@ -366,9 +366,7 @@ def _check_main_digests(p: Path, rows: int, main) -> None:
         )
 
 
-def check_resumable_output(
-    path: str | Path, rows: int, digests=(), attributes=None, series=(), main=()
-) -> None:
+def check_resumable_output(path: str | Path, rows: int, digests=(), attributes=None, series=(), main=()) -> None:
     """Refuse to resume into ``path`` unless it is a readable run file holding at least ``rows``
     iterations, whose first rows have the ``digests`` a checkpoint recorded (:func:`row_digests`) and
     whose attributes the digests ``attributes`` (:func:`attr_digests`; None or empty: not checked),

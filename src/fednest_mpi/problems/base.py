@@ -262,7 +262,9 @@ class BilevelProblem(ABC):
         LFedInn (Alg. 6) / FedAvg -- or, with the ``anchor`` q (d2,), FedInn's SVRG steps (Alg. 4)
         y <- y - lr (nabla_y g_i(x, y_nu) - nabla_y g_i(x, y) + q). The rows may be a factored form
         with ``dense(lo, hi)`` and ``weighted_sum(w)`` (:func:`fednest_mpi.federation.dense` gives the
-        tensor; :meth:`Federation.mean_over` averages it as it is). None when the problem has no
+        tensor; :meth:`Federation.mean_over` averages it as it is), optionally ``part(lo, hi)`` and
+        ``group_sum(lo, hi, w, out)`` together (the exact reduction's group sums from the factors; without
+        them it sums the form's dense rows). None when the problem has no
         fused form (the algorithm then calls :meth:`grad_y_inner` step by step). Counted as the
         inner gradient calls it replaces (one or two per step and client)."""
         if "local_sgd" in self.running_implementations:  # super().local_sgd(...) in an implementation
@@ -270,7 +272,14 @@ class BilevelProblem(ABC):
         if len(clients) == 1:  # see _one_client_as_two
             twice = np.repeat(np.asarray(clients), 2)
             rows = self._run_implementation("local_sgd", twice, x, y, steps, lr, key, anchor)
-            rows = None if rows is None else (rows if isinstance(rows, torch.Tensor) else rows.dense())[:1]
+            if rows is not None:  # a factored form stays one (its group sums use its factors: federation.py)
+                rows = (
+                    rows[:1]
+                    if isinstance(rows, torch.Tensor)
+                    else rows.part(0, 1)
+                    if hasattr(rows, "part")
+                    else rows.dense()[:1]
+                )
         else:
             rows = self._run_implementation("local_sgd", clients, x, y, steps, lr, key, anchor)
         if rows is not None:

@@ -84,6 +84,30 @@ class LowRankRows:
             parts += [torch.addmm(W, scaled.T, H.flatten(0, 1), beta=float(w.sum())).reshape(-1), w @ b]
         return torch.cat(parts)
 
+    def part(self, lo: int, hi: int) -> LowRankRows:
+        """The rows of clients lo..hi-1, still factored (views of this form's factors)."""
+        return LowRankRows(
+            self.shared,
+            [H[lo:hi] for H in self.inputs],
+            [D[lo:hi] for D in self.grads],
+            [b[lo:hi] for b in self.biases],
+        )
+
+    def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor) -> None:
+        """sum_i w_i row_i over clients lo..hi-1 (``w``: their weights) into ``out`` (d,), from these clients'
+        factors alone: the terms whose input or gradient row is zero (a client's padding to the block's widest
+        client) are left out, so each product's length, and with it its bits, depends on the clients only,
+        not on the block they were computed in (the exact reduction's summation groups)."""
+        at = 0
+        for W, H, D, b in zip(self.shared, self.inputs, self.grads, self.biases):
+            Hg, Dg = H[lo:hi], D[lo:hi] * w[:, None, None]
+            keep = ((Hg != 0).any(-1) & (Dg != 0).any(-1)).flatten()
+            rows = out[at : at + W.numel()].view(W.shape)
+            torch.addmm(W, Dg.flatten(0, 1)[keep].T, Hg.flatten(0, 1)[keep], beta=float(w.sum()), out=rows)
+            at += W.numel()
+            out[at : at + W.shape[0]] = w @ b[lo:hi]
+            at += W.shape[0]
+
     def dense(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         """The (hi - lo, d) rows of clients lo..hi-1 (all by default); each client's row is the same
         product whatever the range, so a block formed in pieces has the bits of the whole."""
