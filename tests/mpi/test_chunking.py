@@ -1,6 +1,8 @@
 """Chunked block execution (``run.chunk_clients``): a rank evaluates its members of a round chunk by
 chunk, and with the default ``federation.reduction = "exact"`` (and with ``"ordered"``) the run is
-bitwise the same for chunk sizes 1, 7 and "all" (0) and for any number of ranks. Run under
+bitwise the same for chunk sizes 1, 7 and "all" (0) and for any number of ranks; with the exact
+reduction also under summation groups of several clients (``federation.group_clients``: rows summed in
+floating point within a group, a factored form by its own product, the groups exactly). Run under
 ``mpiexec -n 1``, ``-n 2`` and ``-n 4``.
 """
 
@@ -20,7 +22,9 @@ register_test_plugins()
 ALGORITHMS = sorted(entry.name for entry in config.ALGORITHMS.load_all() if entry.accepts("quadratic"))
 
 
-def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = "exact") -> config.RunConfig:
+def _config(
+    name: str, chunk: int, problem: str = "quadratic", reduction: str = "exact", group: int = 0
+) -> config.RunConfig:
     problems = {
         "quadratic": {
             "name": "quadratic",
@@ -54,7 +58,7 @@ def _config(name: str, chunk: int, problem: str = "quadratic", reduction: str = 
                     "ihgp_mode": "randomized",
                 },
             ),
-            "federation": {"reduction": reduction},
+            "federation": {"reduction": reduction, "group_clients": group},
             "run": {"chunk_clients": chunk, "dtype": "float32" if problem == "synthetic" else "float64"},
         }
     )
@@ -66,12 +70,12 @@ def _same(a, b) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("reduction", ["exact", "ordered"])
+@pytest.mark.parametrize("reduction, group", [("exact", 0), ("ordered", 0), ("exact", 4)])
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name, reduction):
-    reference = simulate_on_one_rank(_config(name, 0, reduction=reduction))
+def test_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name, reduction, group):
+    reference = simulate_on_one_rank(_config(name, 0, reduction=reduction, group=group))
     for chunk in (1, 7, 0):
-        _same(simulate(_config(name, chunk, reduction=reduction), MPI.COMM_WORLD), reference)
+        _same(simulate(_config(name, chunk, reduction=reduction, group=group), MPI.COMM_WORLD), reference)
 
 
 def _problem_config(name: str, chunk: int) -> config.RunConfig:
@@ -98,11 +102,12 @@ def test_every_registered_problem_is_bitwise_the_same_for_every_chunk_size_and_r
 
 @pytest.mark.mpi
 @pytest.mark.problem_invariance
+@pytest.mark.parametrize("group", [0, 5])
 @pytest.mark.parametrize("name", ["fednest", "lfednest", "fedbioacc", "fedavg", "simfbo", "fedmsa", "fedmbo"])
-def test_synthetic_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name):
-    reference = simulate_on_one_rank(_config(name, 0, problem="synthetic"))
+def test_synthetic_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(name, group):
+    reference = simulate_on_one_rank(_config(name, 0, problem="synthetic", group=group))
     for chunk in (1, 7, 0):
-        _same(simulate(_config(name, chunk, problem="synthetic"), MPI.COMM_WORLD), reference)
+        _same(simulate(_config(name, chunk, problem="synthetic", group=group), MPI.COMM_WORLD), reference)
 
 
 @pytest.mark.mpi
@@ -121,7 +126,7 @@ def test_sum_reduction_chunks_agree_to_rounding(name):
         assert_histories_match(run.history, reference.history, rtol=1e-12, atol=1e-13)
 
 
-def _mnist_config(problem: dict, name: str, chunk: int) -> config.RunConfig:
+def _mnist_config(problem: dict, name: str, chunk: int, group: int = 0) -> config.RunConfig:
     return config.from_dict(
         {
             "seed": 5,
@@ -138,6 +143,7 @@ def _mnist_config(problem: dict, name: str, chunk: int) -> config.RunConfig:
                     "outer_lr": 0.05,
                 },
             ),
+            "federation": {"group_clients": group},
             "run": {"chunk_clients": chunk, "dtype": "float32"},
         }
     )
@@ -164,6 +170,19 @@ def test_ragged_mnist_float32_runs_are_bitwise_the_same_for_every_chunk_size_and
     reference = simulate_on_one_rank(_mnist_config(RAGGED_MNIST[problem], name, 0))
     for chunk in (1, 7, 0):
         _same(simulate(_mnist_config(RAGGED_MNIST[problem], name, chunk), MPI.COMM_WORLD), reference)
+
+
+@pytest.mark.mpi
+@pytest.mark.problem_invariance
+@requires("mnist")
+@pytest.mark.parametrize("problem", sorted(RAGGED_MNIST))
+@pytest.mark.parametrize("name", ["fednest", "lfednest", "fedavg"])
+def test_ragged_mnist_summation_groups_are_bitwise_the_same_for_every_chunk_size_and_rank_count(problem, name):
+    """Groups of 4 client ids (about 2 members of a round each): dense rows and the low-rank local models
+    of loss tuning (a client alone in its chunk, computed as two copies, stays factored)."""
+    reference = simulate_on_one_rank(_mnist_config(RAGGED_MNIST[problem], name, 0, group=4))
+    for chunk in (1, 7, 0):
+        _same(simulate(_mnist_config(RAGGED_MNIST[problem], name, chunk, group=4), MPI.COMM_WORLD), reference)
 
 
 @pytest.mark.mpi

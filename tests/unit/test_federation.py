@@ -34,3 +34,82 @@ def test_a_call_with_its_own_bytes_per_client_gets_its_own_chunk_unless_the_user
     assert fed.chunk_for(30) == 33 and fed.chunk_for(5000) == 1  # the budget over this call's bytes, at least 1
     fed.fixed_chunk = True  # run.chunk_clients set by the user
     assert fed.chunk_for(30) == 7
+
+
+# -- summation groups of the exact reduction (federation.group_clients) ------------------------------------
+
+
+def test_the_automatic_summation_group_is_one_client_for_small_rounds_and_about_sixteen_members_else():
+    from fednest_mpi.federation import GROUP_FROM_CLIENTS, summation_group
+
+    assert summation_group(0, 100, 10) == 1 and summation_group(0, 10_000, GROUP_FROM_CLIENTS - 1) == 1
+    assert summation_group(0, 10_000, 1000) == 160  # 16 members of a 10 % sample per 160 ids
+    assert summation_group(0, 1000, 1000) == 16  # full participation
+    assert summation_group(7, 100, 10) == 7 and summation_group(500, 100, 10) == 100  # the user's, at most M
+
+
+@pytest.mark.parametrize(
+    "n_clients,group,ranks", [(100, 1, 3), (1000, 16, 2), (1000, 16, 7), (10, 4, 5), (161, 160, 2)]
+)
+def test_rank_blocks_are_whole_groups_and_cover_every_client_once(n_clients, group, ranks):
+    blocks = [block_range(n_clients, ranks, r, group) for r in range(ranks)]
+    assert [i for b in blocks for i in b] == list(range(n_clients))
+    for b in blocks[:-1]:
+        assert b.stop % group == 0 or b.stop == n_clients  # a block ends at a group's end
+    sizes = [len(b) for b in blocks]
+    assert max(sizes) - min(sizes) <= group + (n_clients % group)  # within one group (the last may be short)
+    if group == 1:
+        assert sizes == [len(range(r * n_clients // ranks, (r + 1) * n_clients // ranks)) for r in range(ranks)]
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 50])
+def test_chunks_hold_whole_groups(size):
+    from fednest_mpi.federation import Participants
+
+    ids = rng.sample_without_replacement(3, 1000, 300)
+    part = Participants(ids=ids, local_slots=np.arange(40, 260), group=16)
+    pieces = part.chunks(size)
+    assert np.array_equal(np.concatenate([p.local_slots for p in pieces]), part.local_slots)
+    groups = [set(p.local_ids // 16) for p in pieces]
+    assert all(not (a & b) for i, a in enumerate(groups) for b in groups[i + 1 :])  # no group in two pieces
+    for p, g in zip(pieces, groups):
+        assert p.local_slots.size <= size or len(g) == 1  # over the size only as one group alone
+        assert p.group == 16
+
+
+def test_balanced_placement_keeps_a_groups_members_together():
+    for key in range(5):
+        ids = rng.sample_without_replacement(key, 1000, 300)
+        rank = balanced_assignment(ids, 1000, 4, group=16)
+        for g in np.unique(ids // 16):
+            assert np.unique(rank[ids // 16 == g]).size == 1
+        counts = np.bincount([rank[ids // 16 == g][0] for g in np.unique(ids // 16)], minlength=4)
+        assert counts.max() - counts.min() <= 1  # groups, not members, are balanced
+
+
+def test_group_sums_are_the_same_bits_in_any_chunk_and_match_the_float_sums():
+    """The groups' sums computed from a group's rows alone: the same whatever piece the rows come in (other
+    neighbours, another offset in memory), and each one the GEMM of its own rows."""
+    import torch
+
+    from fednest_mpi import exactsum
+    from fednest_mpi.federation import _GroupDeposits
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(60, 1001, dtype=torch.float64, generator=gen) * torch.logspace(-8, 8, 1001, dtype=torch.float64)
+    ids = np.sort(rng.sample_without_replacement(1, 400, 60))
+    w = torch.rand(60, dtype=torch.float64, generator=gen)
+
+    def total(cuts):
+        binned = exactsum.BinnedSum(1001, exactsum.bins_for(torch.float64))
+        groups = _GroupDeposits(binned, 10)
+        for lo, hi in zip(cuts, cuts[1:]):
+            groups.add([rows[lo:hi].clone()], w[lo:hi], ids[lo:hi])
+        groups.flush()
+        return binned.value()
+
+    starts = [int(i) for i in np.flatnonzero(np.diff(ids // 10)) + 1]  # where a new group begins
+    whole, pieces = total([0, 60]), total([0, *starts[::3], 60])
+    assert torch.equal(whole, pieces)
+    direct = sum(w[ids // 10 == g] @ rows[ids // 10 == g] for g in np.unique(ids // 10))
+    torch.testing.assert_close(whole, direct, rtol=1e-13, atol=0)

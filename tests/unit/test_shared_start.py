@@ -77,8 +77,15 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps, monkeypa
     one_tile.add(whole, weights=w)
     monkeypatch.setattr(federation, "_EXACT_TILE_BYTES", 1)  # two rows per tile
     monkeypatch.setattr(federation, "_EXACT_TILE_ROWS", 2)
-    federation._add_exact(by_rows, [rows], w)
+    federation._add_exact(by_rows, [rows], w, None, np.arange(C))
     assert torch.equal(by_rows.value(), one_tile.value())
+    # a summation group's sum from its factors (the padded sample's zero terms left out): the plain sum of its
+    # rows to rounding, and the same bits from the group's own part (another block, other offsets)
+    group, part = torch.empty(whole.shape[1], dtype=F64), torch.empty(whole.shape[1], dtype=F64)
+    rows.group_sum(1, 4, w[1:4], group)
+    rows.part(1, 4).group_sum(0, 3, w[1:4].clone(), part)
+    torch.testing.assert_close(group, w[1:4] @ reference[1:4], rtol=1e-12, atol=1e-12)
+    assert torch.equal(group, part)
 
 
 def _oracle_loop(prob, ids, X, Y0, steps, lr, key, anchor):
