@@ -174,6 +174,13 @@ def _add_exact(binned: exactsum.BinnedSum, rows: list, weights: torch.Tensor, gr
         binned.add(_dense_block(rows, lo, lo + tile), weights=weights[lo : lo + tile])
 
 
+def _exact_sums(d: int, dtype: torch.dtype, device, group: int) -> tuple[exactsum.BinnedSum, _GroupDeposits | None]:
+    """The binned sum of an exact reduction of (d,) rows of ``dtype``, and its summation groups' deposits when
+    the groups hold more than one client id."""
+    binned = exactsum.BinnedSum(d, exactsum.bins_for(dtype), device=device)
+    return binned, (_GroupDeposits(binned, group) if group > 1 else None)
+
+
 #: group sums wait in a buffer of at most this many bytes (and _GROUP_BUFFER_ROWS rows) and are deposited
 #: together: the exact sum's cost per call grows with d, whatever the rows
 _GROUP_BUFFER_BYTES = 1 << 25
@@ -454,8 +461,7 @@ class Federation:
                 exact = self.reduction == "exact"
                 w_t = torch.as_tensor(w, dtype=torch.float64 if exact else dtype, device=rows[0].device)
                 if exact:
-                    binned = exactsum.BinnedSum(sum(dims), exactsum.bins_for(dtype), device=w_t.device)
-                    groups = _GroupDeposits(binned, part.group) if part.group > 1 else None
+                    binned, groups = _exact_sums(sum(dims), dtype, w_t.device, part.group)
                 elif self.reduction == "ordered":
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
@@ -471,9 +477,7 @@ class Federation:
         assert w_t is not None and dtype is not None, "no piece of rows to reduce"
         payload = sum(dims) * torch.empty((), dtype=dtype).element_size()  # what the algorithm sends
         if binned is not None:
-            if groups is not None:
-                groups.flush()
-            self._allreduce_binned_(binned, payload)
+            self._allreduce_binned_(binned, payload, groups)
             if total == 0.0 and fallback is not None:
                 return list(fallback)
             return list(torch.split(binned.value().to(dtype), dims))
@@ -490,10 +494,12 @@ class Federation:
             out = out + buf[s] * w_t[s]
         return list(torch.split(out, dims))
 
-    def _allreduce_binned_(self, binned: exactsum.BinnedSum, payload: int) -> None:
+    def _allreduce_binned_(self, binned: exactsum.BinnedSum, payload: int, groups: _GroupDeposits | None) -> None:
         """The two collectives of an exact aggregation, counted as one communication round of ``payload`` bytes
         (the aggregated vector, as for every reduction): MAX of the coordinates' tops (int8), then, every rank's
-        bins aligned to them, SUM of the bins."""
+        bins aligned to them, SUM of the bins (after the waiting group sums, ``groups``, are deposited)."""
+        if groups is not None:
+            groups.flush()
         self.stats.rounds += 1
         self.stats.bytes += payload
         if self.size == 1:

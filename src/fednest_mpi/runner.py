@@ -234,6 +234,29 @@ class Bookkeeping:
         return out
 
 
+def _warn_of_idle_resources(cfg: RunConfig, fed: Federation) -> None:
+    """One warning each (rank 0 of the run or of the node) when ranks would host no client (more ranks than
+    summation groups) or the node's ranks times torch threads exceed its cores."""
+    n_groups = -(-cfg.problem.n_clients // fed.group)
+    if fed.rank == 0 and n_groups < fed.size:
+        logger.warning(
+            "%d ranks share %d summation groups of %d clients (federation.group_clients): %d ranks host no "
+            "client; set federation.group_clients to at most %d to use them all",
+            fed.size,
+            n_groups,
+            fed.group,
+            fed.size - n_groups,
+            max(1, cfg.problem.n_clients // fed.size),
+        )
+    if fed.node_rank == 0 and fed.node_size * cfg.run.torch_threads > (os.cpu_count() or 1):
+        logger.warning(
+            "%d ranks x %d torch threads exceed the node's %d cores: lower run.torch_threads",
+            fed.node_size,
+            cfg.run.torch_threads,
+            os.cpu_count(),
+        )
+
+
 class Simulation:
     """A run of ``cfg`` on ``comm``: problem, federation and algorithm, built on every rank.
 
@@ -261,13 +284,7 @@ class Simulation:
             cfg.federation.placement,
             group=group,
         )
-        if self.fed.node_rank == 0 and self.fed.node_size * cfg.run.torch_threads > (os.cpu_count() or 1):
-            logger.warning(
-                "%d ranks x %d torch threads exceed the node's %d cores: lower run.torch_threads",
-                self.fed.node_size,
-                cfg.run.torch_threads,
-                os.cpu_count(),
-            )
+        _warn_of_idle_resources(cfg, self.fed)
         # no collective before the agreement: a usage error (missing or damaged data file, a data-dependent
         # config check) on any rank ends every rank with the same message
         error = numerics_error if numerics_error is not None else self._build(problem_wrapper)

@@ -79,7 +79,7 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps, monkeypa
     monkeypatch.setattr(federation, "_EXACT_TILE_ROWS", 2)
     federation._add_exact(by_rows, [rows], w, None, np.arange(C))
     assert torch.equal(by_rows.value(), one_tile.value())
-    # a summation group's sum from its factors (the padded sample's zero terms left out): the plain sum of its
+    # a summation group's sum from its factors (one GEMM of its history rows): the plain sum of its
     # rows to rounding, and the same bits from the group's own part (another block, other offsets)
     group, part = torch.empty(whole.shape[1], dtype=F64), torch.empty(whole.shape[1], dtype=F64)
     rows.group_sum(1, 4, w[1:4], group)

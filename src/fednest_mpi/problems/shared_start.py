@@ -95,15 +95,14 @@ class LowRankRows:
 
     def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor) -> None:
         """sum_i w_i row_i over clients lo..hi-1 (``w``: their weights) into ``out`` (d,), from these clients'
-        factors alone: the terms whose input or gradient row is zero (a client's padding to the block's widest
-        client) are left out, so each product's length, and with it its bits, depends on the clients only,
-        not on the block they were computed in (the exact reduction's summation groups)."""
+        factors alone: per layer one GEMM of their (steps x batch) history rows, whose number is the same for
+        every client (padded samples are zero rows), so its shape, and with it its bits, depends on the
+        clients only, not on the block they were computed in (the exact reduction's summation groups)."""
         at = 0
         for W, H, D, b in zip(self.shared, self.inputs, self.grads, self.biases):
-            Hg, Dg = H[lo:hi], D[lo:hi] * w[:, None, None]
-            keep = ((Hg != 0).any(-1) & (Dg != 0).any(-1)).flatten()
+            scaled = (D[lo:hi] * w[:, None, None]).flatten(0, 1)
             rows = out[at : at + W.numel()].view(W.shape)
-            torch.addmm(W, Dg.flatten(0, 1)[keep].T, Hg.flatten(0, 1)[keep], beta=float(w.sum()), out=rows)
+            torch.addmm(W, scaled.T, H[lo:hi].flatten(0, 1), beta=float(w.sum()), out=rows)
             at += W.numel()
             out[at : at + W.shape[0]] = w @ b[lo:hi]
             at += W.shape[0]
