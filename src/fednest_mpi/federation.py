@@ -123,7 +123,8 @@ class Participants:
         """This rank's members in consecutive pieces of at most ``size`` (0: one piece), each a
         :class:`Participants` of the same S; always at least one piece (empty on a rank without
         members, so that every rank evaluates the same shapes and reaches the same collectives). With summation
-        groups of more than one id a piece holds whole groups (one group alone when it has more than ``size``)."""
+        groups of more than one id a piece holds whole groups, cut at the group boundary nearest to ``size``
+        members (so over it by less than half a group; one group alone when it has more than ``size``)."""
         slots = self.local_slots
         if size <= 0 or slots.size <= size:
             return [self]
@@ -132,8 +133,8 @@ class Participants:
         else:
             cuts = [0]
             starts = group_starts(self.ids[slots] // self.group)
-            for lo, hi in zip(starts, np.append(starts[1:], slots.size)):
-                if hi - cuts[-1] > size and lo > cuts[-1]:
+            for lo, hi in zip(starts, np.append(starts[1:], slots.size)):  # cut at the boundary nearest to size
+                if hi - cuts[-1] > size and lo > cuts[-1] and hi - cuts[-1] - size >= size - (lo - cuts[-1]):
                     cuts.append(int(lo))
         bounds = zip(cuts, cuts[1:] + [slots.size])
         return [Participants(ids=self.ids, local_slots=slots[lo:hi], group=self.group) for lo, hi in bounds]

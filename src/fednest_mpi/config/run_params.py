@@ -28,10 +28,11 @@ class FederationConfig:
     )
     group_clients: int = spec(
         0,
-        "exact reduction: consecutive client ids per summation group; a round's rows are added in floating point "
-        "within a group (client order; a factored form's own products), the groups' sums exactly, and a rank hosts "
-        "whole groups, so results stay bitwise invariant to ranks and chunk size (1: every client's row exactly; "
-        "0: automatic, 1 below 256 clients per round, else 8 n_clients / clients_per_round: about 8 members a group)",
+        "exact reduction: consecutive client ids per summation group; a round's rows are summed in floating point "
+        "within a group (one GEMM of its rows, or of a factored form's factors), the groups' sums exactly, and a rank "
+        "hosts whole groups, so results stay bitwise invariant to ranks and chunk size (1: every client's row "
+        "exactly; 0: automatic, 1 below 256 clients per round, else 16 n_clients / clients_per_round: about 16 "
+        "members a group; docs/design.md)",
         low=0,
     )
     wait: str = spec(
