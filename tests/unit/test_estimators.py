@@ -262,14 +262,16 @@ def _fresh_and_not(cfg, monkeypatch):
     return runs
 
 
-@pytest.mark.parametrize("name", ["quadratic", "loss_tuning"])
+@pytest.mark.parametrize("name", ["quadratic", "loss_tuning", "hyper_representation"])
 def test_a_run_computing_in_fresh_outputs_has_the_bits_of_one_that_does_not(name, small_config, monkeypatch):
-    """FedIHGP's (I - eta H) r in Hr's memory (fresh_outputs) changes no bit of a whole run."""
+    """FedIHGP's (I - eta H) r in Hr's memory and the hypergradient direction in nabla_x f's (fresh_outputs)
+    change no bit of a whole run."""
     if name == "quadratic":
         cfg = small_config(algorithm={"outer_iterations": 4})
     else:
         need(DATA / "mnist")
-        problem = {"name": name, "data_dir": str(DATA), "n_clients": 20, "partition": "shards", "hidden1": 7}
+        problem = {"name": name, "data_dir": str(DATA), "n_clients": 20, "partition": "shards"}
+        problem.update({"hidden1": 7} if name == "loss_tuning" else {"hidden": 16})
         cfg = config.from_dict(
             {
                 "problem": problem,

@@ -114,8 +114,14 @@ def quadratic_gradient(problem, ids: np.ndarray, X, Y, V, hvp_sample: Sample, gr
 
 def hypergradient_direction(problem, ids: np.ndarray, X, Y, V, outer_sample: Sample, jvp_sample: Sample):
     """Each client's hypergradient direction for a given v row: nabla_x f_i(X, Y) - nabla^2_xy g_i(X, Y) V
-    (FedNest eq. (8) with p = V; SimFBO's and FedMSA's x direction)."""
-    return problem.grad_x_outer(ids, X, Y, outer_sample) - problem.jvp_xy_inner(ids, X, Y, V, jvp_sample)
+    (FedNest eq. (8) with p = V; SimFBO's and FedMSA's x direction); the difference is taken in nabla_x f_i's
+    memory where the problem's outputs are fresh (:attr:`BilevelProblem.fresh_outputs`): the same subtraction,
+    no temporary of the chunk's rows."""
+    grad = problem.grad_x_outer(ids, X, Y, outer_sample)
+    jvp = problem.jvp_xy_inner(ids, X, Y, V, jvp_sample)
+    if getattr(problem, "fresh_outputs", False) and grad.is_contiguous() and grad.shape == jvp.shape:
+        return grad.sub_(jvp)
+    return grad - jvp
 
 
 def local_neumann(alg: Algorithm, k: int, nu: int, ids: np.ndarray, X, Y, v: torch.Tensor) -> torch.Tensor:

@@ -100,11 +100,11 @@ class BilevelProblem(ABC):
     #: the metric that ``report``, ``plot`` and the progress lines show first (a key of :meth:`metric_info`);
     #: None: the first metric
     primary_metric: str | None = None
-    #: True where every call of :meth:`hvp_yy_inner` returns a new tensor (not a view or the storage of an
-    #: argument, of the problem's own state or of an earlier output), so that the algorithm may compute in it
-    #: (FedIHGP's (I - eta H) r, the same operations in Hr's memory: no temporary of the chunk's rows). False (the
-    #: default): the algorithm never writes into an output. A subclass that overrides the oracle keeps the promise
-    #: or sets it False.
+    #: True where every call of :meth:`hvp_yy_inner` and of :meth:`grad_x_outer` returns a new tensor (not a view
+    #: or the storage of an argument, of the problem's own state or of an earlier output), so that the algorithm
+    #: may compute in it (FedIHGP's (I - eta H) r in Hr's memory, the hypergradient direction nabla_x f_i - J_i p in
+    #: nabla_x f_i's: the same operations, no temporary of the chunk's rows). False (the default): the algorithm
+    #: never writes into an output. A subclass that overrides either oracle keeps the promise or sets it False.
     fresh_outputs: bool = False
 
     def __init__(self) -> None:
