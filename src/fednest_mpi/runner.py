@@ -234,10 +234,15 @@ class Bookkeeping:
         return out
 
 
-def _warn_of_idle_resources(cfg: RunConfig, fed: Federation) -> None:
-    """One warning each (rank 0 of the run or of the node) when ranks would host no client (more ranks than
-    summation groups) or the node's ranks times torch threads exceed its cores."""
+def _log_layout(cfg: RunConfig, fed: Federation) -> None:
+    """On rank 0 (of the run or of the node): the summation groups when they hold more than one client (their
+    size decides the bits), and one warning each when ranks would host no client (more ranks than groups) or
+    the node's ranks times torch threads exceed its cores."""
     n_groups = -(-cfg.problem.n_clients // fed.group)
+    if fed.rank == 0 and fed.group > 1:
+        logger.info(
+            "exact sums over %d summation groups of %d client ids (federation.group_clients)", n_groups, fed.group
+        )
     if fed.rank == 0 and n_groups < fed.size:
         logger.warning(
             "%d ranks share %d summation groups of %d clients (federation.group_clients): %d ranks host no "
@@ -284,7 +289,7 @@ class Simulation:
             cfg.federation.placement,
             group=group,
         )
-        _warn_of_idle_resources(cfg, self.fed)
+        _log_layout(cfg, self.fed)
         # no collective before the agreement: a usage error (missing or damaged data file, a data-dependent
         # config check) on any rank ends every rank with the same message
         error = numerics_error if numerics_error is not None else self._build(problem_wrapper)
