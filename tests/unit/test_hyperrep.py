@@ -68,6 +68,56 @@ def test_oracles_match_autograd(problem):
             del hv
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_factored_hypergradient_rows_are_the_oracles_difference_and_sum_by_groups(problem, shared):
+    """hypergradient_rows (the summation groups' path of FedOut): its rows are grad_x_outer - jvp_xy_inner to
+    rounding, a group's sum is one product of its factors equal to the rows' weighted sum, a client's factors
+    have the same bits alone or in a block, and the oracles are counted."""
+    from fednest_mpi.problems.base import shared_rows
+
+    prob, _ = problem
+    ids = np.array([4, 5, 7, 11])
+    gen = torch.Generator().manual_seed(1)
+    if shared:
+        X, Y, V = (
+            shared_rows(0.2 * torch.randn(d, dtype=torch.float64, generator=gen), 4)
+            for d in (prob.dim_x, prob.dim_y, prob.dim_y)
+        )
+    else:
+        X, Y, V = (
+            0.2 * torch.randn(4, d, dtype=torch.float64, generator=gen) for d in (prob.dim_x, prob.dim_y, prob.dim_y)
+        )
+    s_out, s_jvp = Sample(rng.key(3), 0), Sample(rng.key(4), 2)
+    before = dict(prob.oracle_counts)
+    rows = prob.hypergradient_rows(ids, X, Y, V, s_out, s_jvp)
+    assert prob.oracle_counts["grad_x_outer"] - before.get("grad_x_outer", 0) == 4
+    assert prob.oracle_counts["jvp_xy_inner"] - before.get("jvp_xy_inner", 0) == 4
+    plain = prob.grad_x_outer(ids, X, Y, s_out) - prob.jvp_xy_inner(ids, X, Y, V, s_jvp)
+    torch.testing.assert_close(rows.dense(), plain, rtol=1e-12, atol=1e-12)
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    out = torch.empty(prob.dim_x, dtype=torch.float64)
+    rows.group_sum(1, 3, w[1:3], out)
+    torch.testing.assert_close(out, w[1:3] @ plain[1:3], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rows.weighted_sum(w), w @ plain, rtol=1e-12, atol=1e-12)
+    alone = prob.hypergradient_rows(ids[2:3], X[2:3], Y[2:3], V[2:3], s_out, s_jvp)  # computed as two copies
+    assert torch.equal(alone.G, rows.G[2:3]) and torch.equal(alone.inputs, rows.inputs[2:3])
+    assert torch.equal(alone.dense(), rows.dense(2, 3))
+
+
+def test_a_subclass_with_its_own_oracle_gets_no_factored_rows(problem):
+    prob, _ = problem
+
+    class Own(type(prob)):
+        def _grad_x_outer(self, clients, x, y, sample):
+            return super()._grad_x_outer(clients, x, y, sample)
+
+    own = Own.__new__(Own)
+    own.__dict__.update(prob.__dict__)
+    X = torch.zeros(2, prob.dim_x, dtype=torch.float64)
+    Y = torch.zeros(2, prob.dim_y, dtype=torch.float64)
+    assert own.hypergradient_rows(np.array([4, 5]), X, Y, Y, Sample(rng.key(3), 0), Sample(rng.key(4), 2)) is None
+
+
 def test_a_client_row_does_not_depend_on_its_batch(problem):
     assert_row_independent_of_block(problem[0], Sample(rng.key(9), 2))
 

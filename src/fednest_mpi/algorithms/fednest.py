@@ -239,13 +239,16 @@ class GlobalHypergradient(Algorithm):
             ids, n = piece.local_ids, piece.local_ids.size
             X, Y = self._rows(x, n), self._rows(y, n)
             s = Sample(self.key(P.OUTER_SAMPLE, k), 0)
-            if p is None:
-                h_i = prob.grad_x_outer(ids, X, Y, s)
-            else:
-                h_i = hypergradient_direction(
-                    prob, ids, X, Y, self._rows(p, n), s, Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1)
+            jvp_sample, h_i = Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1), None
+            if p is not None and self.fed.group > 1 and hasattr(prob, "hypergradient_rows"):  # summed by groups:
+                h_i = prob.hypergradient_rows(ids, X, Y, self._rows(p, n), s, jvp_sample)  # factored, if it can
+            if h_i is None:
+                h_i = (
+                    prob.grad_x_outer(ids, X, Y, s)
+                    if p is None
+                    else hypergradient_direction(prob, ids, X, Y, self._rows(p, n), s, jvp_sample)
                 )
-            self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
+            self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(dense(h_i)))
             return [h_i]
 
         (h,) = self.fed.mean_over(S, local_hypergradients)

@@ -42,7 +42,14 @@ import numpy as np
 import torch
 
 from fednest_mpi import rng
-from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, squared_norms
+from fednest_mpi.problems.base import (
+    BilevelProblem,
+    Sample,
+    _one_client_as_two,
+    is_shared,
+    shared_rows,
+    squared_norms,
+)
 from fednest_mpi.problems.kernels import rowwise_linear, softmax_
 
 _DROPOUT_TAG = 11
@@ -64,6 +71,55 @@ def _weight_and_bias_rows(G: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor
     torch.bmm(G.transpose(1, 2), inputs, out=out[:, : n_out * n_in].view(B, n_out, n_in))
     torch.sum(G, 1, out=out[:, n_out * n_in :])
     return out
+
+
+class OuterProductRows:
+    """Per-client rows [sum_j G_j^T inputs_j (row-major), sum_j G_j] of a linear layer's gradient (the layout of
+    :func:`_weight_and_bias_rows`), held factored: G (B, K, out) and inputs (B, K, in), K terms per client (the
+    same K for every client). A factored form of :meth:`BilevelProblem.local_sgd`'s kind: the exact reduction's
+    summation groups sum it by one GEMM of the group's factors (:meth:`group_sum`) and never form its rows."""
+
+    def __init__(self, G: torch.Tensor, inputs: torch.Tensor):
+        self.G, self.inputs = G, inputs
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.G.shape[0], self.G.shape[2] * (self.inputs.shape[2] + 1)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.G.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.G.device
+
+    def __getitem__(self, index: slice) -> OuterProductRows:
+        return OuterProductRows(self.G[index], self.inputs[index])
+
+    def part(self, lo: int, hi: int) -> OuterProductRows:
+        return self[lo:hi]
+
+    def dense(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """The rows of clients lo..hi-1; a block of one client as two copies of it (``bmm`` multiplies a batch
+        of one by another kernel), so each row has the same bits in any block."""
+        G, inputs = self.G[lo:hi], self.inputs[lo:hi]
+        if G.shape[0] == 1:
+            return _weight_and_bias_rows(torch.cat([G, G]), torch.cat([inputs, inputs]))[:1]
+        return _weight_and_bias_rows(G, inputs)
+
+    def weighted_sum(self, w: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.shape[1], dtype=self.dtype, device=self.device)
+        self.group_sum(0, self.shape[0], w, out)
+        return out
+
+    def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor) -> None:
+        """sum_i w_i row_i over clients lo..hi-1 into ``out`` (d,): one GEMM of the clients' (K terms each)
+        w-scaled G and inputs, whose shape depends on the clients only; the bias part one sum of the scaled G."""
+        n_out, n_in = self.G.shape[2], self.inputs.shape[2]
+        scaled = (self.G[lo:hi] * w[:, None, None]).flatten(0, 1)
+        torch.mm(scaled.T, self.inputs[lo:hi].flatten(0, 1), out=out[: n_out * n_in].view(n_out, n_in))
+        torch.sum(scaled, 0, out=out[n_out * n_in :])
 
 
 def linear_uniform(seed: int, tag: int, n: int, fan_in: int, dtype, device) -> torch.Tensor:
@@ -336,10 +392,15 @@ class RepresentationProblem(BilevelProblem):
 
     def _backprop_x(self, s, grad_h):
         """nabla_x of sum_j <grad_h_j, h_j>: through the ReLU and dropout to (W1, b1)."""
+        return _weight_and_bias_rows(self._gate(s, grad_h), s["A"])
+
+    @staticmethod
+    def _gate(s, grad_h):
+        """The per-sample gradient at the hidden layer's pre-activations: through the ReLU and dropout."""
         dz = grad_h * (s["pre"] > 0)
         if s["drop"] is not None:
             dz = dz * s["drop"]
-        return _weight_and_bias_rows(dz, s["A"])
+        return dz
 
     def _head_grad(self, s, G):
         """(W2, b2) gradient for per-sample logit gradients G (B, b, C)."""
@@ -430,6 +491,28 @@ class RepresentationProblem(BilevelProblem):
         Ju, V2 = self._glm_hessian(s, v)
         grad_h = torch.bmm(self._residual(s), V2) + torch.bmm(Ju * s["w"][..., None], s["W2"])
         return self._backprop_x(s, grad_h)
+
+    def hypergradient_rows(self, clients, x, y, v, outer_sample, jvp_sample) -> OuterProductRows | None:
+        """The clients' hypergradient directions nabla_x f_i(x, y) - nabla^2_xy g_i(x, y) v (FedNest eq. (8)),
+        factored (:class:`OuterProductRows`: the outer batch's and, negated, the inner batch's per-sample
+        gradients at the hidden layer and inputs), for the exact reduction's summation groups; counted as the
+        two oracles. None where a subclass computes either oracle its own way."""
+        own = RepresentationProblem
+        if type(self)._grad_x_outer is not own._grad_x_outer or type(self)._jvp_xy_inner is not own._jvp_xy_inner:
+            return None
+        clients = np.asarray(clients)
+        self.oracle_counts["grad_x_outer"] += len(clients)
+        self.oracle_counts["jvp_xy_inner"] += len(clients)
+        return _one_client_as_two(self._hypergradient_factors, clients, x, y, v, outer_sample, jvp_sample)
+
+    def _hypergradient_factors(self, clients, x, y, v, outer_sample, jvp_sample) -> OuterProductRows:
+        batch = self.cfg.hypergradient_batch_size
+        s = self._forward(self.outer, clients, x, y, outer_sample, batch, need_x=True)
+        G_f, A_f = self._gate(s, torch.bmm(self._residual(s), s["W2"])), s["A"]
+        s = self._forward(self.inner, clients, x, y, jvp_sample, batch, need_x=True)
+        Ju, V2 = self._glm_hessian(s, v)
+        G_j = self._gate(s, torch.bmm(self._residual(s), V2) + torch.bmm(Ju * s["w"][..., None], s["W2"]))
+        return OuterProductRows(torch.cat([G_f, -G_j], 1), torch.cat([A_f, s["A"]], 1))
 
     def _cross_entropy(self, split, clients, x, y) -> torch.Tensor:
         """Mean cross-entropy of each client's whole split, shape (B,)."""
