@@ -200,3 +200,36 @@ def test_closed_form_oracles_at_the_shared_y_match_unbatched_autograd(hidden):
             yy,
         )[0]
         torch.testing.assert_close(got["gy_out"][b], fy, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("hidden", [(7, 5), (0, 0)])
+def test_factored_hessian_vector_rows_equal_the_oracle_and_sum_by_groups(hidden):
+    """hvp_rows (FedIHGP's path under summation groups): its rows are hvp_yy_inner's to rounding, also after
+    FedIHGP's r - eta Hr (plus_scaled); a group's sum is its rows' weighted sum; a client's factors have the same
+    bits alone or in a block; counted as the oracle; None at rows that are not shared."""
+    from fednest_mpi.problems.base import shared_rows
+
+    cfg = _cfg(hidden1=hidden[0], hidden2=hidden[1], hypergradient_batch_size=6)
+    prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    clients = np.array([5, 9, 4, 11])
+    x = 0.3 * torch.randn(prob.dim_x, generator=gen, dtype=torch.float64)
+    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    r = torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    X, Y, R = (shared_rows(a, 4) for a in (x, y, r))
+    s = Sample(rng.key(7), 2)
+    before = prob.oracle_counts["hvp_yy_inner"]
+    rows = prob.hvp_rows(clients, X, Y, R, s)
+    assert prob.oracle_counts["hvp_yy_inner"] - before == 4
+    plain = prob.hvp_yy_inner(clients, X, Y, R, s)
+    torch.testing.assert_close(rows.dense(), plain, rtol=1e-12, atol=1e-12)
+    step = rows.plus_scaled(r, -0.3)
+    torch.testing.assert_close(step.dense(), r - 0.3 * plain, rtol=1e-12, atol=1e-12)
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    out = torch.empty(prob.dim_y, dtype=torch.float64)
+    step.group_sum(1, 4, w[1:4], out)
+    torch.testing.assert_close(out, w[1:4] @ (r - 0.3 * plain)[1:4], rtol=1e-12, atol=1e-12)
+    alone = prob.hvp_rows(clients[2:3], X[:1], Y[:1], R[:1], s)  # computed as two copies
+    assert all(torch.equal(a, b[2:3]) for fa, fb in zip(alone.factors, rows.factors) for a, b in zip(fa, fb))
+    assert torch.equal(alone.dense(), rows.dense(2, 3))
+    assert prob.hvp_rows(clients, X, Y, R.clone(), s) is None  # v not shared: the oracle's own path

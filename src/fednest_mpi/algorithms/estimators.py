@@ -197,8 +197,12 @@ class Estimator(ABC):
 
         def rows(piece):
             ids, m = piece.local_ids, piece.local_ids.size
-            R = alg._rows(r, m)
-            Hr = alg.problem.hvp_yy_inner(ids, alg._rows(x, m), alg._rows(y, m), R, Sample(alg.key(P.HVP_SAMPLE, k), n))
+            X, Y, R, sample = alg._rows(x, m), alg._rows(y, m), alg._rows(r, m), Sample(alg.key(P.HVP_SAMPLE, k), n)
+            if alg.fed.group > 1 and hasattr(alg.problem, "hvp_rows"):  # summed by groups: factored, if it can
+                Hr = alg.problem.hvp_rows(ids, X, Y, R, sample)
+                if Hr is not None:
+                    return [Hr if scale is None else Hr.plus_scaled(r, -scale)]
+            Hr = alg.problem.hvp_yy_inner(ids, X, Y, R, sample)
             return [Hr if scale is None else minus_scaled(Hr, scale, r, getattr(alg.problem, "fresh_outputs", False))]
 
         (out,) = alg.mean_y_side(S, rows)

@@ -46,7 +46,14 @@ from fednest_mpi import rng
 from fednest_mpi.data import long_tail_indices
 from fednest_mpi.problems import kernels, mlp
 from fednest_mpi.problems.autograd_oracles import AutogradOracles
-from fednest_mpi.problems.base import BilevelProblem, Sample, is_shared, shared_rows, squared_norms
+from fednest_mpi.problems.base import (
+    BilevelProblem,
+    Sample,
+    _one_client_as_two,
+    is_shared,
+    shared_rows,
+    squared_norms,
+)
 from fednest_mpi.problems.clientdata import ClientSplit, image_clients
 from fednest_mpi.problems.shared_start import private_weights_sgd, shared_start_sgd, worthwhile
 
@@ -250,6 +257,12 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         """nabla^2_yy g_i v by the R-operator (mlp.py): R{dg/dlogits} = w s J (s R{logits}), J = diag(p) - p p^T."""
         if not self._shared(y, v):
             return super()._hvp_yy_inner(clients, x, y, v, sample)
+        inputs, deltas, r_inputs, r_deltas = self._hvp_terms(clients, x, y, v, sample)
+        out = mlp.client_gradients(inputs, deltas, self._rows_out(clients), r_inputs, r_deltas)
+        return out.add_(v[0], alpha=self.cfg.inner_regularization)
+
+    def _hvp_terms(self, clients, x, y, v, sample):
+        """The per-sample layer inputs, deltas and their R-derivatives along v of the Hessian-vector product."""
         layers, direction, inputs, pre, r_inputs, r_out, t, w, scale, shift = self._second_order_pass(
             clients, x, y, v, sample
         )
@@ -259,9 +272,25 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         if scale is not None:
             r_G.mul_(scale)
         deltas = mlp.backward(layers, pre, G)
-        r_deltas = mlp.r_backward(layers, direction, pre, deltas, r_G)
-        out = mlp.client_gradients(inputs, deltas, self._rows_out(clients), r_inputs, r_deltas)
-        return out.add_(v[0], alpha=self.cfg.inner_regularization)
+        return inputs, deltas, r_inputs, mlp.r_backward(layers, direction, pre, deltas, r_G)
+
+    def hvp_rows(self, clients, x, y, v, sample) -> mlp.GradientRows | None:
+        """nabla^2_yy g_i v of :meth:`hvp_yy_inner`, factored (:class:`~fednest_mpi.problems.mlp.GradientRows`:
+        per layer [R{delta}, delta] against [h, R{h}], and lambda v shared), for the exact reduction's summation
+        groups; counted as the oracle. None where the closed form does not apply (rows not shared) or a subclass
+        has its own oracle."""
+        if type(self)._hvp_yy_inner is not LossTuningProblem._hvp_yy_inner or not self._shared(y, v):
+            return None
+        self.oracle_counts["hvp_yy_inner"] += len(clients)
+        return _one_client_as_two(self._hvp_factors, np.asarray(clients), x, y, v, sample)
+
+    def _hvp_factors(self, clients, x, y, v, sample) -> mlp.GradientRows:
+        inputs, deltas, r_inputs, r_deltas = self._hvp_terms(clients, x, y, v, sample)
+        factors = [
+            (torch.cat([r_delta, delta], dim=1), torch.cat([h, r_h], dim=1), r_delta.sum(1))
+            for h, delta, r_h, r_delta in zip(inputs, deltas, r_inputs, r_deltas)
+        ]
+        return mlp.GradientRows(factors, self.cfg.inner_regularization * v[0])
 
     def _jvp_xy_inner(self, clients, x, y, v, sample):
         """nabla_x <nabla_y g_i, v>: with u = s R{logits}, phi = sum_j w_j (p_j - e_j)^T u_j and

@@ -88,6 +88,78 @@ def client_gradients(
     return out
 
 
+class GradientRows:
+    """Per-client rows ``shared + scale * F_i`` in the layout of :func:`client_gradients` (F_i = [sum_j L_j^T R_j
+    (row-major), b_j] per layer), held factored: per layer L (C, K, out), R (C, K, in) with K terms per client
+    (the same K for every client) and b (C, out), a (d,) row shared by every client and a scalar. A factored form
+    of :meth:`BilevelProblem.local_sgd`'s kind: the exact reduction's summation groups sum it by one GEMM per
+    layer of the group's factors (:meth:`group_sum`) and never form its rows."""
+
+    def __init__(self, factors: list, shared: torch.Tensor, scale: float = 1.0):
+        self.factors, self.shared, self.scale = factors, shared, scale  # factors: (L, R, b) per layer
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.factors[0][0].shape[0], int(self.shared.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shared.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.shared.device
+
+    def __getitem__(self, index: slice) -> GradientRows:
+        return GradientRows([(L[index], R[index], b[index]) for L, R, b in self.factors], self.shared, self.scale)
+
+    def part(self, lo: int, hi: int) -> GradientRows:
+        return self[lo:hi]
+
+    def plus_scaled(self, row: torch.Tensor, c: float) -> GradientRows:
+        """The rows ``row + c * self`` (FedIHGP's r - eta Hr with c = -eta), still factored."""
+        return GradientRows(self.factors, torch.add(row, self.shared, alpha=c), c * self.scale)
+
+    def dense(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """The rows of clients lo..hi-1; a block of one client as two copies of it (``baddbmm`` multiplies a
+        batch of one by another kernel), so each row has the same bits in any block."""
+        part = self[lo:hi]
+        C = part.shape[0]
+        if C == 1:
+            twice = GradientRows(
+                [(torch.cat([L, L]), torch.cat([R, R]), torch.cat([b, b])) for L, R, b in part.factors],
+                self.shared,
+                self.scale,
+            )
+            return twice.dense()[:1]
+        out = torch.empty(C, part.shape[1], dtype=self.dtype, device=self.device)
+        at = 0
+        for L, R, b in part.factors:
+            n_out, n_in = L.shape[2], R.shape[2]
+            out[:, at : at + n_out * n_in].view(C, n_out, n_in).baddbmm_(L.transpose(1, 2), R, beta=0.0)
+            out[:, at + n_out * n_in : at + n_out * n_in + n_out] = b
+            at += n_out * n_in + n_out
+        return out.mul_(self.scale).add_(self.shared)
+
+    def weighted_sum(self, w: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.shape[1], dtype=self.dtype, device=self.device)
+        self.group_sum(0, self.shape[0], w, out)
+        return out
+
+    def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor) -> None:
+        """sum_i w_i row_i over clients lo..hi-1 into ``out`` (d,): per layer one GEMM of the clients' scaled L
+        and R (a shape that depends on the clients only) and one product for the biases, then sum(w) shared."""
+        ws = w * self.scale
+        at = 0
+        for L, R, b in self.factors:
+            n_out, n_in = L.shape[2], R.shape[2]
+            scaled = (L[lo:hi] * ws[:, None, None]).flatten(0, 1)
+            torch.mm(scaled.T, R[lo:hi].flatten(0, 1), out=out[at : at + n_out * n_in].view(n_out, n_in))
+            out[at + n_out * n_in : at + n_out * n_in + n_out] = ws @ b[lo:hi]
+            at += n_out * n_in + n_out
+        out.add_(self.shared, alpha=float(w.sum()))
+
+
 def r_forward(
     layers: Layers, direction: Layers, inputs: list[torch.Tensor], pre: list[torch.Tensor]
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
