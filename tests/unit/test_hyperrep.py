@@ -75,7 +75,7 @@ def test_factored_hypergradient_rows_are_the_oracles_difference_and_sum_by_group
     have the same bits alone or in a block, and the oracles are counted."""
     from fednest_mpi.problems.base import shared_rows
 
-    prob, _ = problem
+    prob = build_problem(_cfg(hidden=16, hypergradient_batch_size=2).problem, 0, range(4, 12), dtype=torch.float64)
     ids = np.array([4, 5, 7, 11])
     gen = torch.Generator().manual_seed(1)
     if shared:
@@ -102,6 +102,12 @@ def test_factored_hypergradient_rows_are_the_oracles_difference_and_sum_by_group
     alone = prob.hypergradient_rows(ids[2:3], X[2:3], Y[2:3], V[2:3], s_out, s_jvp)  # computed as two copies
     assert torch.equal(alone.G, rows.G[2:3]) and torch.equal(alone.inputs, rows.inputs[2:3])
     assert torch.equal(alone.dense(), rows.dense(2, 3))
+    narrow = problem[0]  # 6 hidden units, whole splits: the factors are not the smaller, so dense rows
+    Xn, Yn, Vn = (r[:, :d].contiguous() for r, d in ((X, narrow.dim_x), (Y, narrow.dim_y), (V, narrow.dim_y)))
+    got = narrow.hypergradient_rows(ids, Xn, Yn, Vn, s_out, s_jvp)
+    assert isinstance(got, torch.Tensor)
+    plain = narrow.grad_x_outer(ids, Xn, Yn, s_out) - narrow.jvp_xy_inner(ids, Xn, Yn, Vn, s_jvp)
+    torch.testing.assert_close(got, plain, rtol=1e-12, atol=1e-12)
 
 
 def test_a_subclass_with_its_own_oracle_gets_no_factored_rows(problem):

@@ -209,7 +209,7 @@ def test_factored_hessian_vector_rows_equal_the_oracle_and_sum_by_groups(hidden)
     bits alone or in a block; counted as the oracle; None at rows that are not shared."""
     from fednest_mpi.problems.base import shared_rows
 
-    cfg = _cfg(hidden1=hidden[0], hidden2=hidden[1], hypergradient_batch_size=6)
+    cfg = _cfg(hidden1=hidden[0], hidden2=hidden[1], hypergradient_batch_size=2)  # factors smaller than rows
     prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
     gen = torch.Generator().manual_seed(5)
     clients = np.array([5, 9, 4, 11])
@@ -233,3 +233,12 @@ def test_factored_hessian_vector_rows_equal_the_oracle_and_sum_by_groups(hidden)
     assert all(torch.equal(a, b[2:3]) for fa, fb in zip(alone.factors, rows.factors) for a, b in zip(fa, fb))
     assert torch.equal(alone.dense(), rows.dense(2, 3))
     assert prob.hvp_rows(clients, X, Y, R.clone(), s) is None  # v not shared: the oracle's own path
+    wide = build_problem(
+        _cfg(hidden1=hidden[0], hidden2=hidden[1], hypergradient_batch_size=64).problem,
+        0,
+        range(4, 12),
+        dtype=torch.float64,
+    )  # more samples than the rows are wide: made dense
+    dense_rows = wide.hvp_rows(clients, X, Y, R, s)
+    assert isinstance(dense_rows, torch.Tensor)
+    torch.testing.assert_close(dense_rows, wide.hvp_yy_inner(clients, X, Y, R, s), rtol=1e-12, atol=1e-12)

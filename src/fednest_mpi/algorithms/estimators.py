@@ -200,8 +200,10 @@ class Estimator(ABC):
             X, Y, R, sample = alg._rows(x, m), alg._rows(y, m), alg._rows(r, m), Sample(alg.key(P.HVP_SAMPLE, k), n)
             if alg.fed.group > 1 and hasattr(alg.problem, "hvp_rows"):  # summed by groups: factored, if it can
                 Hr = alg.problem.hvp_rows(ids, X, Y, R, sample)
+                if Hr is not None and scale is not None:  # r - eta Hr, factored or (a new tensor) in place
+                    Hr = Hr.plus_scaled(r, -scale) if hasattr(Hr, "plus_scaled") else minus_scaled(Hr, scale, r, True)
                 if Hr is not None:
-                    return [Hr if scale is None else Hr.plus_scaled(r, -scale)]
+                    return [Hr]
             Hr = alg.problem.hvp_yy_inner(ids, X, Y, R, sample)
             return [Hr if scale is None else minus_scaled(Hr, scale, r, getattr(alg.problem, "fresh_outputs", False))]
 

@@ -277,12 +277,13 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
     def hvp_rows(self, clients, x, y, v, sample) -> mlp.GradientRows | None:
         """nabla^2_yy g_i v of :meth:`hvp_yy_inner`, factored (:class:`~fednest_mpi.problems.mlp.GradientRows`:
         per layer [R{delta}, delta] against [h, R{h}], and lambda v shared), for the exact reduction's summation
-        groups; counted as the oracle. None where the closed form does not apply (rows not shared) or a subclass
-        has its own oracle."""
+        groups; counted as the oracle; made dense where the factors are not the smaller. None where the closed
+        form does not apply (rows not shared) or a subclass has its own oracle."""
         if type(self)._hvp_yy_inner is not LossTuningProblem._hvp_yy_inner or not self._shared(y, v):
             return None
         self.oracle_counts["hvp_yy_inner"] += len(clients)
-        return _one_client_as_two(self._hvp_factors, np.asarray(clients), x, y, v, sample)
+        rows = _one_client_as_two(self._hvp_factors, np.asarray(clients), x, y, v, sample)
+        return rows if rows.compact else rows.dense()
 
     def _hvp_factors(self, clients, x, y, v, sample) -> mlp.GradientRows:
         inputs, deltas, r_inputs, r_deltas = self._hvp_terms(clients, x, y, v, sample)

@@ -110,6 +110,11 @@ class GradientRows:
     def device(self) -> torch.device:
         return self.shared.device
 
+    @property
+    def compact(self) -> bool:
+        """Whether the factors hold fewer numbers than the rows (few samples against wide layers)."""
+        return sum(L.shape[1] * (L.shape[2] + R.shape[2]) for L, R, _ in self.factors) < self.shape[1]
+
     def __getitem__(self, index: slice) -> GradientRows:
         return GradientRows([(L[index], R[index], b[index]) for L, R, b in self.factors], self.shared, self.scale)
 

@@ -94,6 +94,11 @@ class OuterProductRows:
     def device(self) -> torch.device:
         return self.G.device
 
+    @property
+    def compact(self) -> bool:
+        """Whether the factors hold fewer numbers than the rows (few samples against a wide layer)."""
+        return self.G.shape[1] * (self.G.shape[2] + self.inputs.shape[2]) < self.shape[1]
+
     def __getitem__(self, index: slice) -> OuterProductRows:
         return OuterProductRows(self.G[index], self.inputs[index])
 
@@ -496,14 +501,16 @@ class RepresentationProblem(BilevelProblem):
         """The clients' hypergradient directions nabla_x f_i(x, y) - nabla^2_xy g_i(x, y) v (FedNest eq. (8)),
         factored (:class:`OuterProductRows`: the outer batch's and, negated, the inner batch's per-sample
         gradients at the hidden layer and inputs), for the exact reduction's summation groups; counted as the
-        two oracles. None where a subclass computes either oracle its own way."""
+        two oracles; made dense where the factors are not the smaller (many samples against a narrow layer). None
+        where a subclass computes either oracle its own way."""
         own = RepresentationProblem
         if type(self)._grad_x_outer is not own._grad_x_outer or type(self)._jvp_xy_inner is not own._jvp_xy_inner:
             return None
         clients = np.asarray(clients)
         self.oracle_counts["grad_x_outer"] += len(clients)
         self.oracle_counts["jvp_xy_inner"] += len(clients)
-        return _one_client_as_two(self._hypergradient_factors, clients, x, y, v, outer_sample, jvp_sample)
+        rows = _one_client_as_two(self._hypergradient_factors, clients, x, y, v, outer_sample, jvp_sample)
+        return rows if rows.compact else rows.dense()
 
     def _hypergradient_factors(self, clients, x, y, v, outer_sample, jvp_sample) -> OuterProductRows:
         batch = self.cfg.hypergradient_batch_size
