@@ -55,6 +55,8 @@ def block_range(n_clients: int, size: int, rank: int, group: int = 1) -> range:
 #: else about GROUP_MEMBERS members of a round's client set per group
 GROUP_FROM_CLIENTS = 256
 GROUP_MEMBERS = 16
+#: rows narrower than this are summed client by client even with summation groups (:func:`_exact_sums`)
+GROUP_MIN_WIDTH = 4096
 
 
 def summation_group(setting: int, n_clients: int, clients_per_round: int) -> int:
@@ -177,9 +179,11 @@ def _add_exact(binned: exactsum.BinnedSum, rows: list, weights: torch.Tensor, gr
 
 def _exact_sums(d: int, dtype: torch.dtype, device, group: int) -> tuple[exactsum.BinnedSum, _GroupDeposits | None]:
     """The binned sum of an exact reduction of (d,) rows of ``dtype``, and its summation groups' deposits when
-    the groups hold more than one client id."""
+    the groups hold more than one client id and the rows are at least :data:`GROUP_MIN_WIDTH` wide (narrower
+    rows cost less to deposit one by one than a product per group: each client's row exactly, as with groups of
+    one; d is the config's, so the choice is the same on every rank and in every chunk)."""
     binned = exactsum.BinnedSum(d, exactsum.bins_for(dtype), device=device)
-    return binned, (_GroupDeposits(binned, group) if group > 1 else None)
+    return binned, (_GroupDeposits(binned, group) if group > 1 and d >= GROUP_MIN_WIDTH else None)
 
 
 #: group sums wait in a buffer of at most this many bytes (and _GROUP_BUFFER_ROWS rows) and are deposited
