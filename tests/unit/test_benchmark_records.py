@@ -211,3 +211,15 @@ def test_the_shipped_benchmark_files_name_the_committed_records():
         for task in post.read_benchmark_file(repo / "jobs/benchmarks" / name):
             assert task.records == repo / "jobs/benchmarks/../../docs/benchmarks/records" / task.name
             assert np.all([p.suffixes[-2:] == [".jsonl", ".gz"] for p in task.records.glob("*")])
+
+
+def test_a_run_written_before_a_config_field_existed_reads_with_the_value_that_reproduces_it():
+    """federation.group_clients (new): an older run's config lacks it and ran as 0 (automatic) does, so the
+    benchmark table and its follow-up sweeps see one setting, not a varying field with a missing value."""
+    from fednest_mpi.post.load import ADDED_FIELDS, run_config
+
+    old = {"seed": 1, "federation": {"reduction": "exact"}, "algorithm": {"name": "fednest"}}
+    new = {"seed": 1, "federation": {"reduction": "exact", "group_clients": 0}, "algorithm": {"name": "fednest"}}
+    assert run_config(old) == run_config(new)
+    assert run_config(old)["federation.group_clients"] == ADDED_FIELDS["federation.group_clients"]
+    assert "federation.group_clients" not in run_config({"problem": {"name": "quadratic"}})  # not a run's config

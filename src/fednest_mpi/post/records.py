@@ -40,9 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from fednest_mpi import atomic
-from fednest_mpi.config import flatten_config
 from fednest_mpi.errors import UsageError
-from fednest_mpi.post.load import Run
+from fednest_mpi.post.load import Run, run_config
 
 __all__ = ["FORMAT", "SUFFIX", "VERSION", "read_records", "record_of", "records_text", "write_records"]
 
@@ -167,7 +166,7 @@ def _run(record: dict, runs: Path) -> Run:
     }
     if record.get("primary_metric") is not None:
         attrs["primary_metric"] = record["primary_metric"]
-    flat = flatten_config(config)
+    flat = run_config(config)
     if record.get("mpi_size") is not None:
         attrs["mpi_size"] = record["mpi_size"]
         flat.setdefault("mpi_size", int(record["mpi_size"]))
