@@ -126,7 +126,7 @@ def test_sum_reduction_chunks_agree_to_rounding(name):
         assert_histories_match(run.history, reference.history, rtol=1e-12, atol=1e-13)
 
 
-def _mnist_config(problem: dict, name: str, chunk: int, group: int = 0) -> config.RunConfig:
+def _mnist_config(problem: dict, name: str, chunk: int, group: int = 0, heterogeneity=None) -> config.RunConfig:
     return config.from_dict(
         {
             "seed": 5,
@@ -144,6 +144,7 @@ def _mnist_config(problem: dict, name: str, chunk: int, group: int = 0) -> confi
                 },
             ),
             "federation": {"group_clients": group},
+            "heterogeneity": heterogeneity or {},
             "run": {"chunk_clients": chunk, "dtype": "float32"},
         }
     )
@@ -196,3 +197,17 @@ def test_fairness_runs_are_bitwise_the_same_for_every_chunk_size_and_rank_count(
     reference = simulate_on_one_rank(small_fairness_config(name, objective, cells))
     for chunk in (1, 2, 0):
         _same(simulate(small_fairness_config(name, objective, cells, chunk=chunk), MPI.COMM_WORLD), reference)
+
+
+@pytest.mark.mpi
+@pytest.mark.problem_invariance
+@requires("mnist")
+@pytest.mark.parametrize("name", ["fednest", "fedavg"])
+def test_summation_groups_with_uneven_work_and_dropped_clients_are_bitwise_the_same(name):
+    """Uneven local work: a chunk may hold one step count or several, and the local models must take one form
+    (dense) in every chunk under groups; dropped clients: zero weights inside a group."""
+    het = {"local_work": "uniform", "drop_probability": 0.3}
+    problem = RAGGED_MNIST["loss_tuning_long_tail"]
+    reference = simulate_on_one_rank(_mnist_config(problem, name, 0, group=4, heterogeneity=het))
+    for chunk in (1, 7, 0):
+        _same(simulate(_mnist_config(problem, name, chunk, group=4, heterogeneity=het), MPI.COMM_WORLD), reference)

@@ -109,7 +109,9 @@ class InnerLevel(Algorithm):
         """
         steps = self.fed.local_steps(ids, k, self.cfg.inner_local_steps)
         counts = np.unique(steps)
-        if counts.size <= 1:
+        # under summation groups a client's rows must take one form in every chunk (a group's sum of a factored
+        # form and of dense rows round differently): with uneven work a chunk may hold one count or several, so dense
+        if counts.size <= 1 and not (self.fed.group > 1 and self.fed.system.varies_work):
             return self._inner_local_steps(ids, k, t, x, y, q, int(counts[0]) if counts.size else 0)
         rows = y.new_empty((ids.size, y.shape[0]))
         for tau in counts:
