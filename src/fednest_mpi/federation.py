@@ -320,6 +320,13 @@ class Federation:
         self.answer_counts = np.zeros(2, dtype=np.int64)  # members that answered / dropped since take_answer_counts
         self.recorder = OFF  # per-client records of answered and dropped rounds (set by the run's series)
 
+    @property
+    def sums_groups(self) -> bool:
+        """Whether the exact reduction sums the rows of a round by summation groups of several clients: then a
+        problem may hand them over factored (a form with ``group_sum``), but each client's rows must take the
+        same form in every chunk, since a group's sum of factors and of dense rows round differently."""
+        return self.group > 1
+
     # ---------------------------------------------------------------------------------------
     def sample(self, key, size: int) -> Participants:
         """Draw S (``size`` clients, uniformly without replacement) from the stream ``key``.

@@ -198,14 +198,14 @@ class Estimator(ABC):
         def rows(piece):
             ids, m = piece.local_ids, piece.local_ids.size
             X, Y, R, sample = alg._rows(x, m), alg._rows(y, m), alg._rows(r, m), Sample(alg.key(P.HVP_SAMPLE, k), n)
-            if alg.fed.group > 1 and hasattr(alg.problem, "hvp_rows"):  # summed by groups: factored, if it can
-                Hr = alg.problem.hvp_rows(ids, X, Y, R, sample)
-                if Hr is not None and scale is not None:  # r - eta Hr, factored or (a new tensor) in place
-                    Hr = Hr.plus_scaled(r, -scale) if hasattr(Hr, "plus_scaled") else minus_scaled(Hr, scale, r, True)
-                if Hr is not None:
-                    return [Hr]
-            Hr = alg.problem.hvp_yy_inner(ids, X, Y, R, sample)
-            return [Hr if scale is None else minus_scaled(Hr, scale, r, getattr(alg.problem, "fresh_outputs", False))]
+            grouped = alg.fed.sums_groups and hasattr(alg.problem, "hvp_rows")
+            Hr = alg.problem.hvp_rows(ids, X, Y, R, sample) if grouped else None  # factored, or a new tensor
+            fresh = Hr is not None or getattr(alg.problem, "fresh_outputs", False)
+            if Hr is None:
+                Hr = alg.problem.hvp_yy_inner(ids, X, Y, R, sample)
+            if scale is None:
+                return [Hr]
+            return [Hr.plus_scaled(r, -scale) if hasattr(Hr, "plus_scaled") else minus_scaled(Hr, scale, r, fresh)]
 
         (out,) = alg.mean_y_side(S, rows)
         return out

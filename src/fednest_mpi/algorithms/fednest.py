@@ -109,9 +109,8 @@ class InnerLevel(Algorithm):
         """
         steps = self.fed.local_steps(ids, k, self.cfg.inner_local_steps)
         counts = np.unique(steps)
-        # under summation groups a client's rows must take one form in every chunk (a group's sum of a factored
-        # form and of dense rows round differently): with uneven work a chunk may hold one count or several, so dense
-        if counts.size <= 1 and not (self.fed.group > 1 and self.fed.system.varies_work):
+        # with uneven work a chunk may hold one step count or several: under groups the rows are then always dense
+        if counts.size <= 1 and not (self.fed.sums_groups and self.fed.system.varies_work):
             return self._inner_local_steps(ids, k, t, x, y, q, int(counts[0]) if counts.size else 0)
         rows = y.new_empty((ids.size, y.shape[0]))
         for tau in counts:
@@ -242,7 +241,7 @@ class GlobalHypergradient(Algorithm):
             X, Y = self._rows(x, n), self._rows(y, n)
             s = Sample(self.key(P.OUTER_SAMPLE, k), 0)
             jvp_sample, h_i = Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1), None
-            if p is not None and self.fed.group > 1 and hasattr(prob, "hypergradient_rows"):  # summed by groups:
+            if p is not None and self.fed.sums_groups and hasattr(prob, "hypergradient_rows"):  # summed by groups:
                 h_i = prob.hypergradient_rows(ids, X, Y, self._rows(p, n), s, jvp_sample)  # factored, if it can
             if h_i is None:
                 h_i = (
