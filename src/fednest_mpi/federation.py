@@ -160,30 +160,71 @@ _EXACT_TILE_BYTES = 1 << 24
 _EXACT_TILE_ROWS = 8
 
 
-def _add_exact(binned: exactsum.BinnedSum, rows: list, weights: torch.Tensor, groups, ids: np.ndarray) -> None:
-    """Deposit ``weights[b] * row_b`` of a piece's rows into ``binned``, in tiles of whole rows (the sum is
-    exact, so the tiling changes no bit); with summation groups (``groups``, a :class:`_GroupDeposits`; None
-    for groups of one) each group's sum instead (``ids``: the rows' clients). A row shared by every member
-    (stride 0, e.g. FedOut's x - alpha h at tau = 1) is deposited once for all, exactly, with or without groups."""
-    if len(rows) == 1 and isinstance(rows[0], torch.Tensor) and (groups is None or rows[0].stride(0) == 0):
-        binned.add(rows[0], weights=weights)
-        return
-    if groups is not None:
-        groups.add(rows, weights, ids)
-        return
-    d = sum(int(r.shape[1]) for r in rows)
-    tile = max(_EXACT_TILE_ROWS, _EXACT_TILE_BYTES // (d * torch.empty((), dtype=rows[0].dtype).element_size()))
-    for lo in range(0, int(weights.shape[0]), tile):
-        binned.add(_dense_block(rows, lo, lo + tile), weights=weights[lo : lo + tile])
+class _ExactDeposits:
+    """The deposits of one exact reduction on this rank into ``binned``, piece by piece (:meth:`add`), then
+    :meth:`flush` before the collectives. The sum is exact, so neither the tiling nor the waiting changes a bit:
+
+    * plain rows are deposited in tiles of whole rows (a factored form's made dense a tile at a time, so the copy
+      never grows with |S|); with summation groups (``groups``, a :class:`_GroupDeposits`; None for groups of one)
+      each group's sum instead;
+    * a row shared by every member of a piece (stride 0, e.g. FedOut's x - alpha h at tau = 1) with one weight
+      is deposited once for all, with or without groups, and waits while the next pieces share the same row
+      and weight: n copies cost one deposit (:meth:`~fednest_mpi.exactsum.BinnedSum.add`), not one per piece."""
+
+    def __init__(self, binned: exactsum.BinnedSum, groups: _GroupDeposits | None):
+        self.binned, self.groups = binned, groups
+        self.shared: tuple[torch.Tensor, torch.Tensor] | None = None  # (the (1, d) row, its (1,) weight)
+        self.copies = 0
+
+    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray) -> None:
+        """Deposit ``weights[b] * row_b`` of a piece's rows (``ids``: their clients, increasing)."""
+        if len(rows) == 1 and isinstance(rows[0], torch.Tensor) and rows[0].stride(0) == 0:
+            self._add_shared(rows[0], weights)
+        elif len(rows) == 1 and isinstance(rows[0], torch.Tensor) and self.groups is None:
+            self.binned.add(rows[0], weights=weights)
+        elif self.groups is not None:
+            self.groups.add(rows, weights, ids)
+        else:
+            d = sum(int(r.shape[1]) for r in rows)
+            size = torch.empty((), dtype=rows[0].dtype).element_size()
+            tile = max(_EXACT_TILE_ROWS, _EXACT_TILE_BYTES // (d * size))
+            for lo in range(0, int(weights.shape[0]), tile):
+                self.binned.add(_dense_block(rows, lo, lo + tile), weights=weights[lo : lo + tile])
+
+    def _add_shared(self, rows: torch.Tensor, weights: torch.Tensor) -> None:
+        if not bool((weights == weights[0]).all()):
+            self.binned.add(rows, weights=weights)
+            return
+        row, weight = rows[:1], weights[:1]
+        if self.shared is not None:
+            waiting, waiting_weight = self.shared
+            if not (bool(weight == waiting_weight) and row.shape == waiting.shape and torch.equal(row, waiting)):
+                self._deposit_shared()
+        if self.shared is None:
+            self.shared = (row, weight)
+        self.copies += int(rows.shape[0])
+
+    def _deposit_shared(self) -> None:
+        if self.shared is not None:
+            row, weight = self.shared
+            self.binned.add(row.expand(self.copies, -1), weights=weight.expand(self.copies))
+            self.shared, self.copies = None, 0
+
+    def flush(self) -> None:
+        """Deposit what waits: the shared row's copies and the summation groups' sums."""
+        self._deposit_shared()
+        if self.groups is not None:
+            self.groups.flush()
 
 
-def _exact_sums(d: int, dtype: torch.dtype, device, group: int) -> tuple[exactsum.BinnedSum, _GroupDeposits | None]:
-    """The binned sum of an exact reduction of (d,) rows of ``dtype``, and its summation groups' deposits when
-    the groups hold more than one client id and the rows are at least :data:`GROUP_MIN_WIDTH` wide (narrower
-    rows cost less to deposit one by one than a product per group: each client's row exactly, as with groups of
-    one; d is the config's, so the choice is the same on every rank and in every chunk)."""
+def _exact_sums(d: int, dtype: torch.dtype, device, group: int) -> tuple[exactsum.BinnedSum, _ExactDeposits]:
+    """The binned sum of an exact reduction of (d,) rows of ``dtype`` and its deposits, with summation groups'
+    sums when the groups hold more than one client id and the rows are at least :data:`GROUP_MIN_WIDTH` wide
+    (narrower rows cost less to deposit one by one than a product per group: each client's row exactly, as with
+    groups of one; d is the config's, so the choice is the same on every rank and in every chunk)."""
     binned = exactsum.BinnedSum(d, exactsum.bins_for(dtype), device=device)
-    return binned, (_GroupDeposits(binned, group) if group > 1 and d >= GROUP_MIN_WIDTH else None)
+    groups = _GroupDeposits(binned, group) if group > 1 and d >= GROUP_MIN_WIDTH else None
+    return binned, _ExactDeposits(binned, groups)
 
 
 #: group sums wait in a buffer of at most this many bytes (and _GROUP_BUFFER_ROWS rows) and are deposited
@@ -465,7 +506,7 @@ class Federation:
         m = part.size
         total = None if weights is None else float(np.sum(weights))
         w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / (total or 1.0)
-        buf, w_t, dims, binned, groups, dtype = None, None, [], None, None, None
+        buf, w_t, dims, binned, deposits, dtype = None, None, [], None, None, None
         for piece, rows in pieces:
             rows = list(rows)
             if w_t is None:
@@ -473,13 +514,13 @@ class Federation:
                 exact = self.reduction == "exact"
                 w_t = torch.as_tensor(w, dtype=torch.float64 if exact else dtype, device=rows[0].device)
                 if exact:
-                    binned, groups = _exact_sums(sum(dims), dtype, w_t.device, part.group)
+                    binned, deposits = _exact_sums(sum(dims), dtype, w_t.device, part.group)
                 elif self.reduction == "ordered":
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
-            if binned is not None:
+            if deposits is not None:
                 if slots.numel():
-                    _add_exact(binned, rows, w_t[slots], groups, piece.local_ids)
+                    deposits.add(rows, w_t[slots], piece.local_ids)
             elif self.reduction == "ordered":
                 assert buf is not None
                 buf[slots] = _dense_block(rows)
@@ -489,7 +530,7 @@ class Federation:
         assert w_t is not None and dtype is not None, "no piece of rows to reduce"
         payload = sum(dims) * torch.empty((), dtype=dtype).element_size()  # what the algorithm sends
         if binned is not None:
-            self._allreduce_binned_(binned, payload, groups)
+            self._allreduce_binned_(binned, payload, deposits)
             if total == 0.0 and fallback is not None:
                 return list(fallback)
             return list(torch.split(binned.value().to(dtype), dims))
@@ -506,12 +547,11 @@ class Federation:
             out = out + buf[s] * w_t[s]
         return list(torch.split(out, dims))
 
-    def _allreduce_binned_(self, binned: exactsum.BinnedSum, payload: int, groups: _GroupDeposits | None) -> None:
+    def _allreduce_binned_(self, binned: exactsum.BinnedSum, payload: int, deposits: _ExactDeposits) -> None:
         """The two collectives of an exact aggregation, counted as one communication round of ``payload`` bytes
         (the aggregated vector, as for every reduction): MAX of the coordinates' tops (int8), then, every rank's
-        bins aligned to them, SUM of the bins (after the waiting group sums, ``groups``, are deposited)."""
-        if groups is not None:
-            groups.flush()
+        bins aligned to them, SUM of the bins (after what waits in ``deposits`` is deposited)."""
+        deposits.flush()
         self.stats.rounds += 1
         self.stats.bytes += payload
         if self.size == 1:

@@ -115,3 +115,34 @@ def test_group_sums_are_the_same_bits_in_any_chunk_and_match_the_float_sums():
     assert torch.equal(whole, pieces)
     direct = sum(w[ids // 10 == g] @ rows[ids // 10 == g] for g in np.unique(ids // 10))
     torch.testing.assert_close(whole, direct, rtol=1e-13, atol=0)
+
+
+def test_a_shared_row_waits_across_pieces_and_gives_the_bits_of_one_deposit_per_piece():
+    """FedOut's x - alpha h (one row shared by every member, stride 0) is deposited once for the copies of
+    consecutive pieces: the same bits as a deposit per piece, and a different row or weight is deposited on its
+    own (the exact sum of all of them)."""
+    import torch
+
+    from fednest_mpi import exactsum
+    from fednest_mpi.federation import _ExactDeposits
+
+    gen = torch.Generator().manual_seed(3)
+    row = torch.randn(1, 513, dtype=torch.float32, generator=gen) * torch.logspace(-6, 6, 513)
+    other = row * 1.5
+    pieces = [(row, 7, 0.01), (row.clone(), 5, 0.01), (other, 3, 0.01), (row, 4, 0.02), (row, 2, 0.02)]
+
+    def total(waiting: bool):
+        binned = exactsum.BinnedSum(513, exactsum.bins_for(torch.float32))
+        deposits = _ExactDeposits(binned, None)
+        for r, n, w in pieces:
+            weights = torch.full((n,), w, dtype=torch.float64)
+            if waiting:
+                deposits.add([r.expand(n, -1)], weights, np.arange(n))
+            else:
+                binned.add(r.expand(n, -1), weights=weights)
+        deposits.flush()
+        return binned.value()
+
+    assert torch.equal(total(True), total(False))
+    direct = (0.12 * row.double() + 0.03 * other.double() + 0.12 * row.double())[0]
+    torch.testing.assert_close(total(True), direct, rtol=1e-8, atol=0)  # float32 payload: 33 bits kept

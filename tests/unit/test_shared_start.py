@@ -77,7 +77,9 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps, monkeypa
     one_tile.add(whole, weights=w)
     monkeypatch.setattr(federation, "_EXACT_TILE_BYTES", 1)  # two rows per tile
     monkeypatch.setattr(federation, "_EXACT_TILE_ROWS", 2)
-    federation._add_exact(by_rows, [rows], w, None, np.arange(C))
+    deposits = federation._ExactDeposits(by_rows, None)
+    deposits.add([rows], w, np.arange(C))
+    deposits.flush()
     assert torch.equal(by_rows.value(), one_tile.value())
     # a summation group's sum from its factors (one GEMM of its history rows): the plain sum of its
     # rows to rounding, and the same bits from the group's own part (another block, other offsets)

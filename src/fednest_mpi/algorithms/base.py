@@ -195,11 +195,14 @@ class Algorithm(ABC):
     def sample_clients(self, purpose: rng.Purpose, *counters) -> Participants:
         return self.fed.sample(self.key(purpose, *counters), self.cfg.clients_per_round)
 
-    def mean_y_side(self, S: Participants, rows) -> list[torch.Tensor]:
+    def mean_y_side(self, S: Participants, rows, factored: bool = False) -> list[torch.Tensor]:
         """``fed.mean_over(S, rows)`` for rows of y-side oracles at the shared x (FedInn's anchor, the
         estimators' rounds), in chunks sized by the problem's
-        :meth:`~fednest_mpi.problems.base.BilevelProblem.y_side_bytes`. **Collective**."""
-        return self.fed.mean_over(S, rows, client_bytes=self.problem.y_side_bytes())
+        :meth:`~fednest_mpi.problems.base.BilevelProblem.y_side_bytes` (``factored``: rows of a factored-row
+        oracle, by :meth:`~fednest_mpi.problems.base.BilevelProblem.factored_rows_bytes` where it gives one).
+        **Collective**."""
+        client_bytes = (self.problem.factored_rows_bytes() if factored else None) or self.problem.y_side_bytes()
+        return self.fed.mean_over(S, rows, client_bytes=client_bytes)
 
     @staticmethod
     def _rows(vector: torch.Tensor, n: int) -> torch.Tensor:

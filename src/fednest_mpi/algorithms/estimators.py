@@ -194,11 +194,11 @@ class Estimator(ABC):
     def hessian_mean(self, k: int, n: int, x, y, r: torch.Tensor, S: Participants, scale: float | None = None):
         """mean_S nabla^2_yy g_i(x, y) r (one round), or with ``scale`` eta: mean_S (I - eta nabla^2_yy g_i) r."""
         alg = self.alg
+        grouped = alg.fed.sums_groups and hasattr(alg.problem, "hvp_rows")
 
         def rows(piece):
             ids, m = piece.local_ids, piece.local_ids.size
             X, Y, R, sample = alg._rows(x, m), alg._rows(y, m), alg._rows(r, m), Sample(alg.key(P.HVP_SAMPLE, k), n)
-            grouped = alg.fed.sums_groups and hasattr(alg.problem, "hvp_rows")
             Hr = alg.problem.hvp_rows(ids, X, Y, R, sample) if grouped else None  # factored, or a new tensor
             fresh = Hr is not None or getattr(alg.problem, "fresh_outputs", False)
             if Hr is None:
@@ -207,7 +207,7 @@ class Estimator(ABC):
                 return [Hr]
             return [Hr.plus_scaled(r, -scale) if hasattr(Hr, "plus_scaled") else minus_scaled(Hr, scale, r, fresh)]
 
-        (out,) = alg.mean_y_side(S, rows)
+        (out,) = alg.mean_y_side(S, rows, factored=grouped)
         return out
 
 

@@ -235,13 +235,14 @@ class GlobalHypergradient(Algorithm):
         part minus the Jacobian product, one round)."""
         prob, cfg = self.problem, self.cfg
         p = self.fed_ihgp(k, x, y, S) if cfg.hypergradient == "implicit" else None
+        factored = p is not None and self.fed.sums_groups and hasattr(prob, "hypergradient_rows")
 
         def local_hypergradients(piece):
             ids, n = piece.local_ids, piece.local_ids.size
             X, Y = self._rows(x, n), self._rows(y, n)
             s = Sample(self.key(P.OUTER_SAMPLE, k), 0)
             jvp_sample, h_i = Sample(self.key(P.HVP_SAMPLE, k), cfg.neumann_steps + 1), None
-            if p is not None and self.fed.sums_groups and hasattr(prob, "hypergradient_rows"):  # summed by groups:
+            if factored:  # summed by groups:
                 h_i = prob.hypergradient_rows(ids, X, Y, self._rows(p, n), s, jvp_sample)  # factored, if it can
             if h_i is None:
                 h_i = (
@@ -252,7 +253,8 @@ class GlobalHypergradient(Algorithm):
             self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(dense(h_i)))
             return [h_i]
 
-        (h,) = self.fed.mean_over(S, local_hypergradients)
+        client_bytes = prob.factored_rows_bytes() if factored else None  # None: the default chunks
+        (h,) = self.fed.mean_over(S, local_hypergradients, client_bytes=client_bytes)
         return h
 
 

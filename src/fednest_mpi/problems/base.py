@@ -303,6 +303,13 @@ class BilevelProblem(ABC):
         a large d1 then no longer limits the chunks of a round's many y-side calls."""
         return None
 
+    def factored_rows_bytes(self) -> int | None:
+        """Working set per client of the factored-row oracles that the exact reduction's summation groups call
+        instead of the dense ones (``hvp_rows``, ``hypergradient_rows``: a few factors per client, never a row of
+        x or y per client), when it is smaller than the dense calls' estimate; None: that estimate. It sizes those
+        calls' chunks (``Federation.chunk_for``), which change no bit of the result."""
+        return None
+
     # -- values (optional, not counted) ------------------------------------------------------------
     def inner_value(self, clients, x, y) -> torch.Tensor | None:
         """g_i(x, y) on each client's whole local inner data, shape (B,), or None where the problem

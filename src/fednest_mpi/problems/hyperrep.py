@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fednest_mpi.problems.clientdata import image_clients
-from fednest_mpi.problems.representation import RepresentationProblem, head_side_bytes
+from fednest_mpi.problems.representation import RepresentationProblem, factored_rows_bytes, head_side_bytes
 
 N_PIXELS, N_CLASSES = 784, 10
 
@@ -51,6 +51,13 @@ class HyperRepresentationProblem(RepresentationProblem):
     def y_side_bytes(self) -> int:
         """:func:`~.representation.head_side_bytes` at the wider of the two splits."""
         return head_side_bytes(self, (self.inner, self.outer), N_PIXELS, self.hidden, N_CLASSES)
+
+    def factored_rows_bytes(self) -> int | None:
+        """:func:`~.representation.factored_rows_bytes` of the two splits (None where a subclass computes the
+        direction's oracles its own way)."""
+        if not self._own_directions():
+            return None
+        return factored_rows_bytes(self, (self.inner, self.outer), N_PIXELS, self.hidden, N_CLASSES)
 
     def _locate(self, split, clients):
         return split, np.asarray(clients, dtype=np.int64) - self._first, self.inputs, self.targets

@@ -191,6 +191,19 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         widths = sum(self.widths)
         return itemsize * (self.dim_y + 2 * rows * widths + 4 * self.cfg.batch_size * widths)
 
+    def factored_rows_bytes(self) -> int | None:
+        """The working set per client of :meth:`hvp_rows` where its factors are the smaller: per sample of the
+        second-order batch, its gathered inputs and, at every layer, the forward pass, its R-forward, the deltas
+        and their R-derivatives, and the concatenated factors (12 numbers per layer output); None otherwise (the
+        dense rows: the default estimate), or where a subclass computes the product its own way."""
+        if type(self)._hvp_yy_inner is not LossTuningProblem._hvp_yy_inner:
+            return None
+        width = self.inner.index.shape[1]
+        rows = width if self.cfg.hypergradient_batch_size <= 0 else min(width, self.cfg.hypergradient_batch_size)
+        if 2 * rows * sum(o + i for o, i in self.shapes) >= self.dim_y:
+            return None
+        return self.dtype.itemsize * rows * (N_PIXELS + 12 * sum(self.widths))
+
     # -- oracles: closed form when y (and v) are the shared global rows (mlp.py), else reverse-mode
     # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --
     @staticmethod

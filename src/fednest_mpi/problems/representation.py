@@ -144,6 +144,19 @@ def head_side_bytes(problem: BilevelProblem, splits, n_inputs: int, hidden: int,
     return itemsize * (16 * problem.dim_y + width * (n_inputs + 4 * (hidden + n_classes)))
 
 
+def factored_rows_bytes(problem: BilevelProblem, splits, n_inputs: int, hidden: int, n_classes: int) -> int | None:
+    """The working set per client of :meth:`RepresentationProblem.hypergradient_rows`
+    (:meth:`BilevelProblem.factored_rows_bytes`): the y side's (:func:`head_side_bytes`) plus, per sample of both
+    splits (of the ``ClientSplit`` s ``splits``), its gathered inputs and its factors (the gradient at the hidden
+    layer and the inputs, twice: the outer and the inner batch, then their concatenation). None where the factors
+    are not the smaller (the rows are made dense: the default estimate)."""
+    K = sum(part.index.shape[1] for part in splits)
+    if K * (hidden + n_inputs) >= hidden * (n_inputs + 1):
+        return None
+    itemsize = getattr(problem, "dtype", torch.float64).itemsize
+    return head_side_bytes(problem, splits, n_inputs, hidden, n_classes) + itemsize * 3 * K * (n_inputs + hidden)
+
+
 class FeatureStore:
     """Hidden features relu(A W1^T + b1) of whole client splits for **one** shared x, in blocks.
 
@@ -503,14 +516,19 @@ class RepresentationProblem(BilevelProblem):
         gradients at the hidden layer and inputs), for the exact reduction's summation groups; counted as the
         two oracles; made dense where the factors are not the smaller (many samples against a narrow layer). None
         where a subclass computes either oracle its own way."""
-        own = RepresentationProblem
-        if type(self)._grad_x_outer is not own._grad_x_outer or type(self)._jvp_xy_inner is not own._jvp_xy_inner:
+        if not self._own_directions():
             return None
         clients = np.asarray(clients)
         self.oracle_counts["grad_x_outer"] += len(clients)
         self.oracle_counts["jvp_xy_inner"] += len(clients)
         rows = _one_client_as_two(self._hypergradient_factors, clients, x, y, v, outer_sample, jvp_sample)
         return rows if rows.compact else rows.dense()
+
+    def _own_directions(self) -> bool:
+        """Whether both oracles of the hypergradient direction are this class's closed forms (a subclass may
+        compute either its own way; :meth:`hypergradient_rows` factors these only)."""
+        own = RepresentationProblem
+        return type(self)._grad_x_outer is own._grad_x_outer and type(self)._jvp_xy_inner is own._jvp_xy_inner
 
     def _hypergradient_factors(self, clients, x, y, v, outer_sample, jvp_sample) -> OuterProductRows:
         batch = self.cfg.hypergradient_batch_size
