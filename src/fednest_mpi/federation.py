@@ -55,7 +55,7 @@ def block_range(n_clients: int, size: int, rank: int, group: int = 1) -> range:
 #: else about GROUP_MEMBERS members of a round's client set per group
 GROUP_FROM_CLIENTS = 256
 GROUP_MEMBERS = 16
-#: rows narrower than this are summed client by client even with summation groups (:func:`_exact_sums`)
+#: rows narrower than this are summed client by client even with summation groups (:func:`_exact_deposits`)
 GROUP_MIN_WIDTH = 4096
 
 
@@ -217,14 +217,14 @@ class _ExactDeposits:
             self.groups.flush()
 
 
-def _exact_sums(d: int, dtype: torch.dtype, device, group: int) -> tuple[exactsum.BinnedSum, _ExactDeposits]:
-    """The binned sum of an exact reduction of (d,) rows of ``dtype`` and its deposits, with summation groups'
+def _exact_deposits(d: int, dtype: torch.dtype, device, group: int) -> _ExactDeposits:
+    """The deposits into a new binned sum of an exact reduction of (d,) rows of ``dtype``, with summation groups'
     sums when the groups hold more than one client id and the rows are at least :data:`GROUP_MIN_WIDTH` wide
     (narrower rows cost less to deposit one by one than a product per group: each client's row exactly, as with
     groups of one; d is the config's, so the choice is the same on every rank and in every chunk)."""
     binned = exactsum.BinnedSum(d, exactsum.bins_for(dtype), device=device)
     groups = _GroupDeposits(binned, group) if group > 1 and d >= GROUP_MIN_WIDTH else None
-    return binned, _ExactDeposits(binned, groups)
+    return _ExactDeposits(binned, groups)
 
 
 #: group sums wait in a buffer of at most this many bytes (and _GROUP_BUFFER_ROWS rows) and are deposited
@@ -506,7 +506,7 @@ class Federation:
         m = part.size
         total = None if weights is None else float(np.sum(weights))
         w = np.full(m, 1.0 / m) if weights is None else np.asarray(weights, dtype=np.float64) / (total or 1.0)
-        buf, w_t, dims, binned, deposits, dtype = None, None, [], None, None, None
+        buf, w_t, dims, deposits, dtype = None, None, [], None, None
         for piece, rows in pieces:
             rows = list(rows)
             if w_t is None:
@@ -514,7 +514,7 @@ class Federation:
                 exact = self.reduction == "exact"
                 w_t = torch.as_tensor(w, dtype=torch.float64 if exact else dtype, device=rows[0].device)
                 if exact:
-                    binned, deposits = _exact_sums(sum(dims), dtype, w_t.device, part.group)
+                    deposits = _exact_deposits(sum(dims), dtype, w_t.device, part.group)
                 elif self.reduction == "ordered":
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
@@ -529,11 +529,11 @@ class Federation:
                 buf = weighted if buf is None else buf.add_(weighted)
         assert w_t is not None and dtype is not None, "no piece of rows to reduce"
         payload = sum(dims) * torch.empty((), dtype=dtype).element_size()  # what the algorithm sends
-        if binned is not None:
-            self._allreduce_binned_(binned, payload, deposits)
+        if deposits is not None:
+            self._allreduce_binned_(deposits.binned, payload, deposits)
             if total == 0.0 and fallback is not None:
                 return list(fallback)
-            return list(torch.split(binned.value().to(dtype), dims))
+            return list(torch.split(deposits.binned.value().to(dtype), dims))
         if buf is None:  # a rank without members contributes zeros
             buf = torch.zeros(sum(dims), dtype=w_t.dtype, device=w_t.device)
         buf = buf.contiguous()
