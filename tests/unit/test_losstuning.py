@@ -242,3 +242,34 @@ def test_factored_hessian_vector_rows_equal_the_oracle_and_sum_by_groups(hidden)
     dense_rows = wide.hvp_rows(clients, X, Y, R, s)
     assert isinstance(dense_rows, torch.Tensor)
     torch.testing.assert_close(dense_rows, wide.hvp_yy_inner(clients, X, Y, R, s), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("oracle", ["grad_y_inner", "grad_y_outer"])
+@pytest.mark.parametrize("tune_loss", [True, False])
+def test_factored_gradient_rows_equal_the_oracle_and_sum_by_groups(oracle, tune_loss):
+    """gradient_rows (FedInn's anchor and FedIHGP's right-hand side under summation groups): its rows are the
+    oracle's to rounding; a group's sum is its rows' weighted sum; a client's factors have the same bits alone
+    or in a block; counted as the oracle; None at a y that is not shared."""
+    from fednest_mpi.problems.base import shared_rows
+
+    cfg = _cfg(tune_loss=tune_loss, hypergradient_batch_size=2, batch_size=2)  # factors smaller than rows
+    prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(6)
+    clients = np.array([5, 9, 4, 11])
+    x = 0.3 * torch.randn(prob.dim_x, generator=gen, dtype=torch.float64)
+    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    X, Y = shared_rows(x, 4), shared_rows(y, 4)
+    s = Sample(rng.key(8), 1)
+    before = prob.oracle_counts[oracle]
+    rows = prob.gradient_rows(oracle, clients, X, Y, s)
+    assert prob.oracle_counts[oracle] - before == 4
+    plain = getattr(prob, oracle)(clients, X, Y, s)
+    torch.testing.assert_close(rows.dense(), plain, rtol=1e-12, atol=1e-12)
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    out = torch.empty(prob.dim_y, dtype=torch.float64)
+    rows.group_sum(1, 4, w[1:4], out)
+    torch.testing.assert_close(out, w[1:4] @ plain[1:4], rtol=1e-12, atol=1e-12)
+    alone = prob.gradient_rows(oracle, clients[2:3], X[:1], Y[:1], s)  # computed as two copies
+    assert all(torch.equal(a, b[2:3]) for fa, fb in zip(alone.factors, rows.factors) for a, b in zip(fa, fb))
+    assert torch.equal(alone.dense(), rows.dense(2, 3))
+    assert prob.gradient_rows(oracle, clients, X, Y.clone(), s) is None  # y not shared: the oracle's own path

@@ -180,12 +180,15 @@ class Estimator(ABC):
     def outer_gradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
         """v = mean_S nabla_y f_i(x, y) (one round; the right-hand side of every estimator)."""
         alg = self.alg
+        factored = alg.fed.sums_groups and hasattr(alg.problem, "gradient_rows")  # summed by groups
 
         def rows(piece):
             ids, m = piece.local_ids, piece.local_ids.size
-            return [alg.problem.grad_y_outer(ids, alg._rows(x, m), alg._rows(y, m), self.outer_sample(k))]
+            X, Y, sample = alg._rows(x, m), alg._rows(y, m), self.outer_sample(k)
+            grad = alg.problem.gradient_rows("grad_y_outer", ids, X, Y, sample) if factored else None
+            return [alg.problem.grad_y_outer(ids, X, Y, sample) if grad is None else grad]
 
-        (v,) = alg.mean_y_side(S, rows)
+        (v,) = alg.mean_y_side(S, rows, factored=factored)
         return v
 
     def outer_sample(self, k: int) -> Sample:

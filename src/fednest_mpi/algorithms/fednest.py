@@ -78,6 +78,7 @@ class InnerLevel(Algorithm):
         round), recording the members' inner losses and anchor norms; None for LFedInn (Alg. 6),
         which records the losses only."""
         prob, rec = self.problem, self.recorder
+        factored = self.fed.sums_groups and hasattr(prob, "gradient_rows")  # summed by groups: factored, if it can
 
         def anchors(piece):
             ids = piece.local_ids
@@ -88,15 +89,17 @@ class InnerLevel(Algorithm):
                 return []
             with prob.outer_fixed(ids, x):
                 rec.record("inner_loss", ids, lambda: prob.inner_value(ids, X, Y0))
-                anchor = prob.grad_y_inner(ids, X, Y0, None)
-            rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
+                anchor = prob.gradient_rows("grad_y_inner", ids, X, Y0, None) if factored else None
+                if anchor is None:
+                    anchor = prob.grad_y_inner(ids, X, Y0, None)
+            rec.record("inner_gradient_norm", ids, lambda: row_norms(dense(anchor)))
             return [anchor]
 
         if not self.inner_variance_reduction:  # every call here is at the shared x: y-side chunks
             for piece in S.chunks(self.fed.chunk_for(self.problem.y_side_bytes())):
                 anchors(piece)
             return None
-        (q,) = self.mean_y_side(S, anchors)
+        (q,) = self.mean_y_side(S, anchors, factored=factored)
         return q
 
     def _inner_local(self, ids: np.ndarray, k: int, t: int, x, y, q) -> torch.Tensor:

@@ -192,13 +192,13 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         return itemsize * (self.dim_y + 2 * rows * widths + 4 * self.cfg.batch_size * widths)
 
     def factored_rows_bytes(self) -> int | None:
-        """The working set per client of :meth:`hvp_rows` where its factors are the smaller: per sample of the
-        second-order batch, its gathered inputs and, at every layer, the forward pass, its R-forward, the deltas
+        """The working set per client of :meth:`hvp_rows` (and :meth:`gradient_rows`, which holds less) where its
+        factors are the smaller: per sample of the wider split or the second-order batch, its gathered inputs and, at every layer, the forward pass, its R-forward, the deltas
         and their R-derivatives, and the concatenated factors (12 numbers per layer output); None otherwise (the
         dense rows: the default estimate), or where a subclass computes the product its own way."""
         if type(self)._hvp_yy_inner is not LossTuningProblem._hvp_yy_inner:
             return None
-        width = self.inner.index.shape[1]
+        width = max(self.inner.index.shape[1], self.outer.index.shape[1])
         rows = width if self.cfg.hypergradient_batch_size <= 0 else min(width, self.cfg.hypergradient_batch_size)
         if 2 * rows * sum(o + i for o, i in self.shapes) >= self.dim_y:
             return None
@@ -286,6 +286,35 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
             r_G.mul_(scale)
         deltas = mlp.backward(layers, pre, G)
         return inputs, deltas, r_inputs, mlp.r_backward(layers, direction, pre, deltas, r_G)
+
+    def gradient_rows(self, oracle: str, clients, x, y, sample) -> mlp.GradientRows | None:
+        """nabla_y g_i (``oracle = "grad_y_inner"``, FedInn's anchor) or nabla_y f_i (``"grad_y_outer"``, FedIHGP's
+        right-hand side) of :meth:`grad_y_inner` / :meth:`grad_y_outer` at the shared y, factored
+        (:class:`~fednest_mpi.problems.mlp.GradientRows`: per layer delta against h, and lambda y shared for g),
+        for the exact reduction's summation groups; counted as the oracle; made dense where the factors are not
+        the smaller. None where the closed form does not apply (y not shared) or a subclass has its own oracle."""
+        own = getattr(LossTuningProblem, "_" + oracle)
+        if getattr(type(self), "_" + oracle) is not own or not self._shared(y):
+            return None
+        self.oracle_counts[oracle] += len(clients)
+        rows = _one_client_as_two(self._gradient_factors, np.asarray(clients), oracle, x, y, sample)
+        return rows if rows.compact else rows.dense()
+
+    def _gradient_factors(self, clients, oracle, x, y, sample) -> mlp.GradientRows:
+        if oracle == "grad_y_inner":
+            layers, inputs, pre, t, w, scale, shift = self._shared_pass(
+                self.inner, clients, x, y, sample, self.cfg.batch_size
+            )
+            G, _ = self._inner_residual(pre[-1], t, w, scale, shift)
+            shared = self.cfg.inner_regularization * y[0]
+        else:
+            layers, inputs, pre, t, w, _, _ = self._shared_pass(
+                self.outer, clients, x, y, sample, self.cfg.hypergradient_batch_size
+            )
+            G, _ = self._softmax_residual(pre[-1], t, w * self.class_weights[t])
+            shared = torch.zeros_like(y[0])
+        deltas = mlp.backward(layers, pre, G)
+        return mlp.GradientRows([(delta, h, delta.sum(1)) for h, delta in zip(inputs, deltas)], shared)
 
     def hvp_rows(self, clients, x, y, v, sample) -> mlp.GradientRows | None:
         """nabla^2_yy g_i v of :meth:`hvp_yy_inner`, factored (:class:`~fednest_mpi.problems.mlp.GradientRows`:
