@@ -193,9 +193,10 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
 
     def factored_rows_bytes(self) -> int | None:
         """The working set per client of :meth:`hvp_rows` (and :meth:`gradient_rows`, which holds less) where its
-        factors are the smaller: per sample of the wider split or the second-order batch, its gathered inputs and, at every layer, the forward pass, its R-forward, the deltas
-        and their R-derivatives, and the concatenated factors (12 numbers per layer output); None otherwise (the
-        dense rows: the default estimate), or where a subclass computes the product its own way."""
+        factors are the smaller: per sample of the wider split or the second-order batch, its gathered inputs
+        and, at every layer, the forward pass, its R-forward, the deltas and their R-derivatives, and the
+        concatenated factors (12 numbers per layer output); None otherwise (the dense rows: the default
+        estimate), or where a subclass computes the product its own way."""
         if type(self)._hvp_yy_inner is not LossTuningProblem._hvp_yy_inner:
             return None
         width = max(self.inner.index.shape[1], self.outer.index.shape[1])
