@@ -147,12 +147,43 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
         }                                                                                                       \
     } while (0)
 
-/* One block of rows of a tile, NB bins: the speculative pass, then the columns whose window moves, again. */
+/* Rows [b0, b1) of a tile: mx[j] = the largest |value|'s bit pattern of column j, nothing sliced. */
+#define MAXIMA(T)                                                                                               \
+    do {                                                                                                        \
+        for (int64_t b = b0; b < b1; b++) {                                                                     \
+            const T *p0 = values + b * ld + lo;                                                                 \
+            const double w0 = w[b - b0];                                                                        \
+            for (int64_t j = 0; j < n; j++) {                                                                   \
+                uint64_t u = bits_of(fabs((double)p0[j] * w0));                                                 \
+                mx[j] = u > mx[j] ? u : mx[j];                                                                  \
+            }                                                                                                   \
+        }                                                                                                       \
+    } while (0)
+
+/* One block of rows of a tile, NB bins. Into a tile whose bins are all empty (every top TOP_MIN: a fresh sum,
+ * e.g. a buffer of summation groups' sums), the windows are set from the block's maxima first and the block
+ * sliced once; elsewhere the speculative pass, then the columns whose window moves, again. */
 #define BLOCK(T, NB)                                                                                            \
     do {                                                                                                        \
+        int fresh = 1;                                                                                          \
         for (int64_t j = 0; j < n; j++) {                                                                       \
             mx[j] = 0;                                                                                          \
+            fresh &= top[lo + j] == TOP_MIN;                                                                    \
             for (int k = 0; k < (NB); k++) blk[k][j] = 0.0;                                                     \
+        }                                                                                                       \
+        if (fresh) {                                                                                            \
+            MAXIMA(T);                                                                                          \
+            for (int64_t j = 0; j < n; j++)                                                                     \
+                if (mx[j] >= limit[j]) {                                                                        \
+                    int64_t t = top_of(mx[j]);                                                                  \
+                    align_column(bins, ld_bins, NB, top, lo + j, t);                                            \
+                    limit[j] = limit_of(t);                                                                     \
+                    for (int k = 0; k < (NB); k++) sigma[k][j] = sigma_of(t, k);                                \
+                }                                                                                               \
+            SWEEP(T, NB, 0);                                                                                    \
+            for (int64_t j = 0; j < n; j++)                                                                     \
+                for (int k = 0; k < (NB); k++) bins[k * ld_bins + lo + j] += blk[k][j];                         \
+            break;                                                                                              \
         }                                                                                                       \
         SWEEP(T, NB, 1);                                                                                        \
         int rises = 0;                                                                                          \
