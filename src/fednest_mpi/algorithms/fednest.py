@@ -256,7 +256,7 @@ class GlobalHypergradient(Algorithm):
             self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(dense(h_i)))
             return [h_i]
 
-        client_bytes = prob.factored_rows_bytes() if factored else None  # None: the default chunks
+        client_bytes = prob.factored_rows_bytes() if factored else prob.x_side_bytes()  # None: the default chunks
         (h,) = self.fed.mean_over(S, local_hypergradients, client_bytes=client_bytes)
         return h
 

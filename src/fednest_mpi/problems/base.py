@@ -303,6 +303,13 @@ class BilevelProblem(ABC):
         a large d1 then no longer limits the chunks of a round's many y-side calls."""
         return None
 
+    def x_side_bytes(self) -> int | None:
+        """Working set per client of FedOut's hypergradient direction at the shared y (``grad_x_outer`` and
+        ``jvp_xy_inner``: rows of x per client, none of y), when it is smaller than :meth:`client_bytes` (whose
+        estimate must cover rows of y per client); None: that estimate. It sizes those calls' chunks
+        (``Federation.chunk_for``), which change no bit of the result."""
+        return None
+
     def factored_rows_bytes(self) -> int | None:
         """Working set per client of the factored-row oracles that the exact reduction's summation groups call
         instead of the dense ones (``hvp_rows``, ``hypergradient_rows``: a few factors per client, never a row of

@@ -191,19 +191,32 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
         widths = sum(self.widths)
         return itemsize * (self.dim_y + 2 * rows * widths + 4 * self.cfg.batch_size * widths)
 
+    def x_side_bytes(self) -> int | None:
+        """Per client, rows of the 2C numbers of x and the second-order pass (:meth:`_pass_bytes`); None where a
+        subclass computes the Jacobian product its own way."""
+        if type(self)._jvp_xy_inner is not LossTuningProblem._jvp_xy_inner:
+            return None
+        return self._pass_bytes() + 8 * self.dim_x * self.dtype.itemsize
+
     def factored_rows_bytes(self) -> int | None:
         """The working set per client of :meth:`hvp_rows` (and :meth:`gradient_rows`, which holds less) where its
-        factors are the smaller: per sample of the wider split or the second-order batch, its gathered inputs
-        and, at every layer, the forward pass, its R-forward, the deltas and their R-derivatives, and the
-        concatenated factors (12 numbers per layer output); None otherwise (the dense rows: the default
-        estimate), or where a subclass computes the product its own way."""
+        factors are the smaller (:meth:`_pass_bytes`); None otherwise (the dense rows: the default estimate), or
+        where a subclass computes the product its own way."""
         if type(self)._hvp_yy_inner is not LossTuningProblem._hvp_yy_inner:
             return None
-        width = max(self.inner.index.shape[1], self.outer.index.shape[1])
-        rows = width if self.cfg.hypergradient_batch_size <= 0 else min(width, self.cfg.hypergradient_batch_size)
-        if 2 * rows * sum(o + i for o, i in self.shapes) >= self.dim_y:
+        if 2 * self._pass_rows() * sum(o + i for o, i in self.shapes) >= self.dim_y:
             return None
-        return self.dtype.itemsize * rows * (N_PIXELS + 12 * sum(self.widths))
+        return self._pass_bytes()
+
+    def _pass_rows(self) -> int:
+        """Samples per client of the widest pass at the shared y: the wider split, or the second-order batch."""
+        width = max(self.inner.index.shape[1], self.outer.index.shape[1])
+        return width if self.cfg.hypergradient_batch_size <= 0 else min(width, self.cfg.hypergradient_batch_size)
+
+    def _pass_bytes(self) -> int:
+        """Per sample of :meth:`_pass_rows`: its gathered inputs and, at every layer, the forward pass, its
+        R-forward, the deltas and their R-derivatives and the concatenated factors (12 numbers per layer output)."""
+        return self.dtype.itemsize * self._pass_rows() * (N_PIXELS + 12 * sum(self.widths))
 
     # -- oracles: closed form when y (and v) are the shared global rows (mlp.py), else reverse-mode
     # -- autograd on the batched network (AutogradOracles); x frozen at 0 when the loss is not tuned --
