@@ -30,9 +30,11 @@ or straight to MPI when it reports CUDA support (:func:`cuda_aware_mpi`).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -169,21 +171,35 @@ class _ExactDeposits:
       each group's sum instead;
     * a row shared by every member of a piece (stride 0, e.g. FedOut's x - alpha h at tau = 1) with one weight
       is deposited once for all, with or without groups, and waits while the next pieces share the same row
-      and weight: n copies cost one deposit (:meth:`~fednest_mpi.exactsum.BinnedSum.add`), not one per piece."""
+      and weight: n copies cost one deposit (:meth:`~fednest_mpi.exactsum.BinnedSum.add`), not one per piece;
+    * with groups, the part of a factored form that every client's row holds once (its ``shared_row``, e.g. the
+      starting weights of FedAvg's local models) is left out of the groups' sums and deposited once for the
+      round, times the round's total weight ``shared_weight`` (a correctly rounded sum of all members' weights,
+      the same on every rank), by the one rank that holds the round's slot ``first_slot`` (its first member
+      with a weight): the same decomposition of the sum on any number of ranks and chunks, without a pass over
+      the shared row per group."""
 
-    def __init__(self, binned: exactsum.BinnedSum, groups: _GroupDeposits | None):
+    def __init__(
+        self, binned: exactsum.BinnedSum, groups: _GroupDeposits | None, first_slot: int = 0, shared_weight=1.0
+    ):
         self.binned, self.groups = binned, groups
         self.shared: tuple[torch.Tensor, torch.Tensor] | None = None  # (the (1, d) row, its (1,) weight)
         self.copies = 0
+        self.first_slot, self.shared_weight = first_slot, shared_weight
+        self.round_shared: list[tuple[int, torch.Tensor]] | None = None  # (offset, shared row) of the forms
 
-    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray) -> None:
-        """Deposit ``weights[b] * row_b`` of a piece's rows (``ids``: their clients, increasing)."""
+    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray, slots: np.ndarray | None = None) -> None:
+        """Deposit ``weights[b] * row_b`` of a piece's rows (``ids``: their clients, increasing; ``slots``: their
+        places in the round, by default 0, 1, ...)."""
         if len(rows) == 1 and isinstance(rows[0], torch.Tensor) and rows[0].stride(0) == 0:
             self._add_shared(rows[0], weights)
         elif len(rows) == 1 and isinstance(rows[0], torch.Tensor) and self.groups is None:
             self.binned.add(rows[0], weights=weights)
         elif self.groups is not None:
-            self.groups.add(rows, weights, ids)
+            forms = self.groups.add(rows, weights, ids)
+            slots = np.arange(ids.size) if slots is None else slots
+            if forms and self.round_shared is None and bool(np.any(slots == self.first_slot)):
+                self.round_shared = [(at, form.shared_row()) for at, form in forms]
         else:
             d = sum(int(r.shape[1]) for r in rows)
             size = torch.empty((), dtype=rows[0].dtype).element_size()
@@ -211,20 +227,29 @@ class _ExactDeposits:
             self.shared, self.copies = None, 0
 
     def flush(self) -> None:
-        """Deposit what waits: the shared row's copies and the summation groups' sums."""
+        """Deposit what waits: the shared row's copies, the summation groups' sums and the forms' shared part."""
         self._deposit_shared()
         if self.groups is not None:
             self.groups.flush()
+        if self.round_shared:
+            row = torch.zeros((1, self.binned.bins.shape[1]), dtype=self.round_shared[0][1].dtype)
+            for at, part in self.round_shared:
+                row[0, at : at + part.shape[0]] = part
+            weight = torch.tensor([self.shared_weight], dtype=torch.float64, device=self.binned.bins.device)
+            self.binned.add(row.to(self.binned.bins.device), weights=weight)
+            self.round_shared = []  # deposited: once for the round
 
 
-def _exact_deposits(d: int, dtype: torch.dtype, device, group: int) -> _ExactDeposits:
+def _exact_deposits(d: int, dtype: torch.dtype, device, group: int, w: np.ndarray) -> _ExactDeposits:
     """The deposits into a new binned sum of an exact reduction of (d,) rows of ``dtype``, with summation groups'
     sums when the groups hold more than one client id and the rows are at least :data:`GROUP_MIN_WIDTH` wide
     (narrower rows cost less to deposit one by one than a product per group: each client's row exactly, as with
-    groups of one; d is the config's, so the choice is the same on every rank and in every chunk)."""
+    groups of one; d is the config's, so the choice is the same on every rank and in every chunk); ``w``: the
+    round's weights (:class:`_ExactDeposits`: the shared part of factored forms)."""
     binned = exactsum.BinnedSum(d, exactsum.bins_for(dtype), device=device)
     groups = _GroupDeposits(binned, group) if group > 1 and d >= GROUP_MIN_WIDTH else None
-    return _ExactDeposits(binned, groups)
+    positive = np.flatnonzero(w > 0)
+    return _ExactDeposits(binned, groups, int(positive[0]) if positive.size else 0, math.fsum(w.tolist()))
 
 
 #: group sums wait in a buffer of at most this many bytes (and _GROUP_BUFFER_ROWS rows) and are deposited
@@ -242,12 +267,16 @@ class _GroupDeposits:
         self.binned, self.group, self.n = binned, group, 0
         self.buffer: torch.Tensor | None = None  # (rows, d), made at the first group
 
-    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray) -> None:
+    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray) -> list[tuple[int, Any]]:
         """Each group's sum_b w_b row_b of a piece's rows (``ids``: their clients, increasing): a factored form by
         its own ``group_sum`` (e.g. one GEMM of the factors of :class:`~fednest_mpi.problems.shared_start.\
 LowRankRows`), plain rows (and a factored form without it, made dense) by one (1, m) x (m, d) GEMM (strict
-        MKL, :mod:`fednest_mpi.numerics`: the same bits for the same shapes wherever the rows lie)."""
+        MKL, :mod:`fednest_mpi.numerics`: the same bits for the same shapes wherever the rows lie). A factored
+        form with a ``shared_row`` (a part every client's row holds once) is summed without it: returns such
+        forms with their offsets in the row, whose shared part :class:`_ExactDeposits` adds once for the round."""
         d, dtype = sum(int(r.shape[1]) for r in rows), rows[0].dtype
+        offsets = np.cumsum([0] + [int(r.shape[1]) for r in rows])[:-1].tolist()
+        forms = [(at, r) for at, r in zip(offsets, rows) if hasattr(r, "group_sum") and hasattr(r, "shared_row")]
         if self.buffer is None:
             size = torch.empty((), dtype=dtype).element_size()
             n_rows = max(1, min(_GROUP_BUFFER_ROWS, _GROUP_BUFFER_BYTES // (d * size)))
@@ -261,10 +290,13 @@ LowRankRows`), plain rows (and a factored form without it, made dense) by one (1
             for r in rows:
                 target = self.buffer[self.n - 1, at : at + int(r.shape[1])]
                 at += int(r.shape[1])
-                if hasattr(r, "group_sum"):
+                if hasattr(r, "shared_row"):
+                    r.group_sum(lo, hi, w[lo:hi], target, shared=False)
+                elif hasattr(r, "group_sum"):
                     r.group_sum(lo, hi, w[lo:hi], target)
                 else:
                     torch.mm(w[None, lo:hi], dense(r, lo, hi), out=target[None])
+        return forms
 
     def flush(self) -> None:
         """Deposit the waiting sums."""
@@ -514,13 +546,13 @@ class Federation:
                 exact = self.reduction == "exact"
                 w_t = torch.as_tensor(w, dtype=torch.float64 if exact else dtype, device=rows[0].device)
                 if exact:
-                    deposits = _exact_deposits(sum(dims), dtype, w_t.device, part.group)
+                    deposits = _exact_deposits(sum(dims), dtype, w_t.device, part.group, w)
                 elif self.reduction == "ordered":
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)
             if deposits is not None:
                 if slots.numel():
-                    deposits.add(rows, w_t[slots], piece.local_ids)
+                    deposits.add(rows, w_t[slots], piece.local_ids, piece.local_slots)
             elif self.reduction == "ordered":
                 assert buf is not None
                 buf[slots] = _dense_block(rows)

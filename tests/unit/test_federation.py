@@ -146,3 +146,39 @@ def test_a_shared_row_waits_across_pieces_and_gives_the_bits_of_one_deposit_per_
     assert torch.equal(total(True), total(False))
     direct = (0.12 * row.double() + 0.03 * other.double() + 0.12 * row.double())[0]
     torch.testing.assert_close(total(True), direct, rtol=1e-8, atol=0)  # float32 payload: 33 bits kept
+
+
+def test_a_factored_forms_shared_part_is_deposited_once_for_the_round_by_the_first_members_piece():
+    """Under summation groups a form's shared row (here FedIHGP's r - eta lambda v of mlp.GradientRows) is left
+    out of the groups' sums and deposited once, times the round's total weight, where the round's first weighted
+    member is: the same bits for any cut of the round into pieces (the first member in any of them), and the
+    weighted sum of the dense rows to rounding."""
+    import torch
+
+    from fednest_mpi import exactsum
+    from fednest_mpi.federation import _exact_deposits
+    from fednest_mpi.problems.mlp import GradientRows
+
+    gen = torch.Generator().manual_seed(4)
+    C, d = 40, 3 * 5 + 3
+    factors = [(torch.randn(C, 4, 3, generator=gen, dtype=torch.float64),
+                torch.randn(C, 4, 5, generator=gen, dtype=torch.float64),
+                torch.randn(C, 3, generator=gen, dtype=torch.float64))]
+    rows = GradientRows(factors, torch.randn(d, generator=gen, dtype=torch.float64), scale=-0.3)
+    ids = np.sort(rng.sample_without_replacement(2, 200, C))
+    w = np.where(np.arange(C) < 3, 0.0, np.linspace(0.5, 1.5, C))  # the first weighted member: slot 3
+    w = w / w.sum()
+
+    def total(cuts):
+        deposits = _exact_deposits(d, torch.float64, "cpu", 10, w)
+        for lo, hi in zip(cuts, cuts[1:]):
+            deposits.add([rows.part(lo, hi)], torch.as_tensor(w[lo:hi]), ids[lo:hi], np.arange(lo, hi))
+        deposits.flush()
+        assert isinstance(deposits.binned, exactsum.BinnedSum)
+        return deposits.binned.value()
+
+    starts = [int(i) for i in np.flatnonzero(np.diff(ids // 10)) + 1]
+    whole = total([0, C])
+    assert torch.equal(whole, total([0, *starts[::2], C]))
+    assert torch.equal(whole, total([0, starts[0], C]))
+    torch.testing.assert_close(whole, torch.as_tensor(w) @ rows.dense(), rtol=1e-12, atol=1e-12)

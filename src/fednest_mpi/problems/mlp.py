@@ -151,9 +151,14 @@ class GradientRows:
         self.group_sum(0, self.shape[0], w, out)
         return out
 
-    def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor) -> None:
+    def shared_row(self) -> torch.Tensor:
+        """The (d,) row every client's row holds once."""
+        return self.shared
+
+    def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor, shared: bool = True) -> None:
         """sum_i w_i row_i over clients lo..hi-1 into ``out`` (d,): per layer one GEMM of the clients' scaled L
-        and R (a shape that depends on the clients only) and one product for the biases, then sum(w) shared."""
+        and R (a shape that depends on the clients only) and one product for the biases, then sum(w) shared
+        (``shared=False``: not that; the caller adds it once for all groups)."""
         ws = w * self.scale
         at = 0
         for L, R, b in self.factors:
@@ -162,7 +167,8 @@ class GradientRows:
             torch.mm(scaled.T, R[lo:hi].flatten(0, 1), out=out[at : at + n_out * n_in].view(n_out, n_in))
             out[at + n_out * n_in : at + n_out * n_in + n_out] = ws @ b[lo:hi]
             at += n_out * n_in + n_out
-        out.add_(self.shared, alpha=float(w.sum()))
+        if shared:
+            out.add_(self.shared, alpha=float(w.sum()))
 
 
 def r_forward(

@@ -93,19 +93,32 @@ class LowRankRows:
             [b[lo:hi] for b in self.biases],
         )
 
-    def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor) -> None:
+    def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor, shared: bool = True) -> None:
         """sum_i w_i row_i over clients lo..hi-1 (``w``: their weights) into ``out`` (d,), from these clients'
         factors alone: per layer one GEMM of their (steps x batch) history rows, whose number is the same for
         every client (padded samples are zero rows), so its shape, and with it its bits, depends on the
-        clients only, not on the block they were computed in (the exact reduction's summation groups)."""
+        clients only, not on the block they were computed in (the exact reduction's summation groups).
+        ``shared=False``: without sum(w) times :meth:`shared_row` (the caller adds it once for all groups)."""
         at = 0
         for W, H, D, b in zip(self.shared, self.inputs, self.grads, self.biases):
             scaled = (D[lo:hi] * w[:, None, None]).flatten(0, 1)
             rows = out[at : at + W.numel()].view(W.shape)
-            torch.addmm(W, scaled.T, H[lo:hi].flatten(0, 1), beta=float(w.sum()), out=rows)
+            if shared:
+                torch.addmm(W, scaled.T, H[lo:hi].flatten(0, 1), beta=float(w.sum()), out=rows)
+            else:
+                torch.mm(scaled.T, H[lo:hi].flatten(0, 1), out=rows)
             at += W.numel()
             out[at : at + W.shape[0]] = w @ b[lo:hi]
             at += W.shape[0]
+
+    def shared_row(self) -> torch.Tensor:
+        """The (d,) part every client's row holds once: the shared weights, zeros at the (per-client) biases."""
+        out = torch.zeros(self.shape[1], dtype=self.dtype, device=self.device)
+        at = 0
+        for W in self.shared:
+            out[at : at + W.numel()] = W.reshape(-1)
+            at += W.numel() + W.shape[0]
+        return out
 
     def dense(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         """The (hi - lo, d) rows of clients lo..hi-1 (all by default); each client's row is the same
