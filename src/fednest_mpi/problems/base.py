@@ -312,9 +312,9 @@ class BilevelProblem(ABC):
 
     def factored_rows_bytes(self) -> int | None:
         """Working set per client of the factored-row oracles that the exact reduction's summation groups call
-        instead of the dense ones (``hvp_rows``, ``hypergradient_rows``: a few factors per client, never a row of
-        x or y per client), when it is smaller than the dense calls' estimate; None: that estimate. It sizes those
-        calls' chunks (``Federation.chunk_for``), which change no bit of the result."""
+        instead of the dense ones (``hvp_rows``, ``gradient_rows``, ``hypergradient_rows``: a few factors per
+        client, never a row of x or y per client), when it is smaller than the dense calls' estimate; None: that
+        estimate. It sizes those calls' chunks (``Federation.chunk_for``), which change no bit of the result."""
         return None
 
     # -- values (optional, not counted) ------------------------------------------------------------
