@@ -42,8 +42,12 @@ ROUND_COUNTS = ("answered_rounds", "dropped_rounds")
 CLIENT_VALUES = tuple(name for name in S.CLIENT_SERIES if name != "participation" and name not in ROUND_COUNTS)
 
 
-def row_norms(rows: torch.Tensor) -> torch.Tensor:
-    """Euclidean norm of every row of a (B, d) tensor."""
+def row_norms(rows) -> torch.Tensor:
+    """Euclidean norm of every row of a (B, d) tensor, or of a factored form's rows from its factors
+    (its ``row_norms()``, e.g. :class:`~fednest_mpi.problems.representation.OuterProductRows`): a per-client
+    series never forms the dense rows that the summation groups avoid."""
+    if not isinstance(rows, torch.Tensor):
+        return rows.row_norms()
     return torch.linalg.vector_norm(rows, dim=1)
 
 

@@ -102,6 +102,10 @@ def test_factored_hypergradient_rows_are_the_oracles_difference_and_sum_by_group
     alone = prob.hypergradient_rows(ids[2:3], X[2:3], Y[2:3], V[2:3], s_out, s_jvp)  # computed as two copies
     assert torch.equal(alone.G, rows.G[2:3]) and torch.equal(alone.inputs, rows.inputs[2:3])
     assert torch.equal(alone.dense(), rows.dense(2, 3))
+    from fednest_mpi.recorder import row_norms  # the per-client series from the factors: the dense rows' norms
+
+    torch.testing.assert_close(row_norms(rows), row_norms(rows.dense()), rtol=1e-10, atol=1e-12)
+    assert torch.equal(row_norms(alone), row_norms(rows)[2:3])
     narrow = problem[0]  # 6 hidden units, whole splits: the factors are not the smaller, so dense rows
     Xn, Yn, Vn = (r[:, :d].contiguous() for r, d in ((X, narrow.dim_x), (Y, narrow.dim_y), (V, narrow.dim_y)))
     got = narrow.hypergradient_rows(ids, Xn, Yn, Vn, s_out, s_jvp)

@@ -273,3 +273,28 @@ def test_factored_gradient_rows_equal_the_oracle_and_sum_by_groups(oracle, tune_
     assert all(torch.equal(a, b[2:3]) for fa, fb in zip(alone.factors, rows.factors) for a, b in zip(fa, fb))
     assert torch.equal(alone.dense(), rows.dense(2, 3))
     assert prob.gradient_rows(oracle, clients, X, Y.clone(), s) is None  # y not shared: the oracle's own path
+
+
+def test_factored_rows_norms_equal_the_dense_rows_norms():
+    """The per-client series of norms (recorder.row_norms) from GradientRows' factors: the norms of the dense
+    rows to rounding, with and without a shared row and a scale (FedIHGP's r - eta Hr); a client alone gives
+    the bits it has in a block."""
+    from fednest_mpi.problems.base import shared_rows
+    from fednest_mpi.recorder import row_norms
+
+    cfg = _cfg(hypergradient_batch_size=2, batch_size=2)
+    prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(9)
+    clients = np.array([5, 9, 4, 11])
+    x = 0.3 * torch.randn(prob.dim_x, generator=gen, dtype=torch.float64)
+    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    r = torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    X, Y, R = (shared_rows(a, 4) for a in (x, y, r))
+    s = Sample(rng.key(3), 1)
+    for rows in (
+        prob.gradient_rows("grad_y_inner", clients, X, Y, s),
+        prob.gradient_rows("grad_y_outer", clients, X, Y, s),
+        prob.hvp_rows(clients, X, Y, R, s).plus_scaled(r, -0.3),
+    ):
+        torch.testing.assert_close(row_norms(rows), row_norms(rows.dense()), rtol=1e-10, atol=1e-12)
+        assert torch.equal(row_norms(rows[2:3]), row_norms(rows)[2:3])

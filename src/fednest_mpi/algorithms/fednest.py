@@ -92,7 +92,7 @@ class InnerLevel(Algorithm):
                 anchor = prob.gradient_rows("grad_y_inner", ids, X, Y0, None) if factored else None
                 if anchor is None:
                     anchor = prob.grad_y_inner(ids, X, Y0, None)
-            rec.record("inner_gradient_norm", ids, lambda: row_norms(dense(anchor)))
+            rec.record("inner_gradient_norm", ids, lambda: row_norms(anchor))
             return [anchor]
 
         if not self.inner_variance_reduction:  # every call here is at the shared x: y-side chunks
@@ -253,7 +253,7 @@ class GlobalHypergradient(Algorithm):
                     if p is None
                     else hypergradient_direction(prob, ids, X, Y, self._rows(p, n), s, jvp_sample)
                 )
-            self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(dense(h_i)))
+            self.recorder.record("local_hypergradient_norm", ids, lambda: row_norms(h_i))
             return [h_i]
 
         client_bytes = prob.factored_rows_bytes() if factored else prob.x_side_bytes()  # None: the default chunks

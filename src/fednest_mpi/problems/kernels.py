@@ -52,6 +52,21 @@ def rowwise_linear(rows: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tenso
     return out.view(*rows.shape[:-1], N)
 
 
+def gram_norms(products: list[tuple[torch.Tensor, torch.Tensor]], plain: torch.Tensor) -> torch.Tensor:
+    """sqrt(sum over the pairs (L, R) of ||L_i^T R_i||_F^2, plus ``plain``) per client i, in float64: for L (B, K,
+    out) and R (B, K, in), ||L^T R||_F^2 = sum((L L^T) o (R R^T)), K x K Gram matrices instead of the out x in
+    product (K a client's few samples). A block of one client is computed as two (``bmm`` multiplies a batch of
+    one by another kernel), so a client's value has the same bits in any block."""
+    total = plain.to(torch.float64)
+    for L, R in products:
+        if L.shape[0] == 1:
+            L, R = torch.cat([L, L]), torch.cat([R, R])
+        L, R = L.to(torch.float64), R.to(torch.float64)
+        gram = torch.bmm(L, L.transpose(1, 2)).mul_(torch.bmm(R, R.transpose(1, 2)))
+        total = total + gram.sum((1, 2))[: total.shape[0]]
+    return total.clamp_(min=0.0).sqrt_()
+
+
 def softmax_(logits: torch.Tensor) -> torch.Tensor:
     """softmax over the last axis, in place: exp(z - max z) / sum exp(z - max z). On CPU,
     ``torch.softmax`` over short rows (10 classes) is about 6x slower than these four vectorised

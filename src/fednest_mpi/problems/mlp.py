@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fednest_mpi.problems.kernels import rowwise_linear
+from fednest_mpi.problems.kernels import gram_norms, rowwise_linear
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # [(W_l (out, in), b_l (out,))]
 
@@ -154,6 +154,22 @@ class GradientRows:
     def shared_row(self) -> torch.Tensor:
         """The (d,) row every client's row holds once."""
         return self.shared
+
+    def row_norms(self) -> torch.Tensor:
+        """Each client's row norm from its factors, in float64 (:func:`~fednest_mpi.problems.kernels.gram_norms`):
+        ||shared + s F||^2 = ||shared||^2 + 2 s <shared, F> + s^2 ||F||^2 per layer, <S, L^T R> = sum((L S) o R)
+        and ||L^T R||^2 from K x K Gram matrices: no out x in product per client. In the rows' dtype."""
+        C, s, at = self.shape[0], self.scale, 0
+        plain = torch.zeros(C, dtype=torch.float64, device=self.device)
+        for L, R, b in self.factors:
+            n_out, n_in = L.shape[2], R.shape[2]
+            S_w = self.shared[at : at + n_out * n_in].view(n_out, n_in)
+            S_b = self.shared[at + n_out * n_in : at + n_out * n_in + n_out]
+            cross = (rowwise_linear(L, S_w) * R).sum((1, 2)).to(torch.float64)  # each row alone: any block
+            plain = plain + 2 * s * cross + (S_b.to(torch.float64) + s * b.to(torch.float64)).square().sum(1)
+            plain = plain + S_w.to(torch.float64).square().sum()
+            at += n_out * n_in + n_out
+        return gram_norms([(s * L, R) for L, R, _ in self.factors], plain).to(self.dtype)
 
     def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor, shared: bool = True) -> None:
         """sum_i w_i row_i over clients lo..hi-1 into ``out`` (d,): per layer one GEMM of the clients' scaled L

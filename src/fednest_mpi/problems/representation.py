@@ -50,7 +50,7 @@ from fednest_mpi.problems.base import (
     shared_rows,
     squared_norms,
 )
-from fednest_mpi.problems.kernels import rowwise_linear, softmax_
+from fednest_mpi.problems.kernels import gram_norms, rowwise_linear, softmax_
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
@@ -117,6 +117,12 @@ class OuterProductRows:
         out = torch.empty(self.shape[1], dtype=self.dtype, device=self.device)
         self.group_sum(0, self.shape[0], w, out)
         return out
+
+    def row_norms(self) -> torch.Tensor:
+        """Each client's row norm from its factors (:func:`~fednest_mpi.problems.kernels.gram_norms`: K x K Gram
+        matrices for the weights, ||sum_j G_j|| for the biases), in the rows' dtype."""
+        bias = self.G.sum(1).to(torch.float64).square().sum(1)
+        return gram_norms([(self.G, self.inputs)], bias).to(self.dtype)
 
     def group_sum(self, lo: int, hi: int, w: torch.Tensor, out: torch.Tensor) -> None:
         """sum_i w_i row_i over clients lo..hi-1 into ``out`` (d,): one GEMM of the clients' (K terms each)
