@@ -182,3 +182,46 @@ def test_fednest_learns_mnist_representation():
     )
     acc = simulate(cfg, MPI.COMM_SELF).history["test_accuracy"]
     assert acc[-1] > 60.0 and acc[-1] > acc[0] + 40.0
+
+
+def test_factored_head_rows_equal_the_y_side_oracles_and_sum_by_groups():
+    """gradient_rows and hvp_rows (the summation groups' y side: the head's logit terms against the features,
+    lambda y or lambda v shared): the oracles' rows to rounding, a group's sum, the per-client norms, a client
+    alone with the bits it has in a block, counted; None at a y that is not shared and where the factors are not
+    the smaller (a head narrower than a client's samples)."""
+    from fednest_mpi.problems.base import shared_rows
+    from fednest_mpi.recorder import row_norms
+
+    tiny = dict(n_clients=10000, batch_size=3, hypergradient_batch_size=0)  # clients of about 6 images
+    prob = build_problem(_cfg(hidden=64, **tiny).problem, 0, range(4, 12), dtype=torch.float64)
+    ids = np.array([4, 5, 7, 11])
+    gen = torch.Generator().manual_seed(2)
+    x, y, v = (0.2 * torch.randn(d, dtype=torch.float64, generator=gen) for d in (prob.dim_x, prob.dim_y, prob.dim_y))
+    X, Y, V = shared_rows(x, 4), shared_rows(y, 4), shared_rows(v, 4)
+    s = Sample(rng.key(5), 1)
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    cases = [
+        ("grad_y_inner", prob.gradient_rows("grad_y_inner", ids, X, Y, s), lambda: prob.grad_y_inner(ids, X, Y, s)),
+        (
+            "grad_y_inner",
+            prob.gradient_rows("grad_y_inner", ids, X, Y, None),
+            lambda: prob.grad_y_inner(ids, X, Y, None),
+        ),
+        ("grad_y_outer", prob.gradient_rows("grad_y_outer", ids, X, Y, s), lambda: prob.grad_y_outer(ids, X, Y, s)),
+        ("hvp_yy_inner", prob.hvp_rows(ids, X, Y, V, s), lambda: prob.hvp_yy_inner(ids, X, Y, V, s)),
+    ]
+    for name, rows, oracle in cases:
+        before = prob.oracle_counts[name]
+        plain = oracle()
+        assert prob.oracle_counts[name] - before == 4
+        torch.testing.assert_close(rows.dense(), plain, rtol=1e-12, atol=1e-12)
+        out = torch.empty(prob.dim_y, dtype=torch.float64)
+        rows.group_sum(1, 4, w[1:4], out)
+        torch.testing.assert_close(out, w[1:4] @ plain[1:4], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(row_norms(rows), row_norms(plain), rtol=1e-10, atol=1e-12)
+    alone = prob.hvp_rows(ids[2:3], X[:1], Y[:1], V[:1], s)  # computed as two copies
+    assert torch.equal(alone.dense(), cases[3][1].dense(2, 3))
+    assert prob.gradient_rows("grad_y_inner", ids, X, Y.clone(), s) is None
+    narrow = build_problem(_cfg(hidden=2, **tiny).problem, 0, range(4, 12), dtype=torch.float64)  # 32 numbers a row
+    Xn, Yn = shared_rows(x[: narrow.dim_x].clone(), 4), shared_rows(y[: narrow.dim_y].clone(), 4)
+    assert narrow.gradient_rows("grad_y_inner", ids, Xn, Yn, None) is None

@@ -51,6 +51,7 @@ from fednest_mpi.problems.base import (
     squared_norms,
 )
 from fednest_mpi.problems.kernels import gram_norms, rowwise_linear, softmax_
+from fednest_mpi.problems.mlp import GradientRows
 
 _DROPOUT_TAG = 11
 _EVAL_CHUNK = 5000
@@ -530,6 +531,50 @@ class RepresentationProblem(BilevelProblem):
         self.oracle_counts["jvp_xy_inner"] += len(clients)
         rows = _one_client_as_two(self._hypergradient_factors, clients, x, y, v, outer_sample, jvp_sample)
         return rows if rows.compact else rows.dense()
+
+    def gradient_rows(self, oracle: str, clients, x, y, sample) -> GradientRows | None:
+        """nabla_y g_i (``oracle = "grad_y_inner"``) or nabla_y f_i (``"grad_y_outer"``) of the head at the shared
+        y, factored (:class:`~fednest_mpi.problems.mlp.GradientRows`: the logit gradients against the features,
+        and lambda y shared for g), for the exact reduction's summation groups; counted as the oracle. None where
+        the factors are not the smaller (the oracle's dense rows then), y is not shared or a subclass computes
+        the oracle its own way."""
+        if getattr(type(self), "_" + oracle) is not getattr(RepresentationProblem, "_" + oracle) or not is_shared(y):
+            return None
+        inner = oracle == "grad_y_inner"
+        split, batch = (self.inner, self.cfg.batch_size) if inner else (self.outer, self.cfg.hypergradient_batch_size)
+        if not self._head_factors_compact(split, sample, batch):
+            return None
+        self.oracle_counts[oracle] += len(clients)
+        return _one_client_as_two(self._head_rows, np.asarray(clients), split, x, y, sample, batch, None, inner)
+
+    def hvp_rows(self, clients, x, y, v, sample) -> GradientRows | None:
+        """nabla^2_yy g_i v of :meth:`hvp_yy_inner`, factored (the GLM Hessian's logit terms against the features,
+        lambda v shared) for the summation groups; counted as the oracle; None as in :meth:`gradient_rows`."""
+        own = type(self)._hvp_yy_inner is RepresentationProblem._hvp_yy_inner
+        batch = self.cfg.hypergradient_batch_size
+        if not own or not (is_shared(y) and is_shared(v)) or not self._head_factors_compact(self.inner, sample, batch):
+            return None
+        self.oracle_counts["hvp_yy_inner"] += len(clients)
+        return _one_client_as_two(self._head_rows, np.asarray(clients), self.inner, x, y, sample, batch, v, True)
+
+    def _head_factors_compact(self, split, sample, batch: int) -> bool:
+        """Whether a client's head factors (K samples' logit terms and features: its whole split, or a minibatch)
+        hold fewer numbers than its row."""
+        width = self._split_width(split)
+        K = width if sample is None or batch <= 0 else min(width, batch)
+        return K * (self.n_classes + self.hidden) < self.dim_y
+
+    def _split_width(self, split) -> int:
+        """Samples per client of ``split``, padded (the population's widest client): a ``ClientSplit``'s columns."""
+        return int(split.index.shape[1])
+
+    def _head_rows(self, clients, split, x, y, sample, batch, v, regularized: bool) -> GradientRows:
+        """The factored head rows of :meth:`gradient_rows` (``v`` None) or :meth:`hvp_rows`; ``regularized``: g's
+        lambda y (or lambda v) as the shared row, else zeros (f)."""
+        s = self._forward(split, clients, x, y, sample, batch)
+        G = self._residual(s) if v is None else self._glm_hessian(s, v)[0] * s["w"][..., None]
+        shared = self.cfg.inner_regularization * (y if v is None else v)[0] if regularized else torch.zeros_like(y[0])
+        return GradientRows([(G, s["H"], G.sum(1))], shared)
 
     def _own_directions(self) -> bool:
         """Whether both oracles of the hypergradient direction are this class's closed forms (a subclass may

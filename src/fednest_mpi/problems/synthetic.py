@@ -118,6 +118,9 @@ class SyntheticProblem(RepresentationProblem):
         to be reused by the allocator (fednest_mpi.allocator)."""
         return super().client_bytes() + 6 * sum(self.widths) * (self.cfg.n_inputs + self.hidden) * 4
 
+    def _split_width(self, split) -> int:
+        return self.widths[0] if split == self.inner else self.widths[1]
+
     def _locate(self, split, clients):
         cs, rows = self.client_set(clients)
         return (cs.inner if split == self.inner else cs.outer), rows, cs.inputs, cs.targets
