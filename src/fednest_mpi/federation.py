@@ -240,17 +240,17 @@ class _ExactDeposits:
             self.round_shared = []  # deposited: once for the round
 
 
-def _exact_deposits(
-    d: int, dtype: torch.dtype, device, group: int, w: np.ndarray, factored: bool = False
-) -> _ExactDeposits:
-    """The deposits into a new binned sum of an exact reduction of (d,) rows of ``dtype``, with summation groups'
-    sums when the groups hold more than one client id and the rows are at least :data:`GROUP_MIN_WIDTH` wide or
-    ``factored`` (a form that sums a group from its factors: one small product instead of forming its rows).
+def _exact_deposits(rows: list, device, group: int, w: np.ndarray) -> _ExactDeposits:
+    """The deposits into a new binned sum of an exact reduction of rows like a piece's ``rows`` (blocks of (B,
+    d_k) rows, d = sum d_k), with summation groups' sums when the groups hold more than one client id and the rows
+    are at least :data:`GROUP_MIN_WIDTH` wide or factored (a form that sums a group from its factors, one small
+    product instead of forming its rows).
     Narrower plain rows cost less to deposit one by one than a product per group: each client's row exactly, as
     with groups of one. d and the rows' type are fixed by the config and the call site, so the choice is the
     same on every rank and in every chunk. ``w``: the round's weights (:class:`_ExactDeposits`: the shared part
     of factored forms)."""
-    binned = exactsum.BinnedSum(d, exactsum.bins_for(dtype), device=device)
+    d, factored = sum(int(r.shape[1]) for r in rows), any(hasattr(r, "group_sum") for r in rows)
+    binned = exactsum.BinnedSum(d, exactsum.bins_for(rows[0].dtype), device=device)
     groups = _GroupDeposits(binned, group) if group > 1 and (d >= GROUP_MIN_WIDTH or factored) else None
     positive = np.flatnonzero(w > 0)
     return _ExactDeposits(binned, groups, int(positive[0]) if positive.size else 0, math.fsum(w.tolist()))
@@ -550,8 +550,7 @@ class Federation:
                 exact = self.reduction == "exact"
                 w_t = torch.as_tensor(w, dtype=torch.float64 if exact else dtype, device=rows[0].device)
                 if exact:
-                    factored = any(hasattr(r, "group_sum") for r in rows)  # a type the call site fixes
-                    deposits = _exact_deposits(sum(dims), dtype, w_t.device, part.group, w, factored)
+                    deposits = _exact_deposits(rows, w_t.device, part.group, w)
                 elif self.reduction == "ordered":
                     buf = torch.zeros((m, sum(dims)), dtype=w_t.dtype, device=w_t.device)
             slots = torch.as_tensor(piece.local_slots, dtype=torch.long, device=w_t.device)

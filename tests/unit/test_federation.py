@@ -170,7 +170,7 @@ def test_a_factored_forms_shared_part_is_deposited_once_for_the_round_by_the_fir
     w = w / w.sum()
 
     def total(cuts):
-        deposits = _exact_deposits(d, torch.float64, "cpu", 10, w)
+        deposits = _exact_deposits([rows], "cpu", 10, w)
         for lo, hi in zip(cuts, cuts[1:]):
             deposits.add([rows.part(lo, hi)], torch.as_tensor(w[lo:hi]), ids[lo:hi], np.arange(lo, hi))
         deposits.flush()
