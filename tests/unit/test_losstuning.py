@@ -202,21 +202,28 @@ def test_closed_form_oracles_at_the_shared_y_match_unbatched_autograd(hidden):
         torch.testing.assert_close(got["gy_out"][b], fy, rtol=1e-10, atol=1e-12)
 
 
+def _shared_point(seed: int, **problem):
+    """A float64 loss-tuning problem hosting clients 4..11, four of them, and x, y (near the start) and r drawn from
+    ``seed``, also as shared (4, d) rows, the way the algorithms pass the global iterates."""
+    from fednest_mpi.problems.base import shared_rows
+
+    prob = build_problem(_cfg(**problem).problem, 0, range(4, 12), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    x = 0.3 * torch.randn(prob.dim_x, generator=gen, dtype=torch.float64)
+    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    r = torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
+    return prob, np.array([5, 9, 4, 11]), (x, y, r), tuple(shared_rows(a, 4) for a in (x, y, r))
+
+
 @pytest.mark.parametrize("hidden", [(7, 5), (0, 0)])
 def test_factored_hessian_vector_rows_equal_the_oracle_and_sum_by_groups(hidden):
     """hvp_rows (FedIHGP's path under summation groups): its rows are hvp_yy_inner's to rounding, also after
     FedIHGP's r - eta Hr (plus_scaled); a group's sum is its rows' weighted sum; a client's factors have the same
     bits alone or in a block; counted as the oracle; None at rows that are not shared."""
-    from fednest_mpi.problems.base import shared_rows
-
-    cfg = _cfg(hidden1=hidden[0], hidden2=hidden[1], hypergradient_batch_size=2)  # factors smaller than rows
-    prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
-    gen = torch.Generator().manual_seed(5)
-    clients = np.array([5, 9, 4, 11])
-    x = 0.3 * torch.randn(prob.dim_x, generator=gen, dtype=torch.float64)
-    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
-    r = torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
-    X, Y, R = (shared_rows(a, 4) for a in (x, y, r))
+    # factors smaller than rows
+    prob, clients, (x, y, r), (X, Y, R) = _shared_point(
+        5, hidden1=hidden[0], hidden2=hidden[1], hypergradient_batch_size=2
+    )
     s = Sample(rng.key(7), 2)
     before = prob.oracle_counts["hvp_yy_inner"]
     rows = prob.hvp_rows(clients, X, Y, R, s)
@@ -250,15 +257,8 @@ def test_factored_gradient_rows_equal_the_oracle_and_sum_by_groups(oracle, tune_
     """gradient_rows (FedInn's anchor and FedIHGP's right-hand side under summation groups): its rows are the
     oracle's to rounding; a group's sum is its rows' weighted sum; a client's factors have the same bits alone
     or in a block; counted as the oracle; None at a y that is not shared."""
-    from fednest_mpi.problems.base import shared_rows
-
-    cfg = _cfg(tune_loss=tune_loss, hypergradient_batch_size=2, batch_size=2)  # factors smaller than rows
-    prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
-    gen = torch.Generator().manual_seed(6)
-    clients = np.array([5, 9, 4, 11])
-    x = 0.3 * torch.randn(prob.dim_x, generator=gen, dtype=torch.float64)
-    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
-    X, Y = shared_rows(x, 4), shared_rows(y, 4)
+    # factors smaller than rows
+    prob, clients, _, (X, Y, _) = _shared_point(6, tune_loss=tune_loss, hypergradient_batch_size=2, batch_size=2)
     s = Sample(rng.key(8), 1)
     before = prob.oracle_counts[oracle]
     rows = prob.gradient_rows(oracle, clients, X, Y, s)
@@ -279,17 +279,9 @@ def test_factored_rows_norms_equal_the_dense_rows_norms():
     """The per-client series of norms (recorder.row_norms) from GradientRows' factors: the norms of the dense
     rows to rounding, with and without a shared row and a scale (FedIHGP's r - eta Hr); a client alone gives
     the bits it has in a block."""
-    from fednest_mpi.problems.base import shared_rows
     from fednest_mpi.recorder import row_norms
 
-    cfg = _cfg(hypergradient_batch_size=2, batch_size=2)
-    prob = build_problem(cfg.problem, 0, range(4, 12), dtype=torch.float64)
-    gen = torch.Generator().manual_seed(9)
-    clients = np.array([5, 9, 4, 11])
-    x = 0.3 * torch.randn(prob.dim_x, generator=gen, dtype=torch.float64)
-    y = prob.initial_point()[1] + 0.05 * torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
-    r = torch.randn(prob.dim_y, generator=gen, dtype=torch.float64)
-    X, Y, R = (shared_rows(a, 4) for a in (x, y, r))
+    prob, clients, (_, _, r), (X, Y, R) = _shared_point(9, hypergradient_batch_size=2, batch_size=2)
     s = Sample(rng.key(3), 1)
     for rows in (
         prob.gradient_rows("grad_y_inner", clients, X, Y, s),
