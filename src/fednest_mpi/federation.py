@@ -188,16 +188,15 @@ class _ExactDeposits:
         self.first_slot, self.shared_weight = first_slot, shared_weight
         self.round_shared: list[tuple[int, torch.Tensor]] | None = None  # (offset, shared row) of the forms
 
-    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray, slots: np.ndarray | None = None) -> None:
+    def add(self, rows: list, weights: torch.Tensor, ids: np.ndarray, slots: np.ndarray) -> None:
         """Deposit ``weights[b] * row_b`` of a piece's rows (``ids``: their clients, increasing; ``slots``: their
-        places in the round, by default 0, 1, ...)."""
+        places in the round)."""
         if len(rows) == 1 and isinstance(rows[0], torch.Tensor) and rows[0].stride(0) == 0:
             self._add_shared(rows[0], weights)
         elif len(rows) == 1 and isinstance(rows[0], torch.Tensor) and self.groups is None:
             self.binned.add(rows[0], weights=weights)
         elif self.groups is not None:
             forms = self.groups.add(rows, weights, ids)
-            slots = np.arange(ids.size) if slots is None else slots
             if forms and self.round_shared is None and bool(np.any(slots == self.first_slot)):
                 self.round_shared = [(at, form.shared_row()) for at, form in forms]
         else:
@@ -566,7 +565,7 @@ class Federation:
         assert w_t is not None and dtype is not None, "no piece of rows to reduce"
         payload = sum(dims) * torch.empty((), dtype=dtype).element_size()  # what the algorithm sends
         if deposits is not None:
-            self._allreduce_binned_(deposits.binned, payload, deposits)
+            self._allreduce_binned_(payload, deposits)
             if total == 0.0 and fallback is not None:
                 return list(fallback)
             return list(torch.split(deposits.binned.value().to(dtype), dims))
@@ -583,7 +582,7 @@ class Federation:
             out = out + buf[s] * w_t[s]
         return list(torch.split(out, dims))
 
-    def _allreduce_binned_(self, binned: exactsum.BinnedSum, payload: int, deposits: _ExactDeposits) -> None:
+    def _allreduce_binned_(self, payload: int, deposits: _ExactDeposits) -> None:
         """The two collectives of an exact aggregation, counted as one communication round of ``payload`` bytes
         (the aggregated vector, as for every reduction): MAX of the coordinates' tops (int8), then, every rank's
         bins aligned to them, SUM of the bins (after what waits in ``deposits`` is deposited)."""
@@ -593,7 +592,7 @@ class Federation:
         if self.size == 1:
             return
         t0 = wtime(self.comm)
-        self._combine_binned_(binned)
+        self._combine_binned_(deposits.binned)
         t1 = wtime(self.comm)
         self.stats.seconds += t1 - t0
         if self.round_times is not None:

@@ -137,7 +137,7 @@ def test_a_shared_row_waits_across_pieces_and_gives_the_bits_of_one_deposit_per_
         for r, n, w in pieces:
             weights = torch.full((n,), w, dtype=torch.float64)
             if waiting:
-                deposits.add([r.expand(n, -1)], weights, np.arange(n))
+                deposits.add([r.expand(n, -1)], weights, np.arange(n), np.arange(n))
             else:
                 binned.add(r.expand(n, -1), weights=weights)
         deposits.flush()

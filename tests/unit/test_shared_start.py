@@ -78,7 +78,7 @@ def test_shared_start_sgd_equals_per_client_autograd_sgd(widths, steps, monkeypa
     monkeypatch.setattr(federation, "_EXACT_TILE_BYTES", 1)  # two rows per tile
     monkeypatch.setattr(federation, "_EXACT_TILE_ROWS", 2)
     deposits = federation._ExactDeposits(by_rows, None)
-    deposits.add([rows], w, np.arange(C))
+    deposits.add([rows], w, np.arange(C), np.arange(C))
     deposits.flush()
     assert torch.equal(by_rows.value(), one_tile.value())
     # a summation group's sum from its factors (one GEMM of its history rows): the plain sum of its

@@ -195,6 +195,12 @@ class Algorithm(ABC):
     def sample_clients(self, purpose: rng.Purpose, *counters) -> Participants:
         return self.fed.sample(self.key(purpose, *counters), self.cfg.clients_per_round)
 
+    def factored(self, hook: str) -> bool:
+        """Whether to ask the problem for the factored rows of ``hook`` (``gradient_rows``, ``hvp_rows``,
+        ``hypergradient_rows``): only where the exact reduction sums by summation groups (Federation.sums_groups),
+        and the problem offers the hook (which may still answer None: then the dense oracle)."""
+        return self.fed.sums_groups and hasattr(self.problem, hook)
+
     def mean_y_side(self, S: Participants, rows, factored: bool = False) -> list[torch.Tensor]:
         """``fed.mean_over(S, rows)`` for rows of y-side oracles at the shared x (FedInn's anchor, the
         estimators' rounds), in chunks sized by the problem's

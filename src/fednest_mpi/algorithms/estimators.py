@@ -180,7 +180,7 @@ class Estimator(ABC):
     def outer_gradient(self, k: int, x, y, S: Participants) -> torch.Tensor:
         """v = mean_S nabla_y f_i(x, y) (one round; the right-hand side of every estimator)."""
         alg = self.alg
-        factored = alg.fed.sums_groups and hasattr(alg.problem, "gradient_rows")  # summed by groups
+        factored = alg.factored("gradient_rows")
 
         def rows(piece):
             ids, m = piece.local_ids, piece.local_ids.size
@@ -197,7 +197,7 @@ class Estimator(ABC):
     def hessian_mean(self, k: int, n: int, x, y, r: torch.Tensor, S: Participants, scale: float | None = None):
         """mean_S nabla^2_yy g_i(x, y) r (one round), or with ``scale`` eta: mean_S (I - eta nabla^2_yy g_i) r."""
         alg = self.alg
-        grouped = alg.fed.sums_groups and hasattr(alg.problem, "hvp_rows")
+        grouped = alg.factored("hvp_rows")
 
         def rows(piece):
             ids, m = piece.local_ids, piece.local_ids.size

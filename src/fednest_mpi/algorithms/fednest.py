@@ -78,7 +78,7 @@ class InnerLevel(Algorithm):
         round), recording the members' inner losses and anchor norms; None for LFedInn (Alg. 6),
         which records the losses only."""
         prob, rec = self.problem, self.recorder
-        factored = self.fed.sums_groups and hasattr(prob, "gradient_rows")  # summed by groups: factored, if it can
+        factored = self.factored("gradient_rows")
 
         def anchors(piece):
             ids = piece.local_ids
@@ -238,7 +238,7 @@ class GlobalHypergradient(Algorithm):
         part minus the Jacobian product, one round)."""
         prob, cfg = self.problem, self.cfg
         p = self.fed_ihgp(k, x, y, S) if cfg.hypergradient == "implicit" else None
-        factored = p is not None and self.fed.sums_groups and hasattr(prob, "hypergradient_rows")
+        factored = p is not None and self.factored("hypergradient_rows")
 
         def local_hypergradients(piece):
             ids, n = piece.local_ids, piece.local_ids.size
