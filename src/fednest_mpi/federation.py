@@ -56,7 +56,9 @@ def block_range(n_clients: int, size: int, rank: int, group: int = 1) -> range:
 #: the automatic summation group (:func:`summation_group`): groups of one below this many clients per round,
 #: else about GROUP_MEMBERS members of a round's client set per group
 GROUP_FROM_CLIENTS = 256
-GROUP_MEMBERS = 16
+#: 32, not 16: half the exact deposits and group products per round (loss tuning's targets -7 %, FedAvg's -6 %,
+#: docs/lab/issue34.md, sixth session), at the price of half the ranks that can hold a round's groups
+GROUP_MEMBERS = 32
 #: plain rows narrower than this are summed client by client even with summation groups (:func:`_exact_deposits`)
 GROUP_MIN_WIDTH = 4096
 

@@ -39,12 +39,12 @@ def test_a_call_with_its_own_bytes_per_client_gets_its_own_chunk_unless_the_user
 # -- summation groups of the exact reduction (federation.group_clients) ------------------------------------
 
 
-def test_the_automatic_summation_group_is_one_client_for_small_rounds_and_about_sixteen_members_else():
+def test_the_automatic_summation_group_is_one_client_for_small_rounds_and_about_group_members_else():
     from fednest_mpi.federation import GROUP_FROM_CLIENTS, summation_group
 
     assert summation_group(0, 100, 10) == 1 and summation_group(0, 10_000, GROUP_FROM_CLIENTS - 1) == 1
-    assert summation_group(0, 10_000, 1000) == 160  # 16 members of a 10 % sample per 160 ids
-    assert summation_group(0, 1000, 1000) == 16  # full participation
+    assert summation_group(0, 10_000, 1000) == 320  # 32 members of a 10 % sample per 320 ids
+    assert summation_group(0, 1000, 1000) == 32  # full participation
     assert summation_group(7, 100, 10) == 7 and summation_group(500, 100, 10) == 100  # the user's, at most M
 
 

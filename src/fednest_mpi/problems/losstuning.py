@@ -343,9 +343,10 @@ class LossTuningProblem(AutogradOracles, BilevelProblem):
 
     def _hvp_factors(self, clients, x, y, v, sample) -> mlp.GradientRows:
         inputs, deltas, r_inputs, r_deltas = self._hvp_terms(clients, x, y, v, sample)
-        factors = [
+        # the first layer's R{h} is 0 (the input does not depend on y): its term is R{delta}^T h alone
+        factors = [(r_deltas[0], inputs[0], r_deltas[0].sum(1))] + [
             (torch.cat([r_delta, delta], dim=1), torch.cat([h, r_h], dim=1), r_delta.sum(1))
-            for h, delta, r_h, r_delta in zip(inputs, deltas, r_inputs, r_deltas)
+            for h, delta, r_h, r_delta in zip(inputs[1:], deltas[1:], r_inputs[1:], r_deltas[1:])
         ]
         return mlp.GradientRows(factors, self.cfg.inner_regularization * v[0])
 
