@@ -53,12 +53,15 @@ def block_range(n_clients: int, size: int, rank: int, group: int = 1) -> range:
     return range(min(n_clients, rank * n_groups // size * group), min(n_clients, (rank + 1) * n_groups // size * group))
 
 
-#: the automatic summation group (:func:`summation_group`): groups of one below this many clients per round,
-#: else about GROUP_MEMBERS members of a round's client set per group
-GROUP_FROM_CLIENTS = 256
+#: the automatic summation group (:func:`summation_group`): groups of one below this many clients per round (every
+#: shipped config, reference run and benchmark record has at most 100, and keeps the client-by-client bits), else
+#: about GROUP_MEMBERS members of a round's client set per group, and at least MIN_GROUPS groups a round
+GROUP_FROM_CLIENTS = 128
 #: 32, not 16: half the exact deposits and group products per round (loss tuning's targets -7 %, FedAvg's -6 %,
 #: docs/lab/issue34.md, sixth session), at the price of half the ranks that can hold a round's groups
 GROUP_MEMBERS = 32
+#: fewer members per group in rounds under GROUP_MEMBERS * MIN_GROUPS clients, so that as many ranks can hold them
+MIN_GROUPS = 16
 #: plain rows narrower than this are summed client by client even with summation groups (:func:`_exact_deposits`)
 GROUP_MIN_WIDTH = 4096
 
@@ -66,13 +69,15 @@ GROUP_MIN_WIDTH = 4096
 def summation_group(setting: int, n_clients: int, clients_per_round: int) -> int:
     """Consecutive client ids per summation group of the exact reduction (``federation.group_clients``; 0:
     automatic). Automatic: 1 (every client's row summed exactly) when fewer than :data:`GROUP_FROM_CLIENTS`
-    clients take part in a round, else ``GROUP_MEMBERS * M // |S|`` ids, so that a round's client set has about
-    GROUP_MEMBERS members in each group. Depends on the config only, never on the ranks or the chunk size."""
+    clients take part in a round, else ``m * M // |S|`` ids with ``m = min(GROUP_MEMBERS, |S| // MIN_GROUPS)``,
+    so that a round's client set has about m members in each group (32 from 512 clients per round; 8 at 128,
+    in 16 groups). Depends on the config only, never on the ranks or the chunk size."""
     if setting > 0:
         return min(setting, n_clients)
     if clients_per_round < GROUP_FROM_CLIENTS:
         return 1
-    return max(1, min(n_clients, GROUP_MEMBERS * n_clients // clients_per_round))
+    members = min(GROUP_MEMBERS, clients_per_round // MIN_GROUPS)
+    return max(1, min(n_clients, members * n_clients // clients_per_round))
 
 
 def group_starts(group_of: np.ndarray) -> np.ndarray:
