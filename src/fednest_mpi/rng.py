@@ -10,11 +10,17 @@ Purposes are small integers from :class:`Purpose`; add new ones at the end.
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import math
+import os
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from fednest_mpi import native
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -148,6 +154,29 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
 
 _NO_DROPS = np.empty(0, dtype=np.int64)
 
+#: ``off``: never use the compiled passes of :func:`stream_normals` (the numpy passes give the same bits); ``auto``
+#: (default): use them when they can be built
+KERNEL_VARIABLE = "FEDNEST_NORMALS_KERNEL"
+_KERNEL_SOURCE = Path(__file__).with_name("normals_kernel.c")
+_KERNEL_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=256", "-ffp-contract=off", "-fno-fast-math", "-fPIC",
+                 "-shared")
+
+
+@cache
+def kernel() -> ctypes.CDLL | None:
+    """The compiled integer and float32 passes of :func:`stream_normals` (``normals_kernel.c``, built by
+    :func:`fednest_mpi.native.build`), or None (then numpy's passes compute the same bits, slower)."""
+    if os.environ.get(KERNEL_VARIABLE, "auto") == "off":
+        return None
+    lib = native.build(_KERNEL_SOURCE, _KERNEL_FLAGS, "normals (numpy's passes compute them, slower)")
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.normal_inputs.argtypes = [ptr, i64, ptr, i64, ctypes.c_float, ptr, ptr]
+    lib.normal_pairs.argtypes = [ptr, ptr, ptr, i64, ptr]
+    lib.normal_inputs.restype = lib.normal_pairs.restype = None
+    return lib
+
 
 class _NormalBuffers:
     """The word-sized buffers of :func:`stream_normals`, allocated once per call: ``z`` holds the words, then radius
@@ -166,10 +195,35 @@ class _NormalBuffers:
         self.pairs = np.empty((block, 2), dtype=np.float32) if pairs else None
 
     def normals(self, firsts: np.ndarray, step: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(radius, cos, sin) of the block's ``n`` words ``firsts + step``: SplitMix64's mix in place, then
-        Box-Muller (:func:`stream_normals`); views of the buffers, valid until the next call."""
+        """(radius, cos, sin) of the block's ``n`` words ``firsts + step`` (``firsts``: one per word, or one for
+        all): SplitMix64's mix, then Box-Muller (:func:`stream_normals`), the integer and float32 passes compiled
+        (:func:`kernel`) or numpy's (:meth:`_inputs`), the same bits; views of the buffers, valid until the next
+        call."""
         whole = n == self.z.shape[0]
-        zb, tb = (self.z, self.tmp) if whole else (self.z[:n], self.tmp[:n])
+        if whole:
+            r, an, c, s = self.radius, self.angle, self.cos, self.sin
+            r_t, an_t, c_t, s_t = self.tensors
+        else:
+            r, an, c, s = self.radius[:n], self.angle[:n], self.cos[:n], self.sin[:n]
+            r_t, an_t, c_t, s_t = (t[:n] for t in self.tensors)
+        lib = kernel()
+        if lib is not None:
+            lib.normal_inputs(
+                firsts.ctypes.data, int(firsts.size > 1), step.ctypes.data, n, _TWO_PI, r.ctypes.data, an.ctypes.data
+            )
+        else:
+            self._inputs(firsts, step, n, r, an)
+        torch.log(r_t, out=r_t)
+        np.multiply(r, np.float32(-2.0), out=r)
+        torch.sqrt(r_t, out=r_t)
+        torch.cos(an_t, out=c_t)
+        torch.sin(an_t, out=s_t)
+        return r, c, s
+
+    def _inputs(self, firsts: np.ndarray, step: np.ndarray, n: int, r: np.ndarray, an: np.ndarray) -> None:
+        """The words' ``2 - u_high`` into ``r`` and ``(u_low - 1) fl(2 pi)`` into ``an`` by numpy's passes
+        (``normals_kernel.c``'s ``normal_inputs`` computes the same bits in one)."""
+        zb, tb = (self.z, self.tmp) if n == self.z.shape[0] else (self.z[:n], self.tmp[:n])
         np.add(firsts, step[:n], out=zb)
         np.right_shift(zb, np.uint64(30), out=tb)  # SplitMix64's mix, in place
         np.bitwise_xor(zb, tb, out=zb)
@@ -179,23 +233,22 @@ class _NormalBuffers:
         np.multiply(zb, _M2, out=zb)
         np.right_shift(zb, np.uint64(31), out=tb)
         np.bitwise_xor(zb, tb, out=zb)
-        if whole:
-            u, r, an, c, s = self.unit, self.radius, self.angle, self.cos, self.sin
-            r_t, an_t, c_t, s_t = self.tensors
-        else:
-            u, r, an, c, s = self.unit[:n], self.radius[:n], self.angle[:n], self.cos[:n], self.sin[:n]
-            r_t, an_t, c_t, s_t = (t[:n] for t in self.tensors)
+        u = self.unit[:n]
         np.right_shift(self.halves[:n], np.uint32(9), out=self.unit_bits[:n])
         np.bitwise_or(self.unit_bits[:n], np.uint32(0x3F800000), out=self.unit_bits[:n])
         np.subtract(np.float32(2.0), u[:, 1], out=r)  # in (0, 1], exact
         np.subtract(u[:, 0], np.float32(1.0), out=an)  # exact
-        torch.log(r_t, out=r_t)
-        np.multiply(r, np.float32(-2.0), out=r)
-        torch.sqrt(r_t, out=r_t)
         np.multiply(an, _TWO_PI, out=an)
-        torch.cos(an_t, out=c_t)
-        torch.sin(an_t, out=s_t)
-        return r, c, s
+
+
+def _pairs(r: np.ndarray, c: np.ndarray, s: np.ndarray, out: np.ndarray) -> None:
+    """``out`` (n, 2, contiguous) = (r cos, r sin) per word: compiled (:func:`kernel`) or numpy's, the same bits."""
+    lib = kernel()
+    if lib is not None:
+        lib.normal_pairs(r.ctypes.data, c.ctypes.data, s.ctypes.data, r.shape[0], out.ctypes.data)
+    else:
+        np.multiply(r, c, out=out[:, 0])
+        np.multiply(r, s, out=out[:, 1])
 
 
 def _write_numbers(flat, o: int, r, c, s, dropped: np.ndarray, pairs) -> int:
@@ -203,12 +256,9 @@ def _write_numbers(flat, o: int, r, c, s, dropped: np.ndarray, pairs) -> int:
     ones (the second number of an odd stream's last word); the position after them."""
     n = r.shape[0]
     if not dropped.size:
-        dest = flat[o : o + 2 * n].reshape(n, 2)
-        np.multiply(r, c, out=dest[:, 0])
-        np.multiply(r, s, out=dest[:, 1])
+        _pairs(r, c, s, flat[o : o + 2 * n].reshape(n, 2))
         return o + 2 * n
-    np.multiply(r, c, out=pairs[:n, 0])
-    np.multiply(r, s, out=pairs[:n, 1])
+    _pairs(r, c, s, pairs[:n])
     numbers = pairs[:n].reshape(-1)
     if dropped.size <= _FEW_DROPS:  # copy the runs between dropped numbers
         cut = 0
