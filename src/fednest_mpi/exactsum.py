@@ -38,7 +38,6 @@ the two collectives.
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import cache
 from pathlib import Path
 
@@ -65,35 +64,20 @@ _BLOCK_ELEMENTS = 1 << 17
 #: when it can be built
 KERNEL_VARIABLE = "FEDNEST_EXACTSUM_KERNEL"
 _KERNEL_SOURCE = Path(__file__).with_name("exactsum_kernel.c")
-#: 256-bit vectors (gcc's choice for -march=native on AVX-512 CPUs, stated): 512-bit ones deposit 1,000 rows a
-#: third faster on the Intel Xeon here, yet made the paper setting's iterations 1.09x instead of 1.02-1.05x of
-#: the fastest setting's (the core's lower clock under 512-bit work, docs/lab/issue31.md). Vector width changes no
-#: bit of element-wise IEEE operations.
-_KERNEL_FLAGS = (
-    "-O3",
-    "-march=native",
-    "-mprefer-vector-width=256",
-    "-ffp-contract=off",
-    "-fno-fast-math",
-    "-fPIC",
-    "-shared",
-)
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_ADD = ([_PTR, _I64, _PTR, _I64, _I64, ctypes.c_int, _PTR, _PTR, _I64], ctypes.c_int)
 
 
 @cache
 def kernel() -> ctypes.CDLL | None:
-    """The compiled fused loop of :meth:`BinnedSum.add` (:func:`fednest_mpi.native.build`), or None (then the torch
-    operations compute the same bits)."""
-    if os.environ.get(KERNEL_VARIABLE, "auto") == "off":
-        return None
-    lib = native.build(_KERNEL_SOURCE, _KERNEL_FLAGS, "exact sum (the torch operations compute it, slower)")
-    if lib is None:
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    for fn in (lib.binned_add_f32, lib.binned_add_f64):
-        fn.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ptr, ptr, i64]
-        fn.restype = ctypes.c_int
-    return lib
+    """The compiled fused loop of :meth:`BinnedSum.add` (:func:`fednest_mpi.native.numeric_kernel`), or None (then
+    the torch operations compute the same bits)."""
+    return native.numeric_kernel(
+        _KERNEL_SOURCE,
+        KERNEL_VARIABLE,
+        "exact sum (the torch operations compute it, slower)",
+        {"binned_add_f32": _ADD, "binned_add_f64": _ADD},
+    )
 
 
 def bins_for(dtype: torch.dtype) -> int:

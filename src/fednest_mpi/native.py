@@ -62,3 +62,34 @@ def build(source: Path, flags: tuple[str, ...], what: str) -> ctypes.CDLL | None
         except (OSError, subprocess.SubprocessError):
             continue
     return None
+
+
+#: the flags of the numeric kernels (exact sum, keyed normals): no fused multiply-add and no reassociation, so every
+#: operation is the IEEE one of the Python path beside it. 256-bit vectors (gcc's choice for -march=native on
+#: AVX-512 CPUs, stated): 512-bit ones deposit 1,000 rows a third faster on the Intel Xeon here, yet made the paper
+#: setting's iterations 1.09x instead of 1.02-1.05x of the fastest setting's (the core's lower clock under 512-bit
+#: work, docs/lab/issue31.md). Vector width changes no bit of element-wise IEEE operations.
+NUMERIC_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-mprefer-vector-width=256",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-fPIC",
+    "-shared",
+)
+
+
+def numeric_kernel(source: Path, switch: str, what: str, signatures: dict) -> ctypes.CDLL | None:
+    """The numeric kernel ``source`` built with :data:`NUMERIC_FLAGS` (:func:`build`), each function of
+    ``signatures`` (name -> (argtypes, restype)) declared; None when the environment variable ``switch`` is
+    ``off`` or it cannot be built (then the caller's Python path computes the same bits)."""
+    if os.environ.get(switch, "auto") == "off":
+        return None
+    lib = build(source, NUMERIC_FLAGS, what)
+    if lib is None:
+        return None
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib

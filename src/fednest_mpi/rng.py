@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import enum
 import math
-import os
 from functools import cache
 from pathlib import Path
 
@@ -158,24 +157,22 @@ _NO_DROPS = np.empty(0, dtype=np.int64)
 #: (default): use them when they can be built
 KERNEL_VARIABLE = "FEDNEST_NORMALS_KERNEL"
 _KERNEL_SOURCE = Path(__file__).with_name("normals_kernel.c")
-_KERNEL_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=256", "-ffp-contract=off", "-fno-fast-math", "-fPIC",
-                 "-shared")
 
 
 @cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled integer and float32 passes of :func:`stream_normals` (``normals_kernel.c``, built by
-    :func:`fednest_mpi.native.build`), or None (then numpy's passes compute the same bits, slower)."""
-    if os.environ.get(KERNEL_VARIABLE, "auto") == "off":
-        return None
-    lib = native.build(_KERNEL_SOURCE, _KERNEL_FLAGS, "normals (numpy's passes compute them, slower)")
-    if lib is None:
-        return None
+    :func:`fednest_mpi.native.numeric_kernel`), or None (then numpy's passes compute the same bits, slower)."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.normal_inputs.argtypes = [ptr, i64, ptr, i64, ctypes.c_float, ptr, ptr]
-    lib.normal_pairs.argtypes = [ptr, ptr, ptr, i64, ptr]
-    lib.normal_inputs.restype = lib.normal_pairs.restype = None
-    return lib
+    return native.numeric_kernel(
+        _KERNEL_SOURCE,
+        KERNEL_VARIABLE,
+        "normals (numpy's passes compute them, slower)",
+        {
+            "normal_inputs": ([ptr, i64, ptr, i64, ctypes.c_float, ptr, ptr], None),
+            "normal_pairs": ([ptr, ptr, ptr, i64, ptr], None),
+        },
+    )
 
 
 class _NormalBuffers:
