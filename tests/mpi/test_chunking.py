@@ -126,7 +126,9 @@ def test_sum_reduction_chunks_agree_to_rounding(name):
         assert_histories_match(run.history, reference.history, rtol=1e-12, atol=1e-13)
 
 
-def _mnist_config(problem: dict, name: str, chunk: int, group: int = 0, heterogeneity=None) -> config.RunConfig:
+def _mnist_config(
+    problem: dict, name: str, chunk: int, group: int = 0, heterogeneity=None, per_round: int = 9
+) -> config.RunConfig:
     return config.from_dict(
         {
             "seed": 5,
@@ -136,7 +138,7 @@ def _mnist_config(problem: dict, name: str, chunk: int, group: int = 0, heteroge
                 {
                     "name": name,
                     "outer_iterations": 2,
-                    "clients_per_round": 9,
+                    "clients_per_round": per_round,
                     "inner_local_steps": 3,
                     "neumann_steps": 2,
                     "inner_lr": 0.05,
@@ -184,6 +186,21 @@ def test_ragged_mnist_summation_groups_are_bitwise_the_same_for_every_chunk_size
     reference = simulate_on_one_rank(_mnist_config(RAGGED_MNIST[problem], name, 0, group=4))
     for chunk in (1, 7, 0):
         _same(simulate(_mnist_config(RAGGED_MNIST[problem], name, chunk, group=4), MPI.COMM_WORLD), reference)
+
+
+@pytest.mark.mpi
+@pytest.mark.problem_invariance
+@requires("mnist")
+def test_automatic_summation_groups_of_a_wide_round_are_bitwise_the_same_for_every_chunk_size_and_rank_count():
+    """From federation.GROUP_FROM_CLIENTS clients per round the automatic size groups clients (here 130 of 260:
+    16 client ids, about 8 members, a group; 17 groups) and the factored forms are summed by their groups' products."""
+    from fednest_mpi.federation import summation_group
+
+    problem = {**RAGGED_MNIST["hyperrep_dirichlet"], "n_clients": 260}
+    assert summation_group(0, 260, 130) == 16
+    reference = simulate_on_one_rank(_mnist_config(problem, "fednest", 0, per_round=130))
+    for chunk in (1, 7, 0):
+        _same(simulate(_mnist_config(problem, "fednest", chunk, per_round=130), MPI.COMM_WORLD), reference)
 
 
 @pytest.mark.mpi
