@@ -204,7 +204,8 @@ class _NormalBuffers:
             r, an, c, s = self.radius[:n], self.angle[:n], self.cos[:n], self.sin[:n]
             r_t, an_t, c_t, s_t = (t[:n] for t in self.tensors)
         lib = kernel()
-        if lib is not None:
+        if lib is not None:  # the C loop reads firsts and step as contiguous uint64 (no copy when they are)
+            firsts, step = np.ascontiguousarray(firsts, np.uint64), np.ascontiguousarray(step, np.uint64)
             lib.normal_inputs(
                 firsts.ctypes.data, int(firsts.size > 1), step.ctypes.data, n, _TWO_PI, r.ctypes.data, an.ctypes.data
             )
