@@ -60,19 +60,15 @@ static inline double sigma_of(int64_t top, int k) {
 /* The top of a column whose largest |value| has the bit pattern u (exactsum.tops): the smallest t with
  * |value| < 2**(t * BIN_BITS - 1), clamped; TOP_MIN for 0, TOP_MAX for a non-finite value. */
 static inline int64_t top_of(uint64_t u) {
-    if (u == 0) return TOP_MIN;
-    if ((u & EXP_MASK) == EXP_MASK) return TOP_MAX;
-    int e; /* |value| < 2**e, as frexp gives it */
-    if ((u & EXP_MASK) == 0) {
-        double m;
-        memcpy(&m, &u, sizeof m);
-        frexp(m, &e); /* subnormal */
-    } else {
-        e = (int)((u >> 52) - 1022);
-    }
-    int64_t s = (int64_t)e + BIN_BITS;
-    int64_t t = s >= 0 ? s / BIN_BITS : -((-s + BIN_BITS - 1) / BIN_BITS); /* floor division */
-    return t < TOP_MIN ? TOP_MIN : (t > TOP_MAX ? TOP_MAX : t);
+    /* A normal |value| < 2**e with e = its biased exponent - 1022 (frexp's e); a zero or subnormal one (biased
+     * exponent 0, e <= -1022) lies far below TOP_MIN's range, as does e = -1022 itself, so the biased exponent
+     * alone decides: t = floor((e + BIN_BITS) / BIN_BITS), clamped; the exponent 0x7ff (non-finite) gives TOP_MAX.
+     * No branch: the loops over a tile's columns vectorise. */
+    int64_t biased = (int64_t)(u >> 52);
+    int64_t t = (biased - 1022 + BIN_BITS) >> 5; /* BIN_BITS = 32: an arithmetic shift is floor division */
+    t = t < TOP_MIN ? TOP_MIN : t;
+    t = t > TOP_MAX ? TOP_MAX : t;
+    return biased == 0x7ff ? TOP_MAX : t;
 }
 
 /* The bit pattern of 2**(top * BIN_BITS - 1): a column's window must move up exactly when a |value|'s pattern
@@ -150,7 +146,21 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
 /* Rows [b0, b1) of a tile: mx[j] = the largest |value|'s bit pattern of column j, nothing sliced. */
 #define MAXIMA(T)                                                                                               \
     do {                                                                                                        \
-        for (int64_t b = b0; b < b1; b++) {                                                                     \
+        int64_t b = b0;                                                                                         \
+        for (; b + 4 <= b1; b += 4) { /* four rows at a time: a column's maximum loaded once per four */        \
+            const T *p0 = values + b * ld + lo, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;                    \
+            const double w0 = w[b - b0], w1 = w[b - b0 + 1], w2 = w[b - b0 + 2], w3 = w[b - b0 + 3];           \
+            for (int64_t j = 0; j < n; j++) {                                                                   \
+                uint64_t m = mx[j];                                                                                     \
+                uint64_t u0 = bits_of(fabs((double)p0[j] * w0)), u1 = bits_of(fabs((double)p1[j] * w1));                \
+                uint64_t u2 = bits_of(fabs((double)p2[j] * w2)), u3 = bits_of(fabs((double)p3[j] * w3));                \
+                u0 = u1 > u0 ? u1 : u0;                                                                         \
+                u2 = u3 > u2 ? u3 : u2;                                                                         \
+                u0 = u2 > u0 ? u2 : u0;                                                                         \
+                mx[j] = u0 > m ? u0 : m;                                                                        \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (; b < b1; b++) {                                                                                   \
             const T *p0 = values + b * ld + lo;                                                                 \
             const double w0 = w[b - b0];                                                                        \
             for (int64_t j = 0; j < n; j++) {                                                                   \
@@ -173,13 +183,20 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
         }                                                                                                       \
         if (fresh) {                                                                                            \
             MAXIMA(T);                                                                                          \
-            for (int64_t j = 0; j < n; j++)                                                                     \
-                if (mx[j] >= limit[j]) {                                                                        \
-                    int64_t t = top_of(mx[j]);                                                                  \
-                    align_column(bins, ld_bins, NB, top, lo + j, t);                                            \
-                    limit[j] = limit_of(t);                                                                     \
-                    for (int k = 0; k < (NB); k++) sigma[k][j] = sigma_of(t, k);                                \
-                }                                                                                               \
+            /* Every top is TOP_MIN, and top_of gives TOP_MIN below its limit: the new tops of all columns at  \
+             * once (vectorised). Bins move only where a column holds something (values below 2**-961). */     \
+            int held = 0;                                                                                       \
+            for (int64_t j = 0; j < n; j++) {                                                                   \
+                tnew[j] = top_of(mx[j]);                                                                        \
+                for (int k = 0; k < (NB); k++) held |= bins[k * ld_bins + lo + j] != 0.0;                       \
+            }                                                                                                   \
+            for (int64_t j = 0; j < n && held; j++)                                                             \
+                if (tnew[j] != top[lo + j]) align_column(bins, ld_bins, NB, top, lo + j, tnew[j]);              \
+            for (int64_t j = 0; j < n; j++) {                                                                   \
+                top[lo + j] = tnew[j];                                                                          \
+                limit[j] = limit_of(tnew[j]);                                                                   \
+                for (int k = 0; k < (NB); k++) sigma[k][j] = sigma_of(tnew[j], k);                              \
+            }                                                                                                   \
             SWEEP(T, NB, 0);                                                                                    \
             for (int64_t j = 0; j < n; j++)                                                                     \
                 for (int k = 0; k < (NB); k++) bins[k * ld_bins + lo + j] += blk[k][j];                         \
@@ -188,6 +205,11 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
         SWEEP(T, NB, 1);                                                                                        \
         int rises = 0;                                                                                          \
         for (int64_t j = 0; j < n; j++) rises |= mx[j] >= limit[j];                                             \
+        if (!rises) { /* the common case: every block sum into its bins (vectorised) */                         \
+            for (int64_t j = 0; j < n; j++)                                                                     \
+                for (int k = 0; k < (NB); k++) bins[k * ld_bins + lo + j] += blk[k][j];                         \
+            break;                                                                                              \
+        }                                                                                                       \
         for (int64_t j = 0; j < n; j++) {                                                                       \
             moved[j] = rises && mx[j] >= limit[j];                                                              \
             if (moved[j]) {                                                                                     \
@@ -208,10 +230,11 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
     } while (0)
 
 /* The per-call working set of a tile (block sums, sigmas, largest magnitudes, limits, moved columns) and a row
- * block's weights: about 260 kB with the defaults, so it lives on the heap, not on a (possibly small) thread stack. */
+ * block's weights: about 290 kB with the defaults, so it lives on the heap, not on a (possibly small) thread stack. */
 struct scratch {
     double blk[MAX_BINS][TILE], sigma[MAX_BINS][TILE], w[ROW_BLOCK];
     uint64_t mx[TILE], limit[TILE];
+    int64_t tnew[TILE];
     char moved[TILE];
 };
 
@@ -221,10 +244,11 @@ struct scratch {
 #define DEFINE_ADD(NAME, T)                                                                                     \
     int NAME(const T *values, int64_t ld, const double *weights, int64_t rows, int64_t cols, int n_bins,      \
               int64_t *top, double *bins, int64_t ld_bins) {                                                   \
-        struct scratch *sc = malloc(sizeof *sc); /* ~260 kB: not on a thread's stack */                       \
+        struct scratch *sc = malloc(sizeof *sc); /* ~290 kB: not on a thread's stack */                       \
         if (sc == NULL) return -1;                                                                            \
         double(*restrict blk)[TILE] = sc->blk, (*restrict sigma)[TILE] = sc->sigma, *restrict w = sc->w;      \
         uint64_t *restrict mx = sc->mx, *restrict limit = sc->limit;                                          \
+        int64_t *restrict tnew = sc->tnew;                                                                    \
         char *restrict moved = sc->moved;                                                                     \
         for (int64_t lo = 0; lo < cols; lo += TILE) {                                                          \
             const int64_t n = cols - lo < TILE ? cols - lo : TILE;                                             \

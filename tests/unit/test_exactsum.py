@@ -105,6 +105,8 @@ def test_too_many_summands_for_the_exact_reduction_is_a_config_error():
 def _both_paths(monkeypatch, chunks, n_bins, weights=None):
     """The BinnedSum of the row blocks ``chunks`` (added one after another) by the compiled kernel and by the
     torch operations."""
+    monkeypatch.setenv(exactsum.KERNEL_VARIABLE, "auto")
+    exactsum.kernel.cache_clear()
     if exactsum.kernel() is None:
         pytest.skip("no C compiler here: the compiled exact-sum kernel cannot be built")
     sums = []
@@ -156,6 +158,26 @@ def test_compiled_kernel_blocks_and_tiles_give_the_bits_of_the_torch_operations(
     assert torch.equal(finite, torch.isfinite(compiled.bins).all(0)) and not finite[[7, 1000]].any()
     assert torch.equal(compiled.bins[:, finite], plain.bins[:, finite])
     assert torch.equal(compiled.value()[finite], plain.value()[finite])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_kernel_first_windows_give_the_bits_of_the_torch_operations(monkeypatch, dtype):
+    """The first windows of a fresh tile, set for all its columns at once: magnitudes at every binade edge of the
+    lowest windows (2**-961 and its neighbours), zeros and subnormals, then a tile whose columns already hold
+    values below TOP_MIN's limit (bins not empty, every top still TOP_MIN) when larger values arrive."""
+    exps = torch.arange(-1074 if dtype == torch.float64 else -149, 128 if dtype == torch.float32 else 1000, 7)
+    edges = torch.cat([exps.to(torch.float64), torch.tensor([-961.0, -962.0, -960.0, -929.0, -928.0, -897.0])])
+    row = torch.ldexp(torch.ones_like(edges), edges).to(dtype)
+    rows = torch.stack([row, -0.75 * row, torch.zeros_like(row), 1.5 * row])
+    compiled, plain = _both_paths(monkeypatch, [rows[:1], rows], exactsum.bins_for(dtype))
+    assert torch.equal(compiled.top, plain.top) and torch.equal(compiled.bins, plain.bins)
+    if dtype == torch.float64:  # float32 has no value below 2**-961
+        tiny = torch.full((3, 40), 2.0**-1000, dtype=dtype) * torch.arange(1, 4, dtype=dtype)[:, None]
+        exponents = torch.arange(-961.0, -881.0, 2.0, dtype=dtype)
+        lifts = torch.ldexp(torch.ones(40, dtype=dtype), exponents)[None, :]  # the windows move up by 1-3 bins
+        compiled, plain = _both_paths(monkeypatch, [tiny, lifts, tiny], 2)
+        assert torch.equal(compiled.top, plain.top) and torch.equal(compiled.bins, plain.bins)
+        assert torch.equal(compiled.value(), plain.value())
 
 
 def test_compiled_kernel_marks_non_finite_columns_as_the_torch_operations(monkeypatch):
