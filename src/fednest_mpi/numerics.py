@@ -7,7 +7,8 @@ A run is bitwise the same for every chunk size and rank count by the project's o
 * every row of an oracle is computed by the same kernel whatever the block it sits in: shared-weight
   products go through fixed-shape tiles (:func:`fednest_mpi.problems.kernels.rowwise_linear`), a block of
   one client is evaluated as two (``problems.base``), element-wise kernels are position independent
-  (``problems.kernels``).
+  (``problems.kernels``), and the small Gram matrices of the shared-start local steps are the project's own
+  fixed-order dot products (:func:`fednest_mpi.problems.kernels.gram`), whatever the BLAS or its mode.
 
 One library fact is left: **MKL** (torch's BLAS: every ``matmul``/``bmm``/``addmm``, also inside autograd)
 rounds a batched product differently depending on where each matrix of the batch sits in memory (measured on

@@ -59,3 +59,50 @@ def test_logistic_loss_value_gradient_and_hessian_match_torch():
     (h1,) = torch.autograd.grad(g1.sum(), z)
     (h2,) = torch.autograd.grad(g2.sum(), z)
     torch.testing.assert_close(h1, h2, rtol=1e-12, atol=1e-15)
+
+
+def _gram_both(monkeypatch, X, P):
+    """kernels.gram by the compiled kernel and by its torch operations."""
+    out = []
+    for path in ("auto", "off"):
+        monkeypatch.setenv(kernels.GRAM_KERNEL_VARIABLE, path)
+        kernels.gram_kernel.cache_clear()
+        if path == "auto" and kernels.gram_kernel() is None:
+            pytest.skip("no C compiler here: the compiled Gram kernel cannot be built")
+        out.append(kernels.gram(X, P))
+    kernels.gram_kernel.cache_clear()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(4, 784, 16), (3, 200, 5), (6, 37, 9), (1, 15, 2)])
+def test_gram_is_the_product_to_rounding_with_the_bits_of_its_torch_path_in_every_block(monkeypatch, dtype, shape):
+    """Per client X P^T: to rounding of the float64 product; compiled and torch paths bit for bit (dot products
+    of K = 784, 200, 37 and 15: whole and partial lane blocks; b rows in fours and the rest); P a slice of a
+    wider history buffer (its clients strided); a client's
+    result the same alone and in blocks of any size and position."""
+    b, K, k = shape
+    gen = torch.Generator().manual_seed(K)
+    X = torch.randn(9, b, K, generator=gen, dtype=dtype)
+    history = torch.randn(9, k + 3, K, generator=gen, dtype=dtype)
+    P = history[:, :k]
+    compiled, plain = _gram_both(monkeypatch, X, P)
+    assert torch.equal(compiled, plain)
+    exact = torch.bmm(X.double(), P.double().transpose(1, 2))
+    tol = 1e-5 * K if dtype == torch.float32 else 1e-13 * K
+    torch.testing.assert_close(compiled.double(), exact, rtol=0, atol=tol)
+    for lo, hi in ((0, 1), (4, 5), (8, 9), (2, 7), (0, 9)):
+        assert torch.equal(kernels.gram(X[lo:hi].clone(), history[lo:hi, :k].clone()), compiled[lo:hi])
+
+
+def test_gram_adds_in_the_written_order():
+    """The order of the additions is gram_kernel.c's, not some other exact-in-theory one: 1 and twice 2**-24 eight
+    lanes apart (lane 0 twice) gives what that order gives and what a sequential sum would not."""
+    K = 33
+    x = torch.zeros(1, 1, K, dtype=torch.float32)
+    x[0, 0, 0], x[0, 0, 16], x[0, 0, 32], x[0, 0, 1] = 1.0, 2.0**-24, 2.0**-24, -1.0
+    ones = torch.ones(1, 1, K, dtype=torch.float32)
+    # lane 0: 1 + 2**-24 (rounds to 1) + 2**-24 (rounds to 1) = 1; lane 1: -1; tree: 1 + -1 = 0
+    assert float(kernels.gram(x, ones)[0, 0, 0]) == 0.0
+    # a sequential sum: 1 - 1 + 2**-24 + 2**-24 = 2**-23
+    assert float(x.double().sum()) == 2.0**-23

@@ -16,7 +16,13 @@ Cost: 5-25 % over one ``addmm`` of the whole block at 640-5,000 rows (docs/perfo
 
 from __future__ import annotations
 
+import ctypes
+from functools import cache
+from pathlib import Path
+
 import torch
+
+from fednest_mpi import native
 
 TILE_BYTES = 2**20  # a tile's rows and results: about half of this core's 2 MiB L2
 
@@ -50,6 +56,59 @@ def rowwise_linear(rows: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tenso
         tile[: M - full] = flat[full:]
         out[full:] = torch.addmm(base, tile, weight_t)[: M - full]
     return out.view(*rows.shape[:-1], N)
+
+
+#: ``off``: :func:`gram` by its torch operations (the same bits, slower), for tests of that path
+GRAM_KERNEL_VARIABLE = "FEDNEST_GRAM_KERNEL"
+_GRAM_SOURCE = Path(__file__).with_name("gram_kernel.c")
+GRAM_LANES = 8  #: the partial sums of each dot product of :func:`gram` (gram_kernel.c's LANES)
+
+
+@cache
+def gram_kernel() -> ctypes.CDLL | None:
+    """The compiled :func:`gram` (``gram_kernel.c``), or None (then its torch operations give the same bits)."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    signature = ([ptr, ptr, ptr] + [i64] * 8, None)
+    return native.numeric_kernel(
+        _GRAM_SOURCE,
+        GRAM_KERNEL_VARIABLE,
+        "Gram products (torch's operations compute them, slower)",
+        {"gram_f32": signature, "gram_f64": signature},
+    )
+
+
+def gram(X: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """``X @ P^T`` per client, (C, b, k), for X (C, b, K) and P (C, k, K) whose rows are contiguous, each dot
+    product summed in one fixed order that this module writes itself (gram_kernel.c: :data:`GRAM_LANES`
+    partial sums by position, then a fixed tree), so a client's numbers depend on its own rows only: not on
+    the block, the BLAS or its mode (MKL's strict mode costs these small batched products 1.5-2x)."""
+    C, b, K = X.shape
+    k = P.shape[1]
+    if X.stride(2) != 1:
+        X = X.contiguous()
+    if P.stride(2) != 1:
+        P = P.contiguous()
+    out = X.new_empty(C, b, k)
+    lib = gram_kernel() if X.device.type == "cpu" and X.dtype in (torch.float32, torch.float64) else None
+    if lib is None or P.dtype != X.dtype:
+        return _gram_torch(X, P.to(X.dtype), out)
+    fn = lib.gram_f32 if X.dtype == torch.float32 else lib.gram_f64
+    fn(X.data_ptr(), P.data_ptr(), out.data_ptr(), C, b, k, K, X.stride(0), X.stride(1), P.stride(0), P.stride(1))
+    return out
+
+
+def _gram_torch(X: torch.Tensor, P: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """:func:`gram` by torch's element-wise operations, lane block by lane block: the compiled kernel's bits."""
+    K, L = X.shape[2], GRAM_LANES
+    acc = X.new_zeros(*out.shape, L)
+    full = K - K % L
+    for lo in range(0, full, L):
+        acc += X[:, :, None, lo : lo + L] * P[:, None, :, lo : lo + L]
+    if full < K:
+        acc[..., : K - full] += X[:, :, None, full:] * P[:, None, :, full:]
+    for half in (4, 2, 1):
+        acc[..., :half] += acc[..., half : 2 * half]
+    return out.copy_(acc[..., 0])
 
 
 def gram_norms(products: list[tuple[torch.Tensor, torch.Tensor]], plain: torch.Tensor) -> torch.Tensor:

@@ -15,10 +15,12 @@ inputs. So step nu's forward and backward products are
     D_nu W_nu   = rho^nu D_nu W_0   - eta sum_mu rho^(nu-1-mu) (D_nu D_mu^T) H_mu
 
 The products with the shared W_0 are one GEMM for the whole block (C b rows), and the corrections
-are small batched products with b x (nu b) Gram matrices; a client's weights are formed once, at
-the end (one batched GEMM per layer). Per client and step this costs the arithmetic of the plain
-step (a forward and a backward GEMM) plus O(nu b^2 (in + out)), instead of reading and writing a
-private copy of every weight matrix at every step. Biases are per-client vectors, updated as usual.
+are small batched products with b x (nu b) Gram matrices (formed by
+:func:`~fednest_mpi.problems.kernels.gram`, whose order of additions is this project's own, so a
+client's bits do not rest on the BLAS's mode); a client's weights are formed once, at the end (one
+batched GEMM per layer). Per client and step this costs the arithmetic of the plain step (a forward
+and a backward GEMM) plus O(nu b^2 (in + out)), instead of reading and writing a private copy of
+every weight matrix at every step. Biases are per-client vectors, updated as usual.
 
 FedInn's SVRG steps (Alg. 4), y <- y - eta (grad g_i(y_nu; xi) - grad g_i(y; xi) + q) with the
 anchor q = mean_S grad g_i(y), keep the same form: W_nu = a_nu W_0 + c_nu Q + (low rank), with
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fednest_mpi.problems import mlp
+from fednest_mpi.problems import kernels, mlp
 
 Batch = tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
@@ -210,7 +212,7 @@ class _SharedStart:
             z = self._dense(H, layer, mlp.linear).add_(self.bias[layer][:, None, :])
             if self.filled:
                 z.baddbmm_(
-                    torch.bmm(H, self.history_in[layer][:, past].transpose(1, 2)).mul_(self.coef[:, past]),
+                    kernels.gram(H, self.history_in[layer][:, past]).mul_(self.coef[:, past]),
                     self.history_grad[layer][:, past],
                 )
             pre.append(z)
@@ -227,7 +229,7 @@ class _SharedStart:
             dH = self._dense(D, layer, mlp.back)
             if self.filled:
                 dH.baddbmm_(
-                    torch.bmm(D, self.history_grad[layer][:, past].transpose(1, 2)).mul_(self.coef[:, past]),
+                    kernels.gram(D, self.history_grad[layer][:, past]).mul_(self.coef[:, past]),
                     self.history_in[layer][:, past],
                 )
             deltas.insert(0, dH.mul_(pre[layer - 1] > 0))
