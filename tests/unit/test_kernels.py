@@ -106,3 +106,34 @@ def test_gram_adds_in_the_written_order():
     assert float(kernels.gram(x, ones)[0, 0, 0]) == 0.0
     # a sequential sum: 1 - 1 + 2**-24 + 2**-24 = 2**-23
     assert float(x.double().sum()) == 2.0**-23
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(4, 16, 200), (6, 5, 784), (3, 1, 9)])
+def test_low_rank_add_is_the_product_to_rounding_with_the_bits_of_its_torch_path_in_every_block(
+    monkeypatch, dtype, shape
+):
+    """out += G R per client: to rounding of the float64 result; compiled and torch paths bit for bit (b rows in
+    fours and the rest, R a slice of a wider buffer); a client's result the same alone and in any block."""
+    b, k, N = shape
+    gen = torch.Generator().manual_seed(N + k)
+    out0 = torch.randn(9, b, N, generator=gen, dtype=dtype)
+    G = torch.randn(9, b, k, generator=gen, dtype=dtype)
+    R = torch.randn(9, k + 2, N, generator=gen, dtype=dtype)[:, :k]
+    results = []
+    for path in ("auto", "off"):
+        monkeypatch.setenv(kernels.GRAM_KERNEL_VARIABLE, path)
+        kernels.gram_kernel.cache_clear()
+        if path == "auto" and kernels.gram_kernel() is None:
+            pytest.skip("no C compiler here: the compiled kernel cannot be built")
+        results.append(kernels.low_rank_add_(out0.clone(), G, R))
+    monkeypatch.setenv(kernels.GRAM_KERNEL_VARIABLE, "auto")
+    kernels.gram_kernel.cache_clear()
+    compiled, plain = results
+    assert torch.equal(compiled, plain)
+    exact = out0.double() + torch.bmm(G.double(), R.double())
+    tol = 1e-5 * k if dtype == torch.float32 else 1e-13 * k
+    torch.testing.assert_close(compiled.double(), exact, rtol=tol, atol=tol)
+    for lo, hi in ((0, 1), (8, 9), (2, 7)):
+        alone = kernels.low_rank_add_(out0[lo:hi].clone(), G[lo:hi].clone(), R[lo:hi].clone())
+        assert torch.equal(alone, compiled[lo:hi])

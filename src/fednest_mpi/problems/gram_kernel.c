@@ -1,17 +1,18 @@
-/* The per-client Gram products of the shared-start local steps (problems/shared_start.py): for every client c,
- * out[c, i, j] = sum_l X[c, i, l] * P[c, j, l], X a client's b current rows, P its k earlier ones.
+/* The per-client products of the shared-start local steps (problems/shared_start.py): the Gram products
+ * out[c, i, j] = sum_l X[c, i, l] * P[c, j, l] (X a client's b current rows, P its k earlier ones) and the
+ * low-rank updates out[c] += G[c] R[c] that apply them.
  *
  * One fixed order of the additions per dot product, written out here, so that a client's numbers depend on
  * nothing but its own rows: not on the other clients of the call, their number, the memory addresses, the BLAS
  * or its mode. The products of a dot product go to LANES partial sums by position (l mod LANES, in increasing
- * l), then the lanes are added in a fixed tree (lane l + 8 into l, then l + 4, l + 2, l + 1). Each operation is
+ * l), then the lanes are added in a fixed tree (lane l + 4 into l, then l + 2, l + 1). Each operation is
  * one IEEE multiplication or addition: built with -ffp-contract=off and without -ffast-math (no fused
  * multiply-add, no reassociation), so vectorising across the lanes changes no bit on any CPU, and
  * kernels.gram's torch path (the same operations, lane block by lane block) gives the same bits without a
  * compiler. tests/unit/test_kernels.py compares the two bit for bit.
  *
- * Blocked for the registers: four rows of X against one row of P at a time (the P row is loaded once per four
- * dot products; 4 x 16 partial sums).
+ * Blocked for the registers: four rows of X against two rows of P at a time (a P row loaded once per four dot
+ * products; 8 x LANES partial sums).
  */
 #include <stdint.h>
 #include <string.h>
@@ -110,3 +111,40 @@
 
 DEFINE_GRAM(gram_f32, float)
 DEFINE_GRAM(gram_f64, double)
+
+/* low_rank_add_T(G, R, out, C, b, k, N, src, srr, soc, sor): out[c, i, :] += sum_j G[c, i, j] * R[c, j, :], the
+ * terms added to out one at a time in increasing j (out + G[i, 0] R[0] first, then + G[i, 1] R[1], ...): each an
+ * IEEE multiplication and addition, vectorised across the N columns only. G (C, b, k) contiguous; R rows at
+ * R + c * src + j * srr, out rows at out + c * soc + i * sor (rows contiguous). Four rows of out at a time (a
+ * row of R loaded once per four). */
+#define DEFINE_LOW_RANK_ADD(NAME, T)                                                                           \
+    void NAME(const T *G, const T *R, T *out, int64_t C, int64_t b, int64_t k, int64_t N, int64_t src,        \
+              int64_t srr, int64_t soc, int64_t sor) {                                                         \
+        for (int64_t c = 0; c < C; c++) {                                                                      \
+            const T *Gc = G + c * b * k, *Rc = R + c * src;                                                    \
+            int64_t i = 0;                                                                                     \
+            for (; i + 4 <= b; i += 4) {                                                                       \
+                T *restrict o0 = out + c * soc + i * sor, *restrict o1 = o0 + sor;                             \
+                T *restrict o2 = o1 + sor, *restrict o3 = o2 + sor;                                            \
+                for (int64_t j = 0; j < k; j++) {                                                              \
+                    const T *restrict r = Rc + j * srr;                                                        \
+                    const T g0 = Gc[i * k + j], g1 = Gc[(i + 1) * k + j];                                      \
+                    const T g2 = Gc[(i + 2) * k + j], g3 = Gc[(i + 3) * k + j];                                \
+                    for (int64_t n = 0; n < N; n++) {                                                          \
+                        const T v = r[n];                                                                      \
+                        o0[n] += g0 * v, o1[n] += g1 * v, o2[n] += g2 * v, o3[n] += g3 * v;                    \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+            for (; i < b; i++) {                                                                               \
+                T *o0 = out + c * soc + i * sor;                                                               \
+                for (int64_t j = 0; j < k; j++) {                                                              \
+                    const T *r = Rc + j * srr, g0 = Gc[i * k + j];                                             \
+                    for (int64_t n = 0; n < N; n++) o0[n] += g0 * r[n];                                        \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+DEFINE_LOW_RANK_ADD(low_rank_add_f32, float)
+DEFINE_LOW_RANK_ADD(low_rank_add_f64, double)

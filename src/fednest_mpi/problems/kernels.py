@@ -66,14 +66,15 @@ GRAM_LANES = 8  #: the partial sums of each dot product of :func:`gram` (gram_ke
 
 @cache
 def gram_kernel() -> ctypes.CDLL | None:
-    """The compiled :func:`gram` (``gram_kernel.c``), or None (then its torch operations give the same bits)."""
+    """The compiled :func:`gram` and :func:`low_rank_add_` (``gram_kernel.c``), or None (then their torch
+    operations give the same bits)."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     signature = ([ptr, ptr, ptr] + [i64] * 8, None)
     return native.numeric_kernel(
         _GRAM_SOURCE,
         GRAM_KERNEL_VARIABLE,
         "Gram products (torch's operations compute them, slower)",
-        {"gram_f32": signature, "gram_f64": signature},
+        {name: signature for name in ("gram_f32", "gram_f64", "low_rank_add_f32", "low_rank_add_f64")},
     )
 
 
@@ -109,6 +110,25 @@ def _gram_torch(X: torch.Tensor, P: torch.Tensor, out: torch.Tensor) -> torch.Te
     for half in (4, 2, 1):
         acc[..., :half] += acc[..., half : 2 * half]
     return out.copy_(acc[..., 0])
+
+
+def low_rank_add_(out: torch.Tensor, G: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """``out += G @ R`` per client, in place, for out (C, b, N), G (C, b, k) and R (C, k, N) whose rows are
+    contiguous: the k terms G[c, i, j] R[c, j] added to ``out`` one at a time in increasing j (gram_kernel.c), so
+    a client's numbers depend on its own rows only, as in :func:`gram`. Returns ``out``."""
+    C, b, N = out.shape
+    k = G.shape[2]
+    G = G.contiguous()
+    if R.stride(2) != 1:
+        R = R.contiguous()
+    lib = gram_kernel() if out.device.type == "cpu" and out.dtype in (torch.float32, torch.float64) else None
+    if lib is None or out.stride(2) != 1 or G.dtype != out.dtype or R.dtype != out.dtype:
+        for j in range(k):
+            out += G[:, :, j, None] * R[:, None, j, :]
+        return out
+    fn = lib.low_rank_add_f32 if out.dtype == torch.float32 else lib.low_rank_add_f64
+    fn(G.data_ptr(), R.data_ptr(), out.data_ptr(), C, b, k, N, R.stride(0), R.stride(1), out.stride(0), out.stride(1))
+    return out
 
 
 def gram_norms(products: list[tuple[torch.Tensor, torch.Tensor]], plain: torch.Tensor) -> torch.Tensor:

@@ -15,12 +15,13 @@ inputs. So step nu's forward and backward products are
     D_nu W_nu   = rho^nu D_nu W_0   - eta sum_mu rho^(nu-1-mu) (D_nu D_mu^T) H_mu
 
 The products with the shared W_0 are one GEMM for the whole block (C b rows), and the corrections
-are small batched products with b x (nu b) Gram matrices (formed by
-:func:`~fednest_mpi.problems.kernels.gram`, whose order of additions is this project's own, so a
-client's bits do not rest on the BLAS's mode); a client's weights are formed once, at the end (one
-batched GEMM per layer). Per client and step this costs the arithmetic of the plain step (a forward
-and a backward GEMM) plus O(nu b^2 (in + out)), instead of reading and writing a private copy of
-every weight matrix at every step. Biases are per-client vectors, updated as usual.
+are small batched products with b x (nu b) Gram matrices (formed and applied by
+:func:`~fednest_mpi.problems.kernels.gram` and :func:`~fednest_mpi.problems.kernels.low_rank_add_`,
+whose order of additions is this project's own, so a client's bits do not rest on the BLAS's mode);
+a client's weights are formed once, at the end (one batched GEMM per layer). Per client and step
+this costs the arithmetic of the plain step (a forward and a backward GEMM) plus
+O(nu b^2 (in + out)), instead of reading and writing a private copy of every weight matrix at every
+step. Biases are per-client vectors, updated as usual.
 
 FedInn's SVRG steps (Alg. 4), y <- y - eta (grad g_i(y_nu; xi) - grad g_i(y; xi) + q) with the
 anchor q = mean_S grad g_i(y), keep the same form: W_nu = a_nu W_0 + c_nu Q + (low rank), with
@@ -211,7 +212,8 @@ class _SharedStart:
             inputs.append(H)
             z = self._dense(H, layer, mlp.linear).add_(self.bias[layer][:, None, :])
             if self.filled:
-                z.baddbmm_(
+                kernels.low_rank_add_(
+                    z,
                     kernels.gram(H, self.history_in[layer][:, past]).mul_(self.coef[:, past]),
                     self.history_grad[layer][:, past],
                 )
@@ -228,7 +230,8 @@ class _SharedStart:
             D = deltas[0]
             dH = self._dense(D, layer, mlp.back)
             if self.filled:
-                dH.baddbmm_(
+                kernels.low_rank_add_(
+                    dH,
                     kernels.gram(D, self.history_grad[layer][:, past]).mul_(self.coef[:, past]),
                     self.history_in[layer][:, past],
                 )
