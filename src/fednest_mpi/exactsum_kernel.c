@@ -116,7 +116,7 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
         int64_t b = b0;                                                                                         \
         for (; b + 4 <= b1; b += 4) {                                                                           \
             const T *p0 = values + b * ld + lo, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;                    \
-            const double w0 = w[b - b0], w1 = w[b - b0 + 1], w2 = w[b - b0 + 2], w3 = w[b - b0 + 3];           \
+            const double w0 = w[b - b0], w1 = w[b - b0 + 1], w2 = w[b - b0 + 2], w3 = w[b - b0 + 3];            \
             for (int64_t j = 0; j < n; j++) {                                                                   \
                 double s[NB], x[NB];                                                                            \
                 uint64_t m = mx[j];                                                                             \
@@ -149,11 +149,11 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
         int64_t b = b0;                                                                                         \
         for (; b + 4 <= b1; b += 4) { /* four rows at a time: a column's maximum loaded once per four */        \
             const T *p0 = values + b * ld + lo, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;                    \
-            const double w0 = w[b - b0], w1 = w[b - b0 + 1], w2 = w[b - b0 + 2], w3 = w[b - b0 + 3];           \
+            const double w0 = w[b - b0], w1 = w[b - b0 + 1], w2 = w[b - b0 + 2], w3 = w[b - b0 + 3];            \
             for (int64_t j = 0; j < n; j++) {                                                                   \
-                uint64_t m = mx[j];                                                                                     \
-                uint64_t u0 = bits_of(fabs((double)p0[j] * w0)), u1 = bits_of(fabs((double)p1[j] * w1));                \
-                uint64_t u2 = bits_of(fabs((double)p2[j] * w2)), u3 = bits_of(fabs((double)p3[j] * w3));                \
+                uint64_t m = mx[j];                                                                             \
+                uint64_t u0 = bits_of(fabs((double)p0[j] * w0)), u1 = bits_of(fabs((double)p1[j] * w1));        \
+                uint64_t u2 = bits_of(fabs((double)p2[j] * w2)), u3 = bits_of(fabs((double)p3[j] * w3));        \
                 u0 = u1 > u0 ? u1 : u0;                                                                         \
                 u2 = u3 > u2 ? u3 : u2;                                                                         \
                 u0 = u2 > u0 ? u2 : u0;                                                                         \
@@ -183,8 +183,8 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
         }                                                                                                       \
         if (fresh) {                                                                                            \
             MAXIMA(T);                                                                                          \
-            /* Every top is TOP_MIN, and top_of gives TOP_MIN below its limit: the new tops of all columns at  \
-             * once (vectorised). Bins move only where a column holds something (values below 2**-961). */     \
+            /* Every top is TOP_MIN, and top_of gives TOP_MIN below its limit: the new tops of all columns at   \
+             * once (vectorised). Bins move only where a column holds something (values below 2**-961). */      \
             int held = 0;                                                                                       \
             for (int64_t j = 0; j < n; j++) {                                                                   \
                 tnew[j] = top_of(mx[j]);                                                                        \
@@ -242,31 +242,31 @@ struct scratch {
  * (2 or 3) bins per column (row stride ld_bins) under the columns' tops. 0, or -1 (nothing done) when its working
  * set cannot be allocated. */
 #define DEFINE_ADD(NAME, T)                                                                                     \
-    int NAME(const T *values, int64_t ld, const double *weights, int64_t rows, int64_t cols, int n_bins,      \
-              int64_t *top, double *bins, int64_t ld_bins) {                                                   \
-        struct scratch *sc = malloc(sizeof *sc); /* ~290 kB: not on a thread's stack */                       \
-        if (sc == NULL) return -1;                                                                            \
-        double(*restrict blk)[TILE] = sc->blk, (*restrict sigma)[TILE] = sc->sigma, *restrict w = sc->w;      \
-        uint64_t *restrict mx = sc->mx, *restrict limit = sc->limit;                                          \
-        int64_t *restrict tnew = sc->tnew;                                                                    \
-        char *restrict moved = sc->moved;                                                                     \
-        for (int64_t lo = 0; lo < cols; lo += TILE) {                                                          \
-            const int64_t n = cols - lo < TILE ? cols - lo : TILE;                                             \
-            for (int64_t j = 0; j < n; j++) {                                                                  \
-                limit[j] = limit_of(top[lo + j]);                                                              \
-                for (int k = 0; k < n_bins; k++) sigma[k][j] = sigma_of(top[lo + j], k);                       \
-            }                                                                                                  \
-            for (int64_t b0 = 0; b0 < rows; b0 += ROW_BLOCK) {                                                 \
-                const int64_t b1 = rows - b0 < ROW_BLOCK ? rows : b0 + ROW_BLOCK;                              \
-                for (int64_t b = b0; b < b1; b++) w[b - b0] = weights ? weights[b] : 1.0;                      \
-                if (n_bins == 2)                                                                               \
-                    BLOCK(T, 2);                                                                               \
-                else                                                                                           \
-                    BLOCK(T, 3);                                                                               \
-            }                                                                                                  \
-        }                                                                                                      \
-        free(sc);                                                                                              \
-        return 0;                                                                                              \
+    int NAME(const T *values, int64_t ld, const double *weights, int64_t rows, int64_t cols, int n_bins,        \
+              int64_t *top, double *bins, int64_t ld_bins) {                                                    \
+        struct scratch *sc = malloc(sizeof *sc); /* ~290 kB: not on a thread's stack */                         \
+        if (sc == NULL) return -1;                                                                              \
+        double(*restrict blk)[TILE] = sc->blk, (*restrict sigma)[TILE] = sc->sigma, *restrict w = sc->w;        \
+        uint64_t *restrict mx = sc->mx, *restrict limit = sc->limit;                                            \
+        int64_t *restrict tnew = sc->tnew;                                                                      \
+        char *restrict moved = sc->moved;                                                                       \
+        for (int64_t lo = 0; lo < cols; lo += TILE) {                                                           \
+            const int64_t n = cols - lo < TILE ? cols - lo : TILE;                                              \
+            for (int64_t j = 0; j < n; j++) {                                                                   \
+                limit[j] = limit_of(top[lo + j]);                                                               \
+                for (int k = 0; k < n_bins; k++) sigma[k][j] = sigma_of(top[lo + j], k);                        \
+            }                                                                                                   \
+            for (int64_t b0 = 0; b0 < rows; b0 += ROW_BLOCK) {                                                  \
+                const int64_t b1 = rows - b0 < ROW_BLOCK ? rows : b0 + ROW_BLOCK;                               \
+                for (int64_t b = b0; b < b1; b++) w[b - b0] = weights ? weights[b] : 1.0;                       \
+                if (n_bins == 2)                                                                                \
+                    BLOCK(T, 2);                                                                                \
+                else                                                                                            \
+                    BLOCK(T, 3);                                                                                \
+            }                                                                                                   \
+        }                                                                                                       \
+        free(sc);                                                                                               \
+        return 0;                                                                                               \
     }
 
 DEFINE_ADD(binned_add_f32, float)

@@ -11,8 +11,8 @@
  * kernels.gram's torch path (the same operations, lane block by lane block) gives the same bits without a
  * compiler. tests/unit/test_kernels.py compares the two bit for bit.
  *
- * Blocked for the registers: four rows of X against two rows of P at a time (a P row loaded once per four dot
- * products; 8 x LANES partial sums).
+ * Blocked for the registers: four rows of X against two rows of P at a time in float32 (a P row loaded once per
+ * four dot products; 8 x LANES partial sums), against one in float64. The blocking changes no bit.
  */
 #include <stdint.h>
 #include <string.h>
@@ -28,8 +28,8 @@
 
 /* gram_T(X, P, out, C, b, k, K, sxc, sxr, spc, spr): X rows at X + c * sxc + i * sxr, P rows at
  * P + c * spc + j * spr (elements; rows contiguous), out (C, b, k) contiguous. */
-#define DEFINE_GRAM(NAME, T)                                                                                   \
-    void NAME(const T *X, const T *P, T *out, int64_t C, int64_t b, int64_t k, int64_t K, int64_t sxc,        \
+#define DEFINE_GRAM(NAME, T, PAIRS)                                                                            \
+    void NAME(const T *X, const T *P, T *out, int64_t C, int64_t b, int64_t k, int64_t K, int64_t sxc,         \
               int64_t sxr, int64_t spc, int64_t spr) {                                                         \
         const int64_t full = K - K % LANES;                                                                    \
         for (int64_t c = 0; c < C; c++) {                                                                      \
@@ -39,7 +39,7 @@
             for (; i + 4 <= b; i += 4) {                                                                       \
                 const T *x0 = Xc + i * sxr, *x1 = x0 + sxr, *x2 = x1 + sxr, *x3 = x2 + sxr;                    \
                 int64_t j = 0;                                                                                 \
-                for (; j + 2 <= k; j += 2) { /* two rows of P: eight dot products at once */                   \
+                for (; PAIRS && j + 2 <= k; j += 2) { /* two rows of P: eight dot products at once */          \
                     const T *p = Pc + j * spr, *q = p + spr;                                                   \
                     T a0[LANES] = {0}, a1[LANES] = {0}, a2[LANES] = {0}, a3[LANES] = {0};                      \
                     T c0[LANES] = {0}, c1[LANES] = {0}, c2[LANES] = {0}, c3[LANES] = {0};                      \
@@ -85,10 +85,10 @@
                         a0[l - full] += x0[l] * v, a1[l - full] += x1[l] * v;                                  \
                         a2[l - full] += x2[l] * v, a3[l - full] += x3[l] * v;                                  \
                     }                                                                                          \
-                    REDUCE(a0);                                                                                        \
-                    REDUCE(a1);                                                                                        \
-                    REDUCE(a2);                                                                                        \
-                    REDUCE(a3);                                                                                        \
+                    REDUCE(a0);                                                                                \
+                    REDUCE(a1);                                                                                \
+                    REDUCE(a2);                                                                                \
+                    REDUCE(a3);                                                                                \
                     oc[i * k + j] = a0[0], oc[(i + 1) * k + j] = a1[0];                                        \
                     oc[(i + 2) * k + j] = a2[0], oc[(i + 3) * k + j] = a3[0];                                  \
                 }                                                                                              \
@@ -109,8 +109,8 @@
         }                                                                                                      \
     }
 
-DEFINE_GRAM(gram_f32, float)
-DEFINE_GRAM(gram_f64, double)
+DEFINE_GRAM(gram_f32, float, 1)
+DEFINE_GRAM(gram_f64, double, 0) /* one row of P at a time: 8 x 8 doubles would not fit the registers */
 
 /* low_rank_add_T(G, R, out, C, b, k, N, src, srr, soc, sor): out[c, i, :] += sum_j G[c, i, j] * R[c, j, :], the
  * terms added to out one at a time in increasing j (out + G[i, 0] R[0] first, then + G[i, 1] R[1], ...): each an
@@ -118,7 +118,7 @@ DEFINE_GRAM(gram_f64, double)
  * R + c * src + j * srr, out rows at out + c * soc + i * sor (rows contiguous). Four rows of out at a time (a
  * row of R loaded once per four). */
 #define DEFINE_LOW_RANK_ADD(NAME, T)                                                                           \
-    void NAME(const T *G, const T *R, T *out, int64_t C, int64_t b, int64_t k, int64_t N, int64_t src,        \
+    void NAME(const T *G, const T *R, T *out, int64_t C, int64_t b, int64_t k, int64_t N, int64_t src,         \
               int64_t srr, int64_t soc, int64_t sor) {                                                         \
         for (int64_t c = 0; c < C; c++) {                                                                      \
             const T *Gc = G + c * b * k, *Rc = R + c * src;                                                    \
