@@ -53,10 +53,13 @@ def block_range(n_clients: int, size: int, rank: int, group: int = 1) -> range:
     return range(min(n_clients, rank * n_groups // size * group), min(n_clients, (rank + 1) * n_groups // size * group))
 
 
-#: the automatic summation group (:func:`summation_group`): groups of one below this many clients per round (every
-#: shipped config, reference run and benchmark record has at most 100, and keeps the client-by-client bits), else
-#: about GROUP_MEMBERS members of a round's client set per group, and at least MIN_GROUPS groups a round
-GROUP_FROM_CLIENTS = 128
+#: the automatic summation group (:func:`summation_group`): groups of one below this many clients per round (where
+#: a group would hold fewer than two members of a round; every reference run, figure and MNIST benchmark record
+#: has at most 10 wide clients per round and keeps the client-by-client bits), else about GROUP_MEMBERS members of a
+#: round's client set per group, and at least MIN_GROUPS groups a round. 32, not 128 (until 2026-12-07, fourth
+#: session): at 32 / 64 / 100 clients per round hyper-representation 1.27x / 1.74x / 2.0x and loss tuning 1.37x /
+#: 2.25x / 2.6x less CPU per iteration (docs/lab/issue34.md, seventh session)
+GROUP_FROM_CLIENTS = 32
 #: 32, not 16: half the exact deposits and group products per round (loss tuning's targets -7 %, FedAvg's -6 %,
 #: docs/lab/issue34.md, sixth session), at the price of half the ranks that can hold a round's groups
 GROUP_MEMBERS = 32
@@ -71,7 +74,7 @@ def summation_group(setting: int, n_clients: int, clients_per_round: int) -> int
     automatic). Automatic: 1 (every client's row summed exactly) when fewer than :data:`GROUP_FROM_CLIENTS`
     clients take part in a round, else ``m * M // |S|`` ids with ``m = min(GROUP_MEMBERS, |S| // MIN_GROUPS)``,
     so that a round's client set has about m members in each group (32 from 512 clients per round; 8 at 128,
-    in 16 groups). Depends on the config only, never on the ranks or the chunk size."""
+    2 at 32, in 16 groups). Depends on the config only, never on the ranks or the chunk size."""
     if setting > 0:
         return min(setting, n_clients)
     if clients_per_round < GROUP_FROM_CLIENTS:

@@ -46,7 +46,9 @@ def test_the_automatic_summation_group_is_one_client_for_small_rounds_and_about_
     assert summation_group(0, 10_000, 1000) == 320  # 32 members of a 10 % sample per 320 ids
     assert summation_group(0, 1000, 1000) == 32  # full participation
     assert summation_group(0, 5000, 200) == 300  # 12 members of a 4 % sample per 300 ids: 17 groups a round
-    assert summation_group(0, 10_000, GROUP_FROM_CLIENTS) == 625  # 8 members, 16 groups
+    assert summation_group(0, 10_000, GROUP_FROM_CLIENTS) == 625  # 2 members, 16 groups
+    assert summation_group(0, 10_000, 100) == 600  # 6 members, about 17 groups
+    assert summation_group(0, 10_000, 128) == 625  # 8 members, 16 groups
     assert summation_group(7, 100, 10) == 7 and summation_group(500, 100, 10) == 100  # the user's, at most M
 
 

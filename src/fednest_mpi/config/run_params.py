@@ -31,7 +31,7 @@ class FederationConfig:
         "exact reduction: consecutive client ids per summation group; a round's rows are summed in floating point "
         "within a group (one GEMM of its rows, or of a factored form's factors), the groups' sums exactly, and a rank "
         "hosts whole groups, so results stay bitwise invariant to ranks and chunk size (1: every client's row "
-        "exactly; 0: automatic, 1 below 128 clients per round, else m n_clients / clients_per_round: about m "
+        "exactly; 0: automatic, 1 below 32 clients per round, else m n_clients / clients_per_round: about m "
         "members a group, m = min(32, clients_per_round / 16); docs/design.md)",
         low=0,
     )

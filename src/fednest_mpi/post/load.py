@@ -72,9 +72,9 @@ IGNORED_FIELDS = frozenset(
 
 #: Config fields added after run files were first written, with the value that reproduces a run written before
 #: them: a run whose config lacks the field ran as that value does. federation.group_clients: no summation
-#: groups then; 0 (automatic) is 1 below 128 clients per round (every benchmark record has at most 100), and wider
-#: rounds of those versions (the minimax figure's 1,000 clients) have rows narrower than 4,096 numbers, summed
-#: client by client in any case.
+#: groups then; 0 (automatic) is 1 below 32 clients per round (the MNIST benchmark records have 10), and wider
+#: rounds of those versions (the quadratic tasks' up to 100 clients, the minimax figure's 1,000) have rows
+#: narrower than 4,096 numbers, summed client by client in any case.
 ADDED_FIELDS = {"federation.group_clients": 0}
 
 _SUGGEST = 0.5  # did-you-mean similarity cutoff for column and field names (short, underscored)
