@@ -66,17 +66,18 @@ KERNEL_VARIABLE = "FEDNEST_EXACTSUM_KERNEL"
 _KERNEL_SOURCE = Path(__file__).with_name("exactsum_kernel.c")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ADD = ([_PTR, _I64, _PTR, _I64, _I64, ctypes.c_int, _PTR, _PTR, _I64], ctypes.c_int)
+_ALIGN = ([_PTR, _PTR, _I64, ctypes.c_int, _PTR, _I64], None)
 
 
 @cache
 def kernel() -> ctypes.CDLL | None:
-    """The compiled fused loop of :meth:`BinnedSum.add` (:func:`fednest_mpi.native.numeric_kernel`), or None (then
-    the torch operations compute the same bits)."""
+    """The compiled fused loop of :meth:`BinnedSum.add` and the in-place :meth:`BinnedSum.align`
+    (:func:`fednest_mpi.native.numeric_kernel`), or None (then the torch operations compute the same bits)."""
     return native.numeric_kernel(
         _KERNEL_SOURCE,
         KERNEL_VARIABLE,
         "exact sum (the torch operations compute it, slower)",
-        {"binned_add_f32": _ADD, "binned_add_f64": _ADD},
+        {"binned_add_f32": _ADD, "binned_add_f64": _ADD, "binned_align": _ALIGN},
     )
 
 
@@ -114,7 +115,18 @@ class BinnedSum:
         shift = top - self.top
         if bool((shift == 0).all()):
             return
+        if bool((shift < 0).any()):
+            raise ValueError("BinnedSum.align: a coordinate's top may only rise")
         self.empty = False
+        fn = kernel()
+        if fn is not None and top.device.type == "cpu":  # in place, only the columns that move (a 2-rank
+            # aggregation of 180,000 coordinates: about 2 ms by the torch operations below)
+            self.top, self.bins = self.top.contiguous(), self.bins.contiguous()
+            top = top.to(torch.int64).contiguous()
+            fn.binned_align(
+                self.top.data_ptr(), self.bins.data_ptr(), self.bins.stride(0), self.n_bins, top.data_ptr(), top.numel()
+            )
+            return
         k = torch.arange(self.n_bins, device=top.device)[:, None] - shift[None, :]
         moved = self.bins.gather(0, k.clamp(min=0))
         self.bins = torch.where(k >= 0, moved, torch.zeros((), dtype=torch.float64, device=top.device))

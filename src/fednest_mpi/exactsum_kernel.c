@@ -271,3 +271,11 @@ struct scratch {
 
 DEFINE_ADD(binned_add_f32, float)
 DEFINE_ADD(binned_add_f64, double)
+
+/* BinnedSum.align: every column j whose top rises to new_top[j] (>= top[j]) has its bins moved up as
+ * align_column does (a bin keeps its absolute position, bins that leave the window are dropped, new ones are 0),
+ * in place; columns whose top stays are not touched (BinnedSum.align refuses a top that falls). The torch path's bits (a move of bins, no arithmetic). */
+void binned_align(int64_t *top, double *bins, int64_t ld_bins, int n_bins, const int64_t *new_top, int64_t cols) {
+    for (int64_t j = 0; j < cols; j++)
+        if (new_top[j] > top[j]) align_column(bins, ld_bins, n_bins, top, j, new_top[j]);
+}

@@ -217,3 +217,28 @@ def test_a_shared_row_is_deposited_once_with_the_bits_of_its_copies(monkeypatch,
             assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
     assert once == [1000, 1000, 7, 7]  # the shared blocks with one weight were cut once; unequal weights were not
     exactsum.kernel.cache_clear()
+
+
+@pytest.mark.parametrize("n_bins", [2, 3])
+def test_compiled_align_moves_the_bins_as_the_torch_operations(monkeypatch, n_bins):
+    """BinnedSum.align in place by the kernel: bins, tops and value bit for bit those of the torch path, for
+    columns whose windows rise by 0, 1, 2 and more bins (all dropped); a falling top is refused on both paths."""
+    rows = _rows(torch.float64, n=9, d=300)
+    rise = torch.arange(300) % 5  # 0 .. 4 bins up
+    aligned = []
+    for path in ("auto", "off"):
+        monkeypatch.setenv(exactsum.KERNEL_VARIABLE, path)
+        exactsum.kernel.cache_clear()
+        if path == "auto" and exactsum.kernel() is None:
+            pytest.skip("no C compiler here: the compiled exact-sum kernel cannot be built")
+        acc = exactsum.BinnedSum(300, n_bins)
+        acc.add(rows)
+        target = (acc.top + rise).clamp(max=exactsum.TOP_MAX)
+        acc.align(target)
+        assert torch.equal(acc.top, target)
+        with pytest.raises(ValueError, match="only rise"):
+            acc.align(target - 1)
+        aligned.append(acc)
+    exactsum.kernel.cache_clear()
+    compiled, plain = aligned
+    assert torch.equal(compiled.bins, plain.bins) and torch.equal(compiled.value(), plain.value())
