@@ -7,6 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from compiled_paths import on_both_paths
 
 from fednest_mpi import config, exactsum
 from fednest_mpi.comm import SerialComm
@@ -105,20 +106,14 @@ def test_too_many_summands_for_the_exact_reduction_is_a_config_error():
 def _both_paths(monkeypatch, chunks, n_bins, weights=None):
     """The BinnedSum of the row blocks ``chunks`` (added one after another) by the compiled kernel and by the
     torch operations."""
-    monkeypatch.setenv(exactsum.KERNEL_VARIABLE, "auto")
-    exactsum.kernel.cache_clear()
-    if exactsum.kernel() is None:
-        pytest.skip("no C compiler here: the compiled exact-sum kernel cannot be built")
-    sums = []
-    for path in ("auto", "off"):
-        monkeypatch.setenv(exactsum.KERNEL_VARIABLE, path)
-        exactsum.kernel.cache_clear()
+
+    def binned_sum():
         acc = exactsum.BinnedSum(chunks[0].shape[1], n_bins)
         for i, chunk in enumerate(chunks):
             acc.add(chunk, None if weights is None else weights[i])
-        sums.append(acc)
-    exactsum.kernel.cache_clear()
-    return sums
+        return acc
+
+    return on_both_paths(monkeypatch, exactsum.KERNEL_VARIABLE, exactsum.kernel, binned_sum)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -225,12 +220,8 @@ def test_compiled_align_moves_the_bins_as_the_torch_operations(monkeypatch, n_bi
     columns whose windows rise by 0, 1, 2 and more bins (all dropped); a falling top is refused on both paths."""
     rows = _rows(torch.float64, n=9, d=300)
     rise = torch.arange(300) % 5  # 0 .. 4 bins up
-    aligned = []
-    for path in ("auto", "off"):
-        monkeypatch.setenv(exactsum.KERNEL_VARIABLE, path)
-        exactsum.kernel.cache_clear()
-        if path == "auto" and exactsum.kernel() is None:
-            pytest.skip("no C compiler here: the compiled exact-sum kernel cannot be built")
+
+    def aligned():
         acc = exactsum.BinnedSum(300, n_bins)
         acc.add(rows)
         target = (acc.top + rise).clamp(max=exactsum.TOP_MAX)
@@ -238,7 +229,7 @@ def test_compiled_align_moves_the_bins_as_the_torch_operations(monkeypatch, n_bi
         assert torch.equal(acc.top, target)
         with pytest.raises(ValueError, match="only rise"):
             acc.align(target - 1)
-        aligned.append(acc)
-    exactsum.kernel.cache_clear()
-    compiled, plain = aligned
+        return acc
+
+    compiled, plain = on_both_paths(monkeypatch, exactsum.KERNEL_VARIABLE, exactsum.kernel, aligned)
     assert torch.equal(compiled.bins, plain.bins) and torch.equal(compiled.value(), plain.value())

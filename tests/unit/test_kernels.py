@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from compiled_paths import on_both_paths
 
 from fednest_mpi.problems import kernels
 
@@ -63,15 +64,7 @@ def test_logistic_loss_value_gradient_and_hessian_match_torch():
 
 def _gram_both(monkeypatch, X, P):
     """kernels.gram by the compiled kernel and by its torch operations."""
-    out = []
-    for path in ("auto", "off"):
-        monkeypatch.setenv(kernels.GRAM_KERNEL_VARIABLE, path)
-        kernels.gram_kernel.cache_clear()
-        if path == "auto" and kernels.gram_kernel() is None:
-            pytest.skip("no C compiler here: the compiled Gram kernel cannot be built")
-        out.append(kernels.gram(X, P))
-    kernels.gram_kernel.cache_clear()
-    return out
+    return on_both_paths(monkeypatch, kernels.GRAM_KERNEL_VARIABLE, kernels.gram_kernel, lambda: kernels.gram(X, P))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -120,16 +113,12 @@ def test_low_rank_add_is_the_product_to_rounding_with_the_bits_of_its_torch_path
     out0 = torch.randn(9, b, N, generator=gen, dtype=dtype)
     G = torch.randn(9, b, k, generator=gen, dtype=dtype)
     R = torch.randn(9, k + 2, N, generator=gen, dtype=dtype)[:, :k]
-    results = []
-    for path in ("auto", "off"):
-        monkeypatch.setenv(kernels.GRAM_KERNEL_VARIABLE, path)
-        kernels.gram_kernel.cache_clear()
-        if path == "auto" and kernels.gram_kernel() is None:
-            pytest.skip("no C compiler here: the compiled kernel cannot be built")
-        results.append(kernels.low_rank_add_(out0.clone(), G, R))
-    monkeypatch.setenv(kernels.GRAM_KERNEL_VARIABLE, "auto")
-    kernels.gram_kernel.cache_clear()
-    compiled, plain = results
+    compiled, plain = on_both_paths(
+        monkeypatch,
+        kernels.GRAM_KERNEL_VARIABLE,
+        kernels.gram_kernel,
+        lambda: kernels.low_rank_add_(out0.clone(), G, R),
+    )
     assert torch.equal(compiled, plain)
     exact = out0.double() + torch.bmm(G.double(), R.double())
     tol = 1e-5 * k if dtype == torch.float32 else 1e-13 * k
