@@ -83,6 +83,8 @@ def gram(X: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
     product summed in one fixed order that this module writes itself (gram_kernel.c: :data:`GRAM_LANES`
     partial sums by position, then a fixed tree), so a client's numbers depend on its own rows only: not on
     the block, the BLAS or its mode (MKL's strict mode costs these small batched products 1.5-2x)."""
+    if X.device.type != "cpu":  # a GPU: its batched product (docs/design.md states the bits for x86-64 CPUs)
+        return torch.bmm(X, P.transpose(1, 2))
     C, b, K = X.shape
     k = P.shape[1]
     if X.stride(2) != 1:
@@ -90,7 +92,7 @@ def gram(X: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
     if P.stride(2) != 1:
         P = P.contiguous()
     out = X.new_empty(C, b, k)
-    lib = gram_kernel() if X.device.type == "cpu" and X.dtype in (torch.float32, torch.float64) else None
+    lib = gram_kernel() if X.dtype in (torch.float32, torch.float64) else None
     if lib is None or P.dtype != X.dtype:
         return _gram_torch(X, P.to(X.dtype), out)
     fn = lib.gram_f32 if X.dtype == torch.float32 else lib.gram_f64
@@ -116,12 +118,14 @@ def low_rank_add_(out: torch.Tensor, G: torch.Tensor, R: torch.Tensor) -> torch.
     """``out += G @ R`` per client, in place, for out (C, b, N), G (C, b, k) and R (C, k, N) whose rows are
     contiguous: the k terms G[c, i, j] R[c, j] added to ``out`` one at a time in increasing j (gram_kernel.c), so
     a client's numbers depend on its own rows only, as in :func:`gram`. Returns ``out``."""
+    if out.device.type != "cpu":  # a GPU: its batched product, as in gram
+        return out.baddbmm_(G, R)
     C, b, N = out.shape
     k = G.shape[2]
     G = G.contiguous()
     if R.stride(2) != 1:
         R = R.contiguous()
-    lib = gram_kernel() if out.device.type == "cpu" and out.dtype in (torch.float32, torch.float64) else None
+    lib = gram_kernel() if out.dtype in (torch.float32, torch.float64) else None
     if lib is None or out.stride(2) != 1 or G.dtype != out.dtype or R.dtype != out.dtype:
         for j in range(k):
             out += G[:, :, j, None] * R[:, None, j, :]
