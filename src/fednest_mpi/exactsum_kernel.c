@@ -211,7 +211,7 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
             break;                                                                                              \
         }                                                                                                       \
         for (int64_t j = 0; j < n; j++) {                                                                       \
-            moved[j] = rises && mx[j] >= limit[j];                                                              \
+            moved[j] = mx[j] >= limit[j];                                                                       \
             if (moved[j]) {                                                                                     \
                 int64_t t = top_of(mx[j]);                                                                      \
                 align_column(bins, ld_bins, NB, top, lo + j, t);                                                \
@@ -221,12 +221,10 @@ static void align_column(double *bins, int64_t ld_bins, int n_bins, int64_t *top
                 for (int k = 0; k < (NB); k++) bins[k * ld_bins + lo + j] += blk[k][j], blk[k][j] = 0.0;        \
             }                                                                                                   \
         }                                                                                                       \
-        if (rises) {                                                                                            \
-            SWEEP(T, NB, 0); /* all columns (vectorised); only the moved ones' sums are kept */                 \
-            for (int64_t j = 0; j < n; j++)                                                                     \
-                if (moved[j])                                                                                   \
-                    for (int k = 0; k < (NB); k++) bins[k * ld_bins + lo + j] += blk[k][j];                     \
-        }                                                                                                       \
+        SWEEP(T, NB, 0); /* all columns (vectorised); only the moved ones' sums are kept */                     \
+        for (int64_t j = 0; j < n; j++)                                                                         \
+            if (moved[j])                                                                                       \
+                for (int k = 0; k < (NB); k++) bins[k * ld_bins + lo + j] += blk[k][j];                         \
     } while (0)
 
 /* The per-call working set of a tile (block sums, sigmas, largest magnitudes, limits, moved columns) and a row

@@ -11,24 +11,39 @@
  * kernels.gram's torch path (the same operations, lane block by lane block) gives the same bits without a
  * compiler. tests/unit/test_kernels.py compares the two bit for bit.
  *
- * Blocked for the registers: four rows of X against two rows of P at a time in float32 (a P row loaded once per
- * four dot products; 8 x LANES partial sums), against one in float64. The blocking changes no bit.
+ * Blocked for the registers: four rows of X against two rows of P at a time (a P row loaded once per four dot
+ * products; 8 x LANES partial sums). The blocking changes no bit.
  */
 #include <stdint.h>
 #include <string.h>
 
 #define LANES 8
 
-#define REDUCE(a)                                                                                              \
+/* The NX x NP dot products of the rows x[0..NX) with the rows p[0..NP) (K long, full = K - K % LANES) into
+ * o[r * ldo + q]: each into LANES partial sums by position, then the fixed tree (lane l + 4 into l, then l + 2,
+ * l + 1). NX and NP are constants: the loops over them unroll and the lanes vectorise. */
+#define DOTS(T, NX, NP, x, p, o, ldo)                                                                          \
     do {                                                                                                       \
-        for (int l = 0; l < 4; l++) a[l] += a[l + 4];                                                          \
-        for (int l = 0; l < 2; l++) a[l] += a[l + 2];                                                          \
-        a[0] += a[1];                                                                                          \
+        T a[NX][NP][LANES] = {{{0}}};                                                                          \
+        for (int64_t l0 = 0; l0 < full; l0 += LANES)                                                           \
+            for (int l = 0; l < LANES; l++)                                                                    \
+                for (int r = 0; r < (NX); r++)                                                                 \
+                    for (int q = 0; q < (NP); q++) a[r][q][l] += x[r][l0 + l] * p[q][l0 + l];                  \
+        for (int64_t l = full; l < K; l++)                                                                     \
+            for (int r = 0; r < (NX); r++)                                                                     \
+                for (int q = 0; q < (NP); q++) a[r][q][l - full] += x[r][l] * p[q][l];                         \
+        for (int r = 0; r < (NX); r++)                                                                         \
+            for (int q = 0; q < (NP); q++) {                                                                   \
+                for (int h = LANES / 2; h > 0; h /= 2)                                                         \
+                    for (int l = 0; l < h; l++) a[r][q][l] += a[r][q][l + h];                                  \
+                (o)[r * (ldo) + q] = a[r][q][0];                                                               \
+            }                                                                                                  \
     } while (0)
 
 /* gram_T(X, P, out, C, b, k, K, sxc, sxr, spc, spr): X rows at X + c * sxc + i * sxr, P rows at
- * P + c * spc + j * spr (elements; rows contiguous), out (C, b, k) contiguous. */
-#define DEFINE_GRAM(NAME, T, PAIRS)                                                                            \
+ * P + c * spc + j * spr (elements; rows contiguous), out (C, b, k) contiguous. Four rows of X against two
+ * rows of P at a time, then the rest. */
+#define DEFINE_GRAM(NAME, T)                                                                                   \
     void NAME(const T *X, const T *P, T *out, int64_t C, int64_t b, int64_t k, int64_t K, int64_t sxc,         \
               int64_t sxr, int64_t spc, int64_t spr) {                                                         \
         const int64_t full = K - K % LANES;                                                                    \
@@ -37,80 +52,27 @@
             T *oc = out + c * b * k;                                                                           \
             int64_t i = 0;                                                                                     \
             for (; i + 4 <= b; i += 4) {                                                                       \
-                const T *x0 = Xc + i * sxr, *x1 = x0 + sxr, *x2 = x1 + sxr, *x3 = x2 + sxr;                    \
+                const T *x[4] = {Xc + i * sxr, Xc + (i + 1) * sxr, Xc + (i + 2) * sxr, Xc + (i + 3) * sxr};    \
                 int64_t j = 0;                                                                                 \
-                for (; PAIRS && j + 2 <= k; j += 2) { /* two rows of P: eight dot products at once */          \
-                    const T *p = Pc + j * spr, *q = p + spr;                                                   \
-                    T a0[LANES] = {0}, a1[LANES] = {0}, a2[LANES] = {0}, a3[LANES] = {0};                      \
-                    T c0[LANES] = {0}, c1[LANES] = {0}, c2[LANES] = {0}, c3[LANES] = {0};                      \
-                    for (int64_t l0 = 0; l0 < full; l0 += LANES)                                               \
-                        for (int l = 0; l < LANES; l++) {                                                      \
-                            const T v = p[l0 + l], u = q[l0 + l];                                              \
-                            const T y0 = x0[l0 + l], y1 = x1[l0 + l], y2 = x2[l0 + l], y3 = x3[l0 + l];        \
-                            a0[l] += y0 * v, a1[l] += y1 * v, a2[l] += y2 * v, a3[l] += y3 * v;                \
-                            c0[l] += y0 * u, c1[l] += y1 * u, c2[l] += y2 * u, c3[l] += y3 * u;                \
-                        }                                                                                      \
-                    for (int64_t l = full; l < K; l++) {                                                       \
-                        const T v = p[l], u = q[l], y0 = x0[l], y1 = x1[l], y2 = x2[l], y3 = x3[l];            \
-                        a0[l - full] += y0 * v, a1[l - full] += y1 * v, a2[l - full] += y2 * v;                \
-                        a3[l - full] += y3 * v, c0[l - full] += y0 * u, c1[l - full] += y1 * u;                \
-                        c2[l - full] += y2 * u, c3[l - full] += y3 * u;                                        \
-                    }                                                                                          \
-                    REDUCE(a0);                                                                                \
-                    REDUCE(a1);                                                                                \
-                    REDUCE(a2);                                                                                \
-                    REDUCE(a3);                                                                                \
-                    REDUCE(c0);                                                                                \
-                    REDUCE(c1);                                                                                \
-                    REDUCE(c2);                                                                                \
-                    REDUCE(c3);                                                                                \
-                    oc[i * k + j] = a0[0], oc[(i + 1) * k + j] = a1[0];                                        \
-                    oc[(i + 2) * k + j] = a2[0], oc[(i + 3) * k + j] = a3[0];                                  \
-                    oc[i * k + j + 1] = c0[0], oc[(i + 1) * k + j + 1] = c1[0];                                \
-                    oc[(i + 2) * k + j + 1] = c2[0], oc[(i + 3) * k + j + 1] = c3[0];                          \
+                for (; j + 2 <= k; j += 2) {                                                                   \
+                    const T *p[2] = {Pc + j * spr, Pc + (j + 1) * spr};                                        \
+                    DOTS(T, 4, 2, x, p, oc + i * k + j, k);                                                    \
                 }                                                                                              \
                 for (; j < k; j++) {                                                                           \
-                    const T *p = Pc + j * spr;                                                                 \
-                    T a0[LANES], a1[LANES], a2[LANES], a3[LANES];                                              \
-                    memset(a0, 0, sizeof a0), memset(a1, 0, sizeof a1);                                        \
-                    memset(a2, 0, sizeof a2), memset(a3, 0, sizeof a3);                                        \
-                    for (int64_t l0 = 0; l0 < full; l0 += LANES)                                               \
-                        for (int l = 0; l < LANES; l++) {                                                      \
-                            const T v = p[l0 + l];                                                             \
-                            a0[l] += x0[l0 + l] * v, a1[l] += x1[l0 + l] * v;                                  \
-                            a2[l] += x2[l0 + l] * v, a3[l] += x3[l0 + l] * v;                                  \
-                        }                                                                                      \
-                    for (int64_t l = full; l < K; l++) {                                                       \
-                        const T v = p[l];                                                                      \
-                        a0[l - full] += x0[l] * v, a1[l - full] += x1[l] * v;                                  \
-                        a2[l - full] += x2[l] * v, a3[l - full] += x3[l] * v;                                  \
-                    }                                                                                          \
-                    REDUCE(a0);                                                                                \
-                    REDUCE(a1);                                                                                \
-                    REDUCE(a2);                                                                                \
-                    REDUCE(a3);                                                                                \
-                    oc[i * k + j] = a0[0], oc[(i + 1) * k + j] = a1[0];                                        \
-                    oc[(i + 2) * k + j] = a2[0], oc[(i + 3) * k + j] = a3[0];                                  \
+                    const T *p[1] = {Pc + j * spr};                                                            \
+                    DOTS(T, 4, 1, x, p, oc + i * k + j, k);                                                    \
                 }                                                                                              \
             }                                                                                                  \
-            for (; i < b; i++) {                                                                               \
-                const T *x0 = Xc + i * sxr;                                                                    \
+            for (; i < b; i++)                                                                                 \
                 for (int64_t j = 0; j < k; j++) {                                                              \
-                    const T *p = Pc + j * spr;                                                                 \
-                    T a0[LANES];                                                                               \
-                    memset(a0, 0, sizeof a0);                                                                  \
-                    for (int64_t l0 = 0; l0 < full; l0 += LANES)                                               \
-                        for (int l = 0; l < LANES; l++) a0[l] += x0[l0 + l] * p[l0 + l];                       \
-                    for (int64_t l = full; l < K; l++) a0[l - full] += x0[l] * p[l];                           \
-                    REDUCE(a0);                                                                                \
-                    oc[i * k + j] = a0[0];                                                                     \
+                    const T *x[1] = {Xc + i * sxr}, *p[1] = {Pc + j * spr};                                    \
+                    DOTS(T, 1, 1, x, p, oc + i * k + j, k);                                                    \
                 }                                                                                              \
-            }                                                                                                  \
         }                                                                                                      \
     }
 
-DEFINE_GRAM(gram_f32, float, 1)
-DEFINE_GRAM(gram_f64, double, 0) /* one row of P at a time: 8 x 8 doubles would not fit the registers */
+DEFINE_GRAM(gram_f32, float)
+DEFINE_GRAM(gram_f64, double)
 
 /* low_rank_add_T(G, R, out, C, b, k, N, src, srr, soc, sor): out[c, i, :] += sum_j G[c, i, j] * R[c, j, :], the
  * terms added to out one at a time in increasing j (out + G[i, 0] R[0] first, then + G[i, 1] R[1], ...): each an
