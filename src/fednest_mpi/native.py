@@ -75,18 +75,26 @@ NUMERIC_FLAGS = (
     "-mprefer-vector-width=256",
     "-ffp-contract=off",
     "-fno-fast-math",
+    "-fno-math-errno",
     "-fPIC",
     "-shared",
 )
 
 
-def numeric_kernel(source: Path, switch: str, what: str, signatures: dict) -> ctypes.CDLL | None:
+def numeric_kernel(
+    source: Path, switch: str, what: str, signatures: dict, vector_bits: int = 256
+) -> ctypes.CDLL | None:
     """The numeric kernel ``source`` built with :data:`NUMERIC_FLAGS` (:func:`build`), each function of
     ``signatures`` (name -> (argtypes, restype)) declared; None when the environment variable ``switch`` is
-    ``off`` or it cannot be built (then the caller's Python path computes the same bits)."""
+    ``off`` or it cannot be built (then the caller's Python path computes the same bits). ``vector_bits``: the
+    preferred vector width (512 for a kernel that runs alone between large products, where the clock concern of
+    :data:`NUMERIC_FLAGS` does not arise; no bit depends on it)."""
     if os.environ.get(switch, "auto") == "off":
         return None
-    lib = build(source, NUMERIC_FLAGS, what)
+    flags = tuple(
+        f"-mprefer-vector-width={vector_bits}" if f.startswith("-mprefer-vector-width") else f for f in NUMERIC_FLAGS
+    )
+    lib = build(source, flags, what)
     if lib is None:
         return None
     for name, (argtypes, restype) in signatures.items():

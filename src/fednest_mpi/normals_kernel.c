@@ -1,45 +1,100 @@
-/* The integer and float32 passes of fednest_mpi.rng.stream_normals (Box-Muller on SplitMix64 words), fused.
+/* fednest_mpi.rng.stream_normals's numbers (Box-Muller on SplitMix64 words) in one pass, with the project's own
+ * elementary functions.
  *
- * The same operations as the numpy passes of rng._NormalBuffers.normals and rng._write_numbers, element by element,
- * so the same bits: every step is exact integer arithmetic, an exact float32 subtraction, or one correctly rounded
- * float32 multiplication (no fused multiply-add: built with -ffp-contract=off, without -ffast-math; x86-64 computes
- * float in float32, without excess precision). log, sqrt, cos and sin stay torch's kernels (numpy's float32 ones
- * round differently), called between the two functions below. tests/unit/test_rng.py compares it with the numpy
- * passes bit for bit.
+ * The same operations as the numpy passes of rng._NormalBuffers.numbers (rng.box_muller), element by element, so
+ * the same bits on every x86-64 CPU: exact integer arithmetic, exact float conversions and subtractions, and
+ * correctly rounded IEEE double operations (+, -, *, /, sqrt, rint) in a fixed order: no fused multiply-add (built
+ * with -ffp-contract=off, without -ffast-math), no math library. log, sin and cos are the series of rng.box_muller
+ * (constants: rng._LOG_SERIES, _SIN_SERIES, _COS_SERIES, written here as the shortest decimals of the same
+ * doubles). tests/unit/test_rng.py compares it with the numpy passes and with a one-number-at-a-time definition,
+ * bit for bit.
  */
 #include <stdint.h>
 #include <string.h>
 
-#define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
 #define M1 UINT64_C(0xBF58476D1CE4E5B9)
 #define M2 UINT64_C(0x94D049BB133111EB)
+#define LN2 0.6931471805599453
+#define HALF_PI 1.5707963267948966
+#define SQRT2 1.4142135623730951
 
-static inline float unit_of(uint32_t half) { /* a half's 23 high bits as the mantissa of u in [1, 2) */
+static inline double unit_of(uint32_t half) { /* a half's 23 high bits as the mantissa of u in [1, 2) */
     uint32_t bits = (half >> 9) | UINT32_C(0x3F800000);
     float u;
     memcpy(&u, &bits, sizeof u);
-    return u;
+    return (double)u;
 }
 
-/* Word i = mix(firsts[i * first_stride] + step[i]) (SplitMix64's mix, all mod 2^64) for i < n; then
- * radius_in[i] = 2 - u_high (in (0, 1], exact), angle[i] = (u_low - 1) * two_pi (one rounding), with u_low, u_high
- * the word's low and high 32-bit halves as units (unit_of). first_stride: 1, or 0 for one first word for all. */
-void normal_inputs(const uint64_t *firsts, int64_t first_stride, const uint64_t *step, int64_t n, float two_pi,
-                   float *restrict radius_in, float *restrict angle) {
+/* log(t) for t in (0, 1] (a normal double): t = m 2^e with m in [sqrt(1/2), sqrt(2)], s = (m - 1) / (m + 1),
+ * log t = e log 2 + 2 s (1 + s^2 / 3 + s^4 / 5 + ... + s^20 / 21). */
+static inline double own_log(double t) {
+    uint64_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    double e = (double)((int64_t)(bits >> 52) - 1023);
+    bits = (bits & UINT64_C(0x000FFFFFFFFFFFFF)) | UINT64_C(0x3FF0000000000000);
+    double m;
+    memcpy(&m, &bits, sizeof m);
+    double big = m > SQRT2 ? 1.0 : 0.0;
+    m = m > SQRT2 ? m * 0.5 : m;
+    e = e + big;
+    double f = m - 1.0;
+    double s = f / (2.0 + f);
+    double z = s * s;
+    double p = 0.047619047619047616;
+    p = p * z + 0.05263157894736842;
+    p = p * z + 0.058823529411764705;
+    p = p * z + 0.06666666666666667;
+    p = p * z + 0.07692307692307693;
+    p = p * z + 0.09090909090909091;
+    p = p * z + 0.1111111111111111;
+    p = p * z + 0.14285714285714285;
+    p = p * z + 0.2;
+    p = p * z + 0.3333333333333333;
+    p = p * z + 1.0;
+    return e * LN2 + (2.0 * s) * p;
+}
+
+/* For i < n: word z = mix(firsts[i * first_stride] + step[i]) (SplitMix64's mix, mod 2^64), u_low and u_high its
+ * low and high 32-bit halves as units (unit_of); radius = sqrt(-2 log(2 - u_high)); the angle in quarter turns
+ * y = 4 (u_low - 1) (exact), k = rint(y), x = (y - k) pi/2 in [-pi/4, pi/4], (cos, sin) of x by their series and
+ * of the angle by the quadrant k; out[2 i] = (float)(radius cos), out[2 i + 1] = (float)(radius sin).
+ * first_stride: 1, or 0 for one first word for all. */
+void normal_numbers(const uint64_t *firsts, int64_t first_stride, const uint64_t *step, int64_t n,
+                    float *restrict out) {
     for (int64_t i = 0; i < n; i++) {
         uint64_t z = firsts[i * first_stride] + step[i];
         z = (z ^ (z >> 30)) * M1;
         z = (z ^ (z >> 27)) * M2;
         z = z ^ (z >> 31);
-        radius_in[i] = 2.0f - unit_of((uint32_t)(z >> 32));
-        angle[i] = (unit_of((uint32_t)z) - 1.0f) * two_pi;
-    }
-}
-
-/* out[2 i] = radius[i] * cos_[i], out[2 i + 1] = radius[i] * sin_[i] for i < n (one rounding each). */
-void normal_pairs(const float *radius, const float *cos_, const float *sin_, int64_t n, float *restrict out) {
-    for (int64_t i = 0; i < n; i++) {
-        out[2 * i] = radius[i] * cos_[i];
-        out[2 * i + 1] = radius[i] * sin_[i];
+        double radius = __builtin_sqrt(-2.0 * own_log(2.0 - unit_of((uint32_t)(z >> 32))));
+        double y = (unit_of((uint32_t)z) - 1.0) * 4.0;
+        double k = __builtin_rint(y);
+        double x = (y - k) * HALF_PI;
+        double x2 = x * x;
+        double sn = 2.8114572543455206e-15;
+        sn = sn * x2 + -7.647163731819816e-13;
+        sn = sn * x2 + 1.6059043836821613e-10;
+        sn = sn * x2 + -2.505210838544172e-08;
+        sn = sn * x2 + 2.7557319223985893e-06;
+        sn = sn * x2 + -0.0001984126984126984;
+        sn = sn * x2 + 0.008333333333333333;
+        sn = sn * x2 + -0.16666666666666666;
+        sn = sn * x2 + 1.0;
+        sn = sn * x;
+        double cs = -1.5619206968586225e-16;
+        cs = cs * x2 + 4.779477332387385e-14;
+        cs = cs * x2 + -1.1470745597729725e-11;
+        cs = cs * x2 + 2.08767569878681e-09;
+        cs = cs * x2 + -2.755731922398589e-07;
+        cs = cs * x2 + 2.48015873015873e-05;
+        cs = cs * x2 + -0.001388888888888889;
+        cs = cs * x2 + 0.041666666666666664;
+        cs = cs * x2 + -0.5;
+        cs = cs * x2 + 1.0;
+        int q = (int)k & 3; /* angle = q quarter turns + x */
+        double c = q == 0 ? cs : q == 1 ? -sn : q == 2 ? -cs : sn;
+        double s = q == 0 ? sn : q == 1 ? cs : q == 2 ? -sn : -cs;
+        out[2 * i] = (float)(radius * c);
+        out[2 * i + 1] = (float)(radius * s);
     }
 }

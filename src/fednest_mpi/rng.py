@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import math
+from fractions import Fraction
 from functools import cache
 from pathlib import Path
 
@@ -100,7 +101,6 @@ bytes per word that stay in the core's L2 cache (instead of stream-sized tempora
 The values do not depend on it (tested with blocks that end inside streams)."""
 
 _FEW_DROPS = 32  # up to this many odd streams ending in a block, their dropped numbers are cut by slice copies
-_TWO_PI = np.float32(2.0 * math.pi)
 
 
 def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
@@ -111,14 +111,13 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
     half's; values within about 5.7 standard deviations). A stream's numbers depend on its key
     alone, not on which other streams are drawn with it (tested bitwise across groupings).
 
-    Exactly, in float32, with a half's 23 high bits as the mantissa of u in [1, 2): radius =
-    sqrt(-2 log(2 - u_high)), angle = (u_low - 1) * fl(2 pi), numbers (radius cos(angle), radius sin(angle));
-    an odd-length stream drops the second number of its last word. The words are made :data:`STREAM_BLOCK` at
-    a time in buffers allocated once per call and each block's numbers written into the output, so memory is
-    the output plus O(block). log, sqrt, cos and sin are torch's kernels (numpy's float32 ones round
-    differently); every other step is exact or one correctly rounded float32 operation. The output is
-    allocated by numpy (which asks for transparent huge pages: its first touch costs a third of torch's
-    4 KiB pages here) and shared with the returned tensor."""
+    Exactly, with a half's 23 high bits as the mantissa of u in [1, 2): the numbers (r cos a, r sin a), r =
+    sqrt(-2 log(2 - u_high)), a = 2 pi (u_low - 1), by :func:`box_muller` (the project's own log, cos and sin in
+    float64, rounded once to float32: the same bits on every CPU); an odd-length stream drops the second number of
+    its last word. The words are made :data:`STREAM_BLOCK` at a time in buffers allocated once per call and each
+    block's numbers written into the output, so memory is the output plus O(block). The output is allocated by
+    numpy (which asks for transparent huge pages: its first touch costs a third of torch's 4 KiB pages here) and
+    shared with the returned tensor."""
     keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     flat = np.empty(int(lengths.sum()), dtype=np.float32)
@@ -142,43 +141,99 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
         firsts = base[s0:s1] + np.uint64(a * int(_GOLDEN) % 2**64)  # z = base[stream] + a * golden + step
         if s1 - s0 > 1:
             firsts = np.repeat(firsts, np.minimum(ends[s0:s1], a + n) - np.maximum(starts[s0:s1], a))
-        r, c, s = buffers.normals(firsts, step, n)
         dropped = _NO_DROPS  # positions in the block's numbers of the second number of an odd stream's last word
         if buffers.pairs is not None:
             last = ends[s0:s1]
             dropped = 2 * (last[odd[s0:s1] & (last <= a + n)] - a) - 1
-        o = _write_numbers(flat, o, r, c, s, dropped, buffers.pairs)
+        o = _write_numbers(flat, o, buffers, firsts, step, n, dropped)
     return torch.from_numpy(flat)
 
 
 _NO_DROPS = np.empty(0, dtype=np.int64)
 
-#: ``off``: never use the compiled passes of :func:`stream_normals` (the numpy passes give the same bits); ``auto``
-#: (default): use them when they can be built
+#: ``off``: never use the compiled pass of :func:`stream_normals` (the numpy passes give the same bits); ``auto``
+#: (default): use it when it can be built
 KERNEL_VARIABLE = "FEDNEST_NORMALS_KERNEL"
 _KERNEL_SOURCE = Path(__file__).with_name("normals_kernel.c")
 
 
 @cache
 def kernel() -> ctypes.CDLL | None:
-    """The compiled integer and float32 passes of :func:`stream_normals` (``normals_kernel.c``, built by
+    """The compiled pass of :func:`stream_normals` (``normals_kernel.c``, built by
     :func:`fednest_mpi.native.numeric_kernel`), or None (then numpy's passes compute the same bits, slower)."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     return native.numeric_kernel(
         _KERNEL_SOURCE,
         KERNEL_VARIABLE,
         "normals (numpy's passes compute them, slower)",
-        {
-            "normal_inputs": ([ptr, i64, ptr, i64, ctypes.c_float, ptr, ptr], None),
-            "normal_pairs": ([ptr, ptr, ptr, i64, ptr], None),
-        },
+        {"normal_numbers": ([ptr, i64, ptr, i64, ptr], None)},
+        vector_bits=512,  # 4.3 against 7.5 ns per word on the AMD EPYC here (docs/lab/issue34.md)
     )
 
 
+def _series(terms) -> tuple[float, ...]:
+    """The coefficients of a series as the doubles nearest to the exact fractions (highest power first: Horner)."""
+    return tuple(float(t) for t in reversed(list(terms)))
+
+
+_LOG_SERIES = _series(Fraction(1, 2 * k + 1) for k in range(11))  # 1 + z/3 + ... + z^10/21, z = s^2
+_SIN_SERIES = _series(Fraction((-1) ** k, math.factorial(2 * k + 1)) for k in range(9))  # x - x^3/3! ... + x^17/17!
+_COS_SERIES = _series(Fraction((-1) ** k, math.factorial(2 * k)) for k in range(10))  # 1 - x^2/2! ... - x^18/18!
+_EXPONENT_MASK, _MANTISSA_MASK, _ONE_BITS = np.uint64(0x7FF), np.uint64(0x000FFFFFFFFFFFFF), np.uint64(0x3FF << 52)
+
+
+def _horner(coefficients: tuple[float, ...], z: np.ndarray) -> np.ndarray:
+    p = np.full_like(z, coefficients[0])
+    for c in coefficients[1:]:
+        p *= z
+        p += c
+    return p
+
+
+def _log(t: np.ndarray) -> np.ndarray:
+    """log t for normal doubles t in (0, 1], by the project's own series (every step one IEEE operation, so the
+    same bits on every CPU, unlike a math library's log): t = m 2^e with m in [sqrt(1/2), sqrt(2)],
+    s = (m - 1) / (m + 1), log t = e log 2 + 2 s (1 + s^2/3 + ... + s^20/21) (|s| <= 0.172: the next term is
+    below 2^-53). Within 2 ulp of the true log (tests/unit/test_rng.py)."""
+    bits = t.view(np.uint64)
+    e = ((bits >> np.uint64(52)) & _EXPONENT_MASK).astype(np.int64) - 1023
+    m = ((bits & _MANTISSA_MASK) | _ONE_BITS).view(np.float64)
+    big = m > math.sqrt(2.0)
+    m = np.where(big, m * 0.5, m)
+    f = m - 1.0
+    s = f / (2.0 + f)
+    return (e + big).astype(np.float64) * math.log(2.0) + (2.0 * s) * _horner(_LOG_SERIES, s * s)
+
+
+def box_muller(u_low: np.ndarray, u_high: np.ndarray, out: np.ndarray) -> None:
+    """Box-Muller with the project's own elementary functions: for units u_low, u_high in [1, 2) (float32),
+    ``out`` (n, 2) float32 = (r cos a, r sin a) with r = sqrt(-2 log(2 - u_high)) (:func:`_log`, IEEE sqrt) and the
+    angle a = 2 pi (u_low - 1), taken in quarter turns: y = 4 (u_low - 1) (exact), k = rint(y), x = (y - k) pi/2 in
+    [-pi/4, pi/4], cos and sin of x by their series to x^18 and x^17 (the next terms below 2^-53), then of a by the
+    quadrant k. Every step is exact or one correctly rounded double operation, computed in float64 and rounded once
+    to float32 at the end: the same bits on every x86-64 CPU (torch's float32 sqrt, log, cos and sin are MKL's
+    vector math, whose code path, and last bits, depend on the CPU's vendor: docs/design.md). ``normals_kernel.c``
+    computes the same bits in one pass."""
+    radius = np.sqrt(-2.0 * _log(2.0 - u_high.astype(np.float64)))
+    y = (u_low.astype(np.float64) - 1.0) * 4.0
+    k = np.rint(y)
+    x = (y - k) * (math.pi / 2)
+    x2 = x * x
+    sn = _horner(_SIN_SERIES, x2) * x
+    cs = _horner(_COS_SERIES, x2)
+    q = k.astype(np.int64) & 3
+    c = np.select([q == 0, q == 1, q == 2], [cs, -sn, -cs], sn)
+    s = np.select([q == 0, q == 1, q == 2], [sn, cs, -sn], -cs)
+    np.multiply(radius, c, out=c)
+    np.multiply(radius, s, out=s)
+    out[:, 0] = c
+    out[:, 1] = s
+
+
 class _NormalBuffers:
-    """The word-sized buffers of :func:`stream_normals`, allocated once per call: ``z`` holds the words, then radius
-    and angle; ``tmp`` the mix's shifts, then the halves as floats u in [1, 2), then cos and sin (each read before
-    it is overwritten). ``pairs``: a block's numbers before odd streams' cuts (None when no stream is odd)."""
+    """The word-sized buffers of :func:`stream_normals`, allocated once per call: ``z`` holds the words, ``tmp`` the
+    mix's shifts, then the halves as floats u in [1, 2) (for numpy's passes). ``pairs``: a block's numbers before odd
+    streams' cuts (None when no stream is odd)."""
 
     def __init__(self, block: int, pairs: bool):
         self.z = np.empty(block, dtype=np.uint64)
@@ -186,41 +241,17 @@ class _NormalBuffers:
         self.halves = self.z.view(np.uint32).reshape(block, 2)  # little-endian: (low, high) 32-bit halves
         self.unit_bits = self.tmp.view(np.uint32).reshape(block, 2)
         self.unit = self.tmp.view(np.float32).reshape(block, 2)
-        self.radius, self.angle = self.z.view(np.float32)[:block], self.z.view(np.float32)[block:]
-        self.cos, self.sin = self.tmp.view(np.float32)[:block], self.tmp.view(np.float32)[block:]
-        self.tensors = tuple(torch.from_numpy(x) for x in (self.radius, self.angle, self.cos, self.sin))
         self.pairs = np.empty((block, 2), dtype=np.float32) if pairs else None
 
-    def normals(self, firsts: np.ndarray, step: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(radius, cos, sin) of the block's ``n`` words ``firsts + step`` (``firsts``: one per word, or one for
-        all): SplitMix64's mix, then Box-Muller (:func:`stream_normals`), the integer and float32 passes compiled
-        (:func:`kernel`) or numpy's (:meth:`_inputs`), the same bits; views of the buffers, valid until the next
-        call."""
-        whole = n == self.z.shape[0]
-        if whole:
-            r, an, c, s = self.radius, self.angle, self.cos, self.sin
-            r_t, an_t, c_t, s_t = self.tensors
-        else:
-            r, an, c, s = self.radius[:n], self.angle[:n], self.cos[:n], self.sin[:n]
-            r_t, an_t, c_t, s_t = (t[:n] for t in self.tensors)
+    def numbers(self, firsts: np.ndarray, step: np.ndarray, n: int, out: np.ndarray) -> None:
+        """``out`` (n, 2) float32 = the two normals of each of the block's ``n`` words ``firsts + step``
+        (``firsts``: one per word, or one for all): SplitMix64's mix, then :func:`box_muller`, compiled
+        (:func:`kernel`) or numpy's passes, the same bits."""
         lib = kernel()
         if lib is not None:  # the C loop reads firsts and step as contiguous uint64 (no copy when they are)
             firsts, step = np.ascontiguousarray(firsts, np.uint64), np.ascontiguousarray(step, np.uint64)
-            lib.normal_inputs(
-                firsts.ctypes.data, int(firsts.size > 1), step.ctypes.data, n, _TWO_PI, r.ctypes.data, an.ctypes.data
-            )
-        else:
-            self._inputs(firsts, step, n, r, an)
-        torch.log(r_t, out=r_t)
-        np.multiply(r, np.float32(-2.0), out=r)
-        torch.sqrt(r_t, out=r_t)
-        torch.cos(an_t, out=c_t)
-        torch.sin(an_t, out=s_t)
-        return r, c, s
-
-    def _inputs(self, firsts: np.ndarray, step: np.ndarray, n: int, r: np.ndarray, an: np.ndarray) -> None:
-        """The words' ``2 - u_high`` into ``r`` and ``(u_low - 1) fl(2 pi)`` into ``an`` by numpy's passes
-        (``normals_kernel.c``'s ``normal_inputs`` computes the same bits in one)."""
+            lib.normal_numbers(firsts.ctypes.data, int(firsts.size > 1), step.ctypes.data, n, out.ctypes.data)
+            return
         zb, tb = (self.z, self.tmp) if n == self.z.shape[0] else (self.z[:n], self.tmp[:n])
         np.add(firsts, step[:n], out=zb)
         np.right_shift(zb, np.uint64(30), out=tb)  # SplitMix64's mix, in place
@@ -231,32 +262,20 @@ class _NormalBuffers:
         np.multiply(zb, _M2, out=zb)
         np.right_shift(zb, np.uint64(31), out=tb)
         np.bitwise_xor(zb, tb, out=zb)
-        u = self.unit[:n]
         np.right_shift(self.halves[:n], np.uint32(9), out=self.unit_bits[:n])
         np.bitwise_or(self.unit_bits[:n], np.uint32(0x3F800000), out=self.unit_bits[:n])
-        np.subtract(np.float32(2.0), u[:, 1], out=r)  # in (0, 1], exact
-        np.subtract(u[:, 0], np.float32(1.0), out=an)  # exact
-        np.multiply(an, _TWO_PI, out=an)
+        box_muller(self.unit[:n, 0], self.unit[:n, 1], out)
 
 
-def _pairs(r: np.ndarray, c: np.ndarray, s: np.ndarray, out: np.ndarray) -> None:
-    """``out`` (n, 2, contiguous) = (r cos, r sin) per word: compiled (:func:`kernel`) or numpy's, the same bits."""
-    lib = kernel()
-    if lib is not None:
-        lib.normal_pairs(r.ctypes.data, c.ctypes.data, s.ctypes.data, r.shape[0], out.ctypes.data)
-    else:
-        np.multiply(r, c, out=out[:, 0])
-        np.multiply(r, s, out=out[:, 1])
-
-
-def _write_numbers(flat, o: int, r, c, s, dropped: np.ndarray, pairs) -> int:
-    """Write a block's numbers (r cos, r sin per word) into ``flat`` from position ``o``, without the ``dropped``
-    ones (the second number of an odd stream's last word); the position after them."""
-    n = r.shape[0]
+def _write_numbers(flat, o: int, buffers: _NormalBuffers, firsts, step, n: int, dropped: np.ndarray) -> int:
+    """Write a block's numbers (two per word, :meth:`_NormalBuffers.numbers`) into ``flat`` from position ``o``,
+    without the ``dropped`` ones (the second number of an odd stream's last word); the position after them."""
     if not dropped.size:
-        _pairs(r, c, s, flat[o : o + 2 * n].reshape(n, 2))
+        buffers.numbers(firsts, step, n, flat[o : o + 2 * n].reshape(n, 2))
         return o + 2 * n
-    _pairs(r, c, s, pairs[:n])
+    pairs = buffers.pairs
+    assert pairs is not None  # a stream is odd (dropped is not empty)
+    buffers.numbers(firsts, step, n, pairs[:n])
     numbers = pairs[:n].reshape(-1)
     if dropped.size <= _FEW_DROPS:  # copy the runs between dropped numbers
         cut = 0

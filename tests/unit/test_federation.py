@@ -165,9 +165,13 @@ def test_a_factored_forms_shared_part_is_deposited_once_for_the_round_by_the_fir
 
     gen = torch.Generator().manual_seed(4)
     C, d = 40, 3 * 5 + 3
-    factors = [(torch.randn(C, 4, 3, generator=gen, dtype=torch.float64),
-                torch.randn(C, 4, 5, generator=gen, dtype=torch.float64),
-                torch.randn(C, 3, generator=gen, dtype=torch.float64))]
+    factors = [
+        (
+            torch.randn(C, 4, 3, generator=gen, dtype=torch.float64),
+            torch.randn(C, 4, 5, generator=gen, dtype=torch.float64),
+            torch.randn(C, 3, generator=gen, dtype=torch.float64),
+        )
+    ]
     rows = GradientRows(factors, torch.randn(d, generator=gen, dtype=torch.float64), scale=-0.3)
     ids = np.sort(rng.sample_without_replacement(2, 200, C))
     w = np.where(np.arange(C) < 3, 0.0, np.linspace(0.5, 1.5, C))  # the first weighted member: slot 3

@@ -31,7 +31,7 @@ def run_cli(*args: bytes | str):
 
 
 NAMES = {
-    "non-BMP, quotes, spaces": "🚀 it's \"a\" run.h5".encode(),
+    "non-BMP, quotes, spaces": '🚀 it\'s "a" run.h5'.encode(),
     "non-UTF-8 bytes": b"a\xff\xfe b\x80.h5",
     "longest name whose derived names fit": b"c" * (LONGEST_OK - 3) + b".h5",
 }

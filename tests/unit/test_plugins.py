@@ -171,8 +171,13 @@ def test_an_installed_plugin_does_not_change_the_projects_config_reference(tmp_p
     _fake_distribution(tmp_path, "fednest_mpi.algorithms", {"fednest_momentum": MOMENTUM_CLASS})
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(MOMENTUM), os.environ.get("PYTHONPATH", "")]))
     doc = [
-        subprocess.run([sys.executable, "-m", "fednest_mpi", "config-doc", *flag], capture_output=True, text=True,
-                       env=env, check=True).stdout
+        subprocess.run(
+            [sys.executable, "-m", "fednest_mpi", "config-doc", *flag],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
         for flag in ([], ["--builtin"])
     ]
     assert "`fednest_momentum`" in doc[0]

@@ -47,3 +47,34 @@ def test_another_code_path_is_caught_and_named():
     assert "DIFFERENT: quadratic_fednest_float64 in mode 'portable' on CPU class 'any x86-64; MKL COMPATIBLE" in (
         done.stdout
     )
+
+
+def test_the_comparison_of_digests_by_vendor(capsys):
+    """compare(): a digest recorded on one vendor only is NOT YET COMPARED (not a failure) on a vendor listed as
+    such, confirmed when equal, and a failure on every other vendor; a known vendor difference passes only with
+    its recorded digest."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_runs", SCRIPT)
+    refs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(refs)
+    recorded = {"a": "1" * 64, "b": "2" * 64}
+    known = {
+        "a": {"not_yet_compared": ["GenuineIntel"], "why": "new bits"},
+        "b": {"AuthenticAMD": "3" * 64, "why": "x"},
+    }
+
+    def run(got, vendor):
+        code = refs.compare(got, recorded, known, "portable", "any", {"cpu_vendor": vendor, "cpu_model": "m"})
+        return code, capsys.readouterr().out
+
+    code, out = run({"a": "9" * 64, "b": "2" * 64}, "GenuineIntel")
+    assert code == 0 and "NOT YET COMPARED: a on GenuineIntel" in out and "got 9999" in out
+    code, out = run({"a": "1" * 64, "b": "2" * 64}, "GenuineIntel")
+    assert code == 0 and "confirmed on this vendor" in out and "same bits: 2 reference runs" in out
+    code, out = run({"a": "9" * 64, "b": "2" * 64}, "AuthenticAMD")
+    assert code == 1 and "DIFFERENT: a" in out
+    code, out = run({"a": "1" * 64, "b": "3" * 64}, "AuthenticAMD")
+    assert code == 0 and "KNOWN VENDOR DIFFERENCE: b on AuthenticAMD" in out
+    code, out = run({"a": "1" * 64, "b": "4" * 64}, "AuthenticAMD")
+    assert code == 1 and "DIFFERENT: b" in out
