@@ -18,6 +18,27 @@
 #define HALF_PI 1.5707963267948966
 #define SQRT2 1.4142135623730951
 
+/* The series' coefficients, highest power first (Horner), as in rng._LOG_SERIES, _SIN_SERIES, _COS_SERIES: 1/(2k+1)
+ * for k = 10..0, (-1)^k/(2k+1)! for k = 8..0, (-1)^k/(2k)! for k = 9..0. */
+static const double LOG_SERIES[11] = {0.047619047619047616, 0.05263157894736842, 0.058823529411764705,
+                                      0.06666666666666667,  0.07692307692307693, 0.09090909090909091,
+                                      0.1111111111111111,   0.14285714285714285, 0.2,
+                                      0.3333333333333333,   1.0};
+static const double SIN_SERIES[9] = {2.8114572543455206e-15, -7.647163731819816e-13, 1.6059043836821613e-10,
+                                     -2.505210838544172e-08, 2.7557319223985893e-06, -0.0001984126984126984,
+                                     0.008333333333333333,   -0.16666666666666666,   1.0};
+static const double COS_SERIES[10] = {-1.5619206968586225e-16, 4.779477332387385e-14,  -1.1470745597729725e-11,
+                                      2.08767569878681e-09,    -2.755731922398589e-07, 2.48015873015873e-05,
+                                      -0.001388888888888889,   0.041666666666666664,   -0.5,
+                                      1.0};
+
+/* c[0] z^(n-1) + ... + c[n-1] by Horner's rule: p = c[0], then p = p z + c[k] (two roundings per step). */
+static inline double horner(const double *c, int n, double z) {
+    double p = c[0];
+    for (int k = 1; k < n; k++) p = p * z + c[k];
+    return p;
+}
+
 static inline double unit_of(uint32_t half) { /* a half's 23 high bits as the mantissa of u in [1, 2) */
     uint32_t bits = (half >> 9) | UINT32_C(0x3F800000);
     float u;
@@ -40,18 +61,7 @@ static inline double own_log(double t) {
     double f = m - 1.0;
     double s = f / (2.0 + f);
     double z = s * s;
-    double p = 0.047619047619047616;
-    p = p * z + 0.05263157894736842;
-    p = p * z + 0.058823529411764705;
-    p = p * z + 0.06666666666666667;
-    p = p * z + 0.07692307692307693;
-    p = p * z + 0.09090909090909091;
-    p = p * z + 0.1111111111111111;
-    p = p * z + 0.14285714285714285;
-    p = p * z + 0.2;
-    p = p * z + 0.3333333333333333;
-    p = p * z + 1.0;
-    return e * LN2 + (2.0 * s) * p;
+    return e * LN2 + (2.0 * s) * horner(LOG_SERIES, 11, s * s);
 }
 
 /* For i < n: word z = mix(firsts[i * first_stride] + step[i]) (SplitMix64's mix, mod 2^64), u_low and u_high its
@@ -71,26 +81,8 @@ void normal_numbers(const uint64_t *firsts, int64_t first_stride, const uint64_t
         double k = __builtin_rint(y);
         double x = (y - k) * HALF_PI;
         double x2 = x * x;
-        double sn = 2.8114572543455206e-15;
-        sn = sn * x2 + -7.647163731819816e-13;
-        sn = sn * x2 + 1.6059043836821613e-10;
-        sn = sn * x2 + -2.505210838544172e-08;
-        sn = sn * x2 + 2.7557319223985893e-06;
-        sn = sn * x2 + -0.0001984126984126984;
-        sn = sn * x2 + 0.008333333333333333;
-        sn = sn * x2 + -0.16666666666666666;
-        sn = sn * x2 + 1.0;
-        sn = sn * x;
-        double cs = -1.5619206968586225e-16;
-        cs = cs * x2 + 4.779477332387385e-14;
-        cs = cs * x2 + -1.1470745597729725e-11;
-        cs = cs * x2 + 2.08767569878681e-09;
-        cs = cs * x2 + -2.755731922398589e-07;
-        cs = cs * x2 + 2.48015873015873e-05;
-        cs = cs * x2 + -0.001388888888888889;
-        cs = cs * x2 + 0.041666666666666664;
-        cs = cs * x2 + -0.5;
-        cs = cs * x2 + 1.0;
+        double sn = horner(SIN_SERIES, 9, x2) * x;
+        double cs = horner(COS_SERIES, 10, x2);
         int q = (int)k & 3; /* angle = q quarter turns + x */
         double c = q == 0 ? cs : q == 1 ? -sn : q == 2 ? -cs : sn;
         double s = q == 0 ? sn : q == 1 ? cs : q == 2 ? -sn : -cs;
