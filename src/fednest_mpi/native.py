@@ -68,11 +68,11 @@ def build(source: Path, flags: tuple[str, ...], what: str) -> ctypes.CDLL | None
 #: operation is the IEEE one of the Python path beside it. 256-bit vectors (gcc's choice for -march=native on
 #: AVX-512 CPUs, stated): 512-bit ones deposit 1,000 rows a third faster on the Intel Xeon here, yet made the paper
 #: setting's iterations 1.09x instead of 1.02-1.05x of the fastest setting's (the core's lower clock under 512-bit
-#: work, docs/lab/issue31.md). Vector width changes no bit of element-wise IEEE operations.
+#: work, docs/lab/issue31.md); :func:`numeric_kernel` adds the width. Vector width changes no bit of element-wise
+#: IEEE operations.
 NUMERIC_FLAGS = (
     "-O3",
     "-march=native",
-    "-mprefer-vector-width=256",
     "-ffp-contract=off",
     "-fno-fast-math",
     "-fno-math-errno",
@@ -91,10 +91,7 @@ def numeric_kernel(
     :data:`NUMERIC_FLAGS` does not arise; no bit depends on it)."""
     if os.environ.get(switch, "auto") == "off":
         return None
-    flags = tuple(
-        f"-mprefer-vector-width={vector_bits}" if f.startswith("-mprefer-vector-width") else f for f in NUMERIC_FLAGS
-    )
-    lib = build(source, flags, what)
+    lib = build(source, (*NUMERIC_FLAGS, f"-mprefer-vector-width={vector_bits}"), what)
     if lib is None:
         return None
     for name, (argtypes, restype) in signatures.items():

@@ -4,9 +4,9 @@
  * The same operations as the numpy passes of rng._NormalBuffers.numbers (rng.box_muller), element by element, so
  * the same bits on every x86-64 CPU: exact integer arithmetic, exact float conversions and subtractions, and
  * correctly rounded IEEE double operations (+, -, *, /, sqrt, rint) in a fixed order: no fused multiply-add (built
- * with -ffp-contract=off, without -ffast-math), no math library. log, sin and cos are the series of rng.box_muller
- * (constants: rng._LOG_SERIES, _SIN_SERIES, _COS_SERIES, written here as the shortest decimals of the same
- * doubles). tests/unit/test_rng.py compares it with the numpy passes and with a one-number-at-a-time definition,
+ * with -ffp-contract=off, without -ffast-math), no math library. log, sin and cos are the series of rng.box_muller,
+ * whose coefficients the caller passes (rng._LOG_SERIES, _SIN_SERIES, _COS_SERIES: one definition for both paths).
+ * tests/unit/test_rng.py compares it with the numpy passes and with a one-number-at-a-time definition,
  * bit for bit.
  */
 #include <stdint.h>
@@ -17,20 +17,6 @@
 #define LN2 0.6931471805599453
 #define HALF_PI 1.5707963267948966
 #define SQRT2 1.4142135623730951
-
-/* The series' coefficients, highest power first (Horner), as in rng._LOG_SERIES, _SIN_SERIES, _COS_SERIES: 1/(2k+1)
- * for k = 10..0, (-1)^k/(2k+1)! for k = 8..0, (-1)^k/(2k)! for k = 9..0. */
-static const double LOG_SERIES[11] = {0.047619047619047616, 0.05263157894736842, 0.058823529411764705,
-                                      0.06666666666666667,  0.07692307692307693, 0.09090909090909091,
-                                      0.1111111111111111,   0.14285714285714285, 0.2,
-                                      0.3333333333333333,   1.0};
-static const double SIN_SERIES[9] = {2.8114572543455206e-15, -7.647163731819816e-13, 1.6059043836821613e-10,
-                                     -2.505210838544172e-08, 2.7557319223985893e-06, -0.0001984126984126984,
-                                     0.008333333333333333,   -0.16666666666666666,   1.0};
-static const double COS_SERIES[10] = {-1.5619206968586225e-16, 4.779477332387385e-14,  -1.1470745597729725e-11,
-                                      2.08767569878681e-09,    -2.755731922398589e-07, 2.48015873015873e-05,
-                                      -0.001388888888888889,   0.041666666666666664,   -0.5,
-                                      1.0};
 
 /* c[0] z^(n-1) + ... + c[n-1] by Horner's rule: p = c[0], then p = p z + c[k] (two roundings per step). */
 static inline double horner(const double *c, int n, double z) {
@@ -48,7 +34,7 @@ static inline double unit_of(uint32_t half) { /* a half's 23 high bits as the ma
 
 /* log(t) for t in (0, 1] (a normal double): t = m 2^e with m in [sqrt(1/2), sqrt(2)], s = (m - 1) / (m + 1),
  * log t = e log 2 + 2 s (1 + s^2 / 3 + s^4 / 5 + ... + s^20 / 21). */
-static inline double own_log(double t) {
+static inline double own_log(double t, const double *log_series) {
     uint64_t bits;
     memcpy(&bits, &t, sizeof bits);
     double e = (double)((int64_t)(bits >> 52) - 1023);
@@ -60,29 +46,30 @@ static inline double own_log(double t) {
     e = e + big;
     double f = m - 1.0;
     double s = f / (2.0 + f);
-    double z = s * s;
-    return e * LN2 + (2.0 * s) * horner(LOG_SERIES, 11, s * s);
+    return e * LN2 + (2.0 * s) * horner(log_series, 11, s * s);
 }
 
 /* For i < n: word z = mix(firsts[i * first_stride] + step[i]) (SplitMix64's mix, mod 2^64), u_low and u_high its
  * low and high 32-bit halves as units (unit_of); radius = sqrt(-2 log(2 - u_high)); the angle in quarter turns
  * y = 4 (u_low - 1) (exact), k = rint(y), x = (y - k) pi/2 in [-pi/4, pi/4], (cos, sin) of x by their series and
  * of the angle by the quadrant k; out[2 i] = (float)(radius cos), out[2 i + 1] = (float)(radius sin).
- * first_stride: 1, or 0 for one first word for all. */
+ * first_stride: 1, or 0 for one first word for all. The series' coefficients, highest power first: log_series[11]
+ * (1/(2k+1), k = 10..0), sin_series[9] ((-1)^k/(2k+1)!, k = 8..0), cos_series[10] ((-1)^k/(2k)!, k = 9..0). */
 void normal_numbers(const uint64_t *firsts, int64_t first_stride, const uint64_t *step, int64_t n,
+                    const double *log_series, const double *sin_series, const double *cos_series,
                     float *restrict out) {
     for (int64_t i = 0; i < n; i++) {
         uint64_t z = firsts[i * first_stride] + step[i];
         z = (z ^ (z >> 30)) * M1;
         z = (z ^ (z >> 27)) * M2;
         z = z ^ (z >> 31);
-        double radius = __builtin_sqrt(-2.0 * own_log(2.0 - unit_of((uint32_t)(z >> 32))));
+        double radius = __builtin_sqrt(-2.0 * own_log(2.0 - unit_of((uint32_t)(z >> 32)), log_series));
         double y = (unit_of((uint32_t)z) - 1.0) * 4.0;
         double k = __builtin_rint(y);
         double x = (y - k) * HALF_PI;
         double x2 = x * x;
-        double sn = horner(SIN_SERIES, 9, x2) * x;
-        double cs = horner(COS_SERIES, 10, x2);
+        double sn = horner(sin_series, 9, x2) * x;
+        double cs = horner(cos_series, 10, x2);
         int q = (int)k & 3; /* angle = q quarter turns + x */
         double c = q == 0 ? cs : q == 1 ? -sn : q == 2 ? -cs : sn;
         double s = q == 0 ? sn : q == 1 ? cs : q == 2 ? -sn : -cs;

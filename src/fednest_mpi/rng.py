@@ -166,7 +166,7 @@ def kernel() -> ctypes.CDLL | None:
         _KERNEL_SOURCE,
         KERNEL_VARIABLE,
         "normals (numpy's passes compute them, slower)",
-        {"normal_numbers": ([ptr, i64, ptr, i64, ptr], None)},
+        {"normal_numbers": ([ptr, i64, ptr, i64, ptr, ptr, ptr, ptr], None)},
         vector_bits=512,  # 4.3 against 7.5 ns per word on the AMD EPYC here (docs/lab/issue34.md)
     )
 
@@ -179,6 +179,7 @@ def _series(terms) -> tuple[float, ...]:
 _LOG_SERIES = _series(Fraction(1, 2 * k + 1) for k in range(11))  # 1 + z/3 + ... + z^10/21, z = s^2
 _SIN_SERIES = _series(Fraction((-1) ** k, math.factorial(2 * k + 1)) for k in range(9))  # x - x^3/3! ... + x^17/17!
 _COS_SERIES = _series(Fraction((-1) ** k, math.factorial(2 * k)) for k in range(10))  # 1 - x^2/2! ... - x^18/18!
+_SERIES_ARRAYS = tuple(np.array(c, dtype=np.float64) for c in (_LOG_SERIES, _SIN_SERIES, _COS_SERIES))  # for the C loop
 _EXPONENT_MASK, _MANTISSA_MASK, _ONE_BITS = np.uint64(0x7FF), np.uint64(0x000FFFFFFFFFFFFF), np.uint64(0x3FF << 52)
 
 
@@ -232,16 +233,18 @@ def box_muller(u_low: np.ndarray, u_high: np.ndarray, out: np.ndarray) -> None:
 
 class _NormalBuffers:
     """The word-sized buffers of :func:`stream_normals`, allocated once per call: ``z`` holds the words, ``tmp`` the
-    mix's shifts, then the halves as floats u in [1, 2) (for numpy's passes). ``pairs``: a block's numbers before odd
-    streams' cuts (None when no stream is odd)."""
+    mix's shifts, then the halves as floats u in [1, 2) (numpy's passes only: the compiled loop keeps them in
+    registers). ``pairs``: a block's numbers before odd streams' cuts (None when no stream is odd)."""
 
     def __init__(self, block: int, pairs: bool):
+        self.pairs = np.empty((block, 2), dtype=np.float32) if pairs else None
+        if kernel() is not None:
+            return
         self.z = np.empty(block, dtype=np.uint64)
         self.tmp = np.empty(block, dtype=np.uint64)
         self.halves = self.z.view(np.uint32).reshape(block, 2)  # little-endian: (low, high) 32-bit halves
         self.unit_bits = self.tmp.view(np.uint32).reshape(block, 2)
         self.unit = self.tmp.view(np.float32).reshape(block, 2)
-        self.pairs = np.empty((block, 2), dtype=np.float32) if pairs else None
 
     def numbers(self, firsts: np.ndarray, step: np.ndarray, n: int, out: np.ndarray) -> None:
         """``out`` (n, 2) float32 = the two normals of each of the block's ``n`` words ``firsts + step``
@@ -250,7 +253,8 @@ class _NormalBuffers:
         lib = kernel()
         if lib is not None:  # the C loop reads firsts and step as contiguous uint64 (no copy when they are)
             firsts, step = np.ascontiguousarray(firsts, np.uint64), np.ascontiguousarray(step, np.uint64)
-            lib.normal_numbers(firsts.ctypes.data, int(firsts.size > 1), step.ctypes.data, n, out.ctypes.data)
+            series = (c.ctypes.data for c in _SERIES_ARRAYS)
+            lib.normal_numbers(firsts.ctypes.data, int(firsts.size > 1), step.ctypes.data, n, *series, out.ctypes.data)
             return
         zb, tb = (self.z, self.tmp) if n == self.z.shape[0] else (self.z[:n], self.tmp[:n])
         np.add(firsts, step[:n], out=zb)
