@@ -6,6 +6,8 @@ floating point within a group, a factored form by its own product, the groups ex
 ``mpiexec -n 1``, ``-n 2`` and ``-n 4``.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from histories import assert_histories_match
@@ -108,6 +110,17 @@ def test_synthetic_float32_runs_are_bitwise_the_same_for_every_chunk_size_and_ra
     reference = simulate_on_one_rank(_config(name, 0, problem="synthetic", group=group))
     for chunk in (1, 7, 0):
         _same(simulate(_config(name, chunk, problem="synthetic", group=group), MPI.COMM_WORLD), reference)
+
+
+@pytest.mark.mpi
+def test_synthetic_runs_keeping_clients_are_bitwise_the_runs_without():
+    """problem.kept_clients_memory (clients kept across sets, least recently used out) changes no bit, on any
+    number of ranks and chunk size: 1 MiB holds every client of this small population."""
+    reference = simulate_on_one_rank(_config("fednest", 0, problem="synthetic"))
+    for chunk in (1, 7, 0):
+        cfg = _config("fednest", chunk, problem="synthetic")
+        cfg = dataclasses.replace(cfg, problem=dataclasses.replace(cfg.problem, kept_clients_memory=1))
+        _same(simulate(cfg, MPI.COMM_WORLD), reference)
 
 
 @pytest.mark.mpi

@@ -1,5 +1,7 @@
 """Synthetic(alpha, beta) generator (FedProx section 5.1) and the hyper-representation problem on it."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -116,6 +118,34 @@ def test_memory_holds_only_the_recent_client_sets_within_the_budget(problem, mon
     assert len(prob._sets) == 2
     prob.client_set(np.array([36, 38]))  # a subset of the last set: no new generation
     assert len(prob._sets) == 2 and list(prob._sets.values())[-1].ids.tolist() == list(range(35, 40))
+
+
+def test_kept_clients_give_the_generated_bits_and_stay_within_their_budget():
+    cfg = _cfg({"size_distribution": "lognormal", "samples_per_client": 12, "max_samples": 60})
+    fresh = build_problem(cfg.problem, cfg.seed, None, dtype=torch.float64)
+    one_client = 60 * (cfg.problem.n_inputs * 4 + 8)  # the largest client's inputs (float32) and labels (int64)
+    kept = build_problem(replace(cfg.problem, kept_clients_memory=1), cfg.seed, None, dtype=torch.float64)
+    kept.kept.budget = 3 * one_client  # a few clients (MiB are too coarse for a test)
+    used: list[int] = []  # the clients in the order of their last use
+    for ids in ([3, 9, 17, 20], [9, 17, 41], [0, 3, 9, 44, 45, 46, 47], [9, 20], []):
+        used = [i for i in used if i not in ids] + ids
+        got, want = kept._generate(np.array(ids)), fresh._generate(np.array(ids))
+        assert torch.equal(got.inputs, want.inputs) and torch.equal(got.targets, want.targets)
+        assert np.array_equal(got.inner.count, want.inner.count) and np.array_equal(got.outer.count, want.outer.count)
+        assert kept.kept.held_bytes <= kept.kept.budget
+    held = list(kept.kept._held)
+    assert 2 <= len(held) < len(used) and held == used[-len(held) :]  # the most recent kept, the oldest evicted
+
+
+def test_a_run_keeping_clients_is_bitwise_the_run_without():
+    from fednest_mpi.runner import simulate
+
+    base = _cfg(algorithm={"clients_per_round": 6, "outer_iterations": 3, "inner_local_steps": 2, "neumann_steps": 2})
+    runs = [
+        simulate(replace(base, problem=replace(base.problem, kept_clients_memory=m)), MPI.COMM_SELF) for m in (0, 1)
+    ]
+    assert torch.equal(runs[0].x, runs[1].x) and torch.equal(runs[0].y, runs[1].y)
+    assert runs[0].history["test_accuracy"] == runs[1].history["test_accuracy"]
 
 
 def test_fednest_learns_on_synthetic_data():

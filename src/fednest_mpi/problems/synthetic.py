@@ -11,7 +11,12 @@ Nothing is hosted: a client's data are generated when an oracle first asks for i
 chunk of clients at once) and kept for the most recent client sets within :data:`DATA_BUDGET_BYTES`
 (at least the last one), so memory is bounded by the chunk and the budget, not by M or by the
 clients of a round (10^4 - 10^6 clients are fine), and **any rank can evaluate any client**
-(which balanced placement, ``federation.placement = "balanced"``, relies on).
+(which balanced placement, ``federation.placement = "balanced"``, relies on). With
+``problem.kept_clients_memory`` (MiB) the clients themselves are also kept, across sets and
+iterations, least recently used first out (:class:`KeptClients`): FedNest draws 8 fresh sets per
+outer iteration, so without it every set is generated anew; with a budget that holds the clients a
+rank sees, generation is paid once per client. The data are the same bits either way (a client's
+samples depend on (seed, i) only).
 
 Evaluation: accuracy and cross-entropy on ``eval_samples`` fresh samples (a separate stream) of
 each of the clients 0 .. ``eval_clients`` - 1 (client ids are exchangeable, so these are a
@@ -51,6 +56,50 @@ def _nbytes(cs: _ClientSet) -> int:
     return cs.inputs.numel() * cs.inputs.element_size() + cs.targets.numel() * cs.targets.element_size()
 
 
+class KeptClients:
+    """Generated clients kept one by one within ``budget`` bytes, least recently used first out:
+    :meth:`samples` returns the samples of ``ids`` as ``generate`` does (inputs and labels concatenated
+    in the order of ``ids``, and the counts), generating only the clients it does not hold."""
+
+    def __init__(self, budget: int):
+        self.budget, self.held_bytes = budget, 0
+        self._held: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def samples(self, ids: np.ndarray, make) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """``make(missing ids)`` -> (inputs, labels, counts) generates the clients not held."""
+        if not ids.size:
+            return make(ids)
+        order = ids.tolist()
+        missing = np.array([i for i in order if i not in self._held], dtype=np.int64)
+        new: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if missing.size:
+            inputs, labels, counts = make(missing)
+            new = dict(zip(missing.tolist(), zip(inputs.split(counts.tolist()), labels.split(counts.tolist()))))
+        parts = [new[i] if i in new else self._held[i] for i in order]
+        for i, part in zip(order, parts):
+            if i in self._held:
+                self._held.move_to_end(i)
+            else:
+                self._keep(i, part)
+        inputs, labels = torch.cat([a for a, _ in parts]), torch.cat([t for _, t in parts])
+        return inputs, labels, np.array([t.numel() for _, t in parts], dtype=np.int64)
+
+    def _keep(self, client: int, part: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Hold a copy of one client's rows (a view would keep its whole generated block alive), evicting the
+        least recently used clients to stay within the budget; a client larger than the budget is not held."""
+        size = sum(t.numel() * t.element_size() for t in part)
+        if size > self.budget:
+            return
+        while self.held_bytes + size > self.budget:
+            _, (a, t) = self._held.popitem(last=False)
+            self.held_bytes -= a.numel() * a.element_size() + t.numel() * t.element_size()
+        self._held[client] = (part[0].clone(), part[1].clone())
+        self.held_bytes += size
+
+
 class SyntheticProblem(RepresentationProblem):
     primary_metric = "test_accuracy"
     """See the module docstring. ``clients`` (the placement block) is ignored: data are generated."""
@@ -71,6 +120,7 @@ class SyntheticProblem(RepresentationProblem):
         self.test_inputs = inputs.to(self.device, self.dtype)
         self.test_targets = labels.to(self.device)
         self._sets: OrderedDict[bytes, _ClientSet] = OrderedDict()
+        self.kept = KeptClients(cfg.kept_clients_memory * 2**20) if cfg.kept_clients_memory else None
         self.widths = self._split_widths()
 
     def _outer_counts(self, counts: np.ndarray) -> np.ndarray:
@@ -89,7 +139,10 @@ class SyntheticProblem(RepresentationProblem):
         return largest - n_outer, n_outer
 
     def _generate(self, ids: np.ndarray) -> _ClientSet:
-        inputs, labels, counts = generate(self.spec, self.seed, ids, pad_to=sum(self.widths))
+        def make(clients):
+            return generate(self.spec, self.seed, clients, pad_to=sum(self.widths))
+
+        inputs, labels, counts = make(ids) if self.kept is None else self.kept.samples(ids, make)
         n_outer = self._outer_counts(counts)
         start = np.concatenate([[0], np.cumsum(counts)[:-1]])
         split_at = start + counts - n_outer
