@@ -20,6 +20,12 @@ multiply-adds as 2 FLOP; bias, activation and loss terms are ignored as lower or
   when set), FedOut's nabla_x f (outer split) and the Jacobian product (inner split), each on
   |S| clients (fresh client sets: no sharing of features between sets).
 
+Generation floor (generated data, Synthetic): a fresh client set has no data until it is generated, and FedNest
+draws ``T + N + 2`` sets per round (FedInn's T, FedIHGP's S_0 ... S_N, FedOut's), so a round generates each member's
+keyed normals that many times: its samples' n_i d and its teacher's C d + C + d + 2 (data.synthetic). Seconds =
+normals x the project's best measured time per keyed normal (``machine_rates``'s ``normal_seconds``). The floor
+an implementation without kept clients cannot go below (issue 34: "within 1.5x of its generation + FLOP floor").
+
 Memory-traffic floor: every local SGD step reads and writes the client's y (2 P_y elements) and
 reads its minibatch (b d0); every other oracle reads x and y, writes one vector of its variable and
 reads its rows once (r d0). Bytes = elements x the dtype's size. This is the floor of an
@@ -31,6 +37,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -54,6 +61,7 @@ class RoundShape:
     x_in_inner: bool = True  # whether g_i depends on x (loss tuning with tune_loss = false: no)
     x_in_outer: bool = True  # whether f_i depends on x (loss tuning: no)
     element: int = 4  # bytes per number
+    generated_normals: float = 0.0  # keyed normals generated per participating client and round (0: hosted data)
 
     @property
     def dim_y(self) -> int:
@@ -144,13 +152,27 @@ def shape_of(cfg, n_inner: float, n_outer: float) -> RoundShape:
         widths = (784, *(h for h in (p.hidden1, p.hidden2) if h > 0), 10)
         return RoundShape(widths=widths, x_layers=0, dim_x=20, x_in_inner=p.tune_loss, x_in_outer=False, **common)
     d, C = (784, 10) if p.name == "hyper_representation" else (p.n_inputs, p.n_classes)
+    if p.name == "synthetic" and a.name != "fedavg":
+        sets = common["inner_rounds"] + common["neumann"] + 2  # FedInn's T, FedIHGP's S_0 ... S_N, FedOut's
+        common["generated_normals"] = sets * ((n_inner + n_outer) * d + C * d + C + d + 2)
     return RoundShape(widths=(d, p.hidden, C), x_layers=1, dim_x=d * p.hidden + p.hidden, **common)
 
 
+def generation_seconds(shape: RoundShape, normal_seconds: float) -> float:
+    """The generation floor of a round in seconds (see the module docstring)."""
+    return shape.clients * shape.generated_normals * normal_seconds
+
+
 def machine_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> dict[str, float]:
-    """This process's best-of-``repeats`` float32 GEMM rate (``size``^3 matmul) in FLOP/s and copy
+    """This process's best-of-``repeats`` float32 GEMM rate (``size``^3 matmul) in FLOP/s, copy
     bandwidth (bytes read + written per second, a ``copy_mib`` MiB tensor), on torch's current
-    number of threads."""
+    number of threads, and seconds per keyed normal (``rng.stream_normals``: 10^7 numbers from
+    1,000 streams, the generation floor's rate)."""
+    from fednest_mpi import rng
+
+    keys = rng.key(0, 0, np.arange(1000))
+    counts = np.full(1000, 10**4)
+    rng.stream_normals(keys, counts)
     a, b = torch.randn(size, size), torch.randn(size, size)
     out = torch.empty(size, size)
     src = torch.empty(copy_mib * 2**18)
@@ -169,4 +191,5 @@ def machine_rates(size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> di
     return {
         "gemm_flops": 2.0 * size**3 / best(lambda: torch.mm(a, b, out=out)),
         "copy_bandwidth": 2.0 * src.numel() * src.element_size() / best(lambda: dst.copy_(src)),
+        "normal_seconds": best(lambda: rng.stream_normals(keys, counts)) / counts.sum(),
     }

@@ -85,6 +85,14 @@ COLUMNS = {
     "traffic_floor": ("memory-traffic floor of one outer iteration, all ranks together (bench/floors.py)", "B"),
     "x_flop_floor": ("alg_s / (flop_floor / (gemm_flops x ranks)): how far above the arithmetic floor", "1"),
     "x_traffic_floor": ("alg_s / (traffic_floor / (copy_bandwidth x ranks)): how far above the traffic floor", "1"),
+    "generation_floor_s": (
+        "seconds of keyed normals a round must generate without kept clients, all ranks together (bench/floors.py)",
+        "s",
+    ),
+    "x_generation_flop_floor": (
+        "alg_s / ((generation_floor_s + flop_floor / gemm_flops) / ranks): how far above the generation + FLOP floor",
+        "1",
+    ),
     "speedup_vs_plain": ("alg_s of the plain loop / alg_s (same case and clients, same harness run)", "1"),
     "speedup_vs_plain_cpu": ("the same ratio of alg_cpu_s", "1"),
     "time_vs_case": ("alg_s / alg_s of the case this case names as its versus (same clients, same harness run)", "1"),
@@ -187,7 +195,8 @@ def add_floors(row: dict, data: dict, rates: dict) -> None:
     key = json.dumps([data["problem"], data.get("seed", 0)], sort_keys=True)
     if key not in _SIZES:  # mean samples per client of this partition (one load per problem config)
         _SIZES[key] = ClientData(cfg.problem, cfg.seed, getattr(torch, cfg.run.dtype)).sizes()
-    flop, traffic = floors.floors(floors.shape_of(cfg, *_SIZES[key]))
+    shape = floors.shape_of(cfg, *_SIZES[key])
+    flop, traffic = floors.floors(shape)
     row.update(
         {
             "flop_floor": flop,
@@ -196,6 +205,10 @@ def add_floors(row: dict, data: dict, rates: dict) -> None:
             "x_traffic_floor": row["alg_s"] * rates["copy_bandwidth"] * row["ranks"] / traffic,
         }
     )
+    if shape.generated_normals and "normal_seconds" in rates:
+        generation = floors.generation_seconds(shape, rates["normal_seconds"])
+        floor = (generation + flop / rates["gemm_flops"]) / row["ranks"]
+        row.update({"generation_floor_s": generation, "x_generation_flop_floor": row["alg_s"] / floor})
 
 
 def plan(spec: dict, case: dict) -> list[tuple[str, int, int]]:
@@ -296,6 +309,7 @@ MANY = [
     ("x flop", "x_flop_floor", ".1f"),
     ("GB", "traffic_floor", "G"),
     ("x traffic", "x_traffic_floor", ".1f"),
+    ("x gen+flop", "x_generation_flop_floor", ".1f"),
     ("x plain", "speedup_vs_plain", ".2f"),
     ("x plain cpu", "speedup_vs_plain_cpu", ".2f"),
     ("t/versus", "time_vs_case", ".2f"),
@@ -400,7 +414,7 @@ def main(argv: list[str]) -> int:
     rates = floors.machine_rates(copy_mib=int(spec.get("copy_mib", 256)))
     print(
         f"this core: {rates['gemm_flops'] / 1e9:.1f} GFLOP/s float32 GEMM, "
-        f"{rates['copy_bandwidth'] / 1e9:.2f} GB/s copy",
+        f"{rates['copy_bandwidth'] / 1e9:.2f} GB/s copy, {rates['normal_seconds'] * 1e9:.2f} ns per keyed normal",
         flush=True,
     )
     attrs = {

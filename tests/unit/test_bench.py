@@ -103,7 +103,9 @@ neumann_steps = 1
     assert single["flop_floor"] == plain["flop_floor"] > 0 and single["x_flop_floor"] > 0
     assert single["allreduce_calls"] >= 1 and single["proc_maxrss_mb"] >= single["peak_rss_mb"] * 0.5
     assert single["user_s"] > 0 and plain["proc_user_s"] > 0
-    assert attrs["gemm_flops"] > 0 and attrs["copy_bandwidth"] > 0
+    assert attrs["gemm_flops"] > 0 and attrs["copy_bandwidth"] > 0 and attrs["normal_seconds"] > 0
+    floor = (single["generation_floor_s"] + single["flop_floor"] / attrs["gemm_flops"]) / single["ranks"]
+    assert single["x_generation_flop_floor"] == single["alg_s"] / floor
     out = capsys.readouterr().out
     assert "x plain" in out and "GFLOP" in out
 
@@ -168,6 +170,19 @@ def test_hyperrep_floor_forms_the_features_once_per_client_and_split():
     head = 2 * 2 * 3 * 200 * 10  # one head gradient on 3 rows: fwd + weight gradient, no pass through the features
     assert floors.flop_per_client(narrow) - floors.flop_per_client(wide) == 45 * head
     assert wide.dim_y == 2010
+
+
+def test_synthetic_generation_floor_counts_every_set_of_a_fednest_round():
+    data = {
+        "problem": {"name": "synthetic", "n_inputs": 6, "n_classes": 3, "hidden": 4},
+        "algorithm": {"name": "fednest", "inner_rounds": 2, "neumann_steps": 3, "clients_per_round": 5},
+    }
+    shape = floors.shape_of(config.from_dict(data), 8.0, 2.0)
+    per_set = 10 * 6 + 3 * 6 + 3 + 6 + 2  # the samples' n_i d, then the teacher W_i, b_i, the mean v_i, u_i and B_i
+    assert shape.generated_normals == (2 + 3 + 2) * per_set  # FedInn's T sets, FedIHGP's S_0 ... S_3, FedOut's
+    assert floors.generation_seconds(shape, 1e-9) == pytest.approx(5 * 7 * per_set * 1e-9)
+    data["problem"] = {"name": "hyper_representation"}
+    assert floors.shape_of(config.from_dict(data), 8.0, 2.0).generated_normals == 0  # hosted data
 
 
 # -- the cost model on synthetic numbers ------------------------------------------------------------
