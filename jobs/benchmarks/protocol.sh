@@ -31,7 +31,13 @@ run_sweep() {   # run_sweep TASK SWEEP_FILE OUT_DIR: render, then run the tasks 
     echo "== $name: $(wc -l < "$3/$name/$name.tasks") runs, to run: ${ids:-none}"
     [ -n "$ids" ] && [ -z "${DRY_RUN:-}" ] || return 0
     # shellcheck disable=SC2086  # the task ids, one word each
-    bash "$3/$name/$name.local.sh" -j 1 $ids || failed+=("$name")   # a diverged run exits 1: a result
+    local rc=0
+    bash "$3/$name/$name.local.sh" -j 1 $ids || rc=$?
+    if [ "$rc" -eq 2 ]; then   # a run refused its input (a usage error): not a result, so the protocol stops
+        echo "protocol.sh: $name: runs refused their input (exit 2, listed above): not results; fix and run again" >&2
+        exit 2
+    fi
+    [ "$rc" -eq 0 ] || failed+=("$name")   # a diverged run exits 1: a result
 }
 follow_up() {   # follow_up TASK ALG DIR [--no-extend]: the printed sweeps of ALG on TASK
     rm -rf "$3"

@@ -18,8 +18,15 @@ run_sweep() {   # run_sweep SWEEP_FILE OUT_DIR: render for this machine and run;
     name=$(basename "$1" .toml)
     "$FEDNEST" jobs render "$1" --site local -o "$2/$name" > /dev/null
     echo "== $name"
-    # a run that diverges (a grid value too large) exits 1: a result of the tuning grid, not a reason to stop
-    bash "$2/$name/$name.local.sh" -j "$jobs" || failed+=("$name")
+    # a run that diverges (a grid value too large) exits 1: a result of the tuning grid, not a reason to stop;
+    # a run that refused its input (exit 2, a usage error) is not a result: stop
+    local rc=0
+    bash "$2/$name/$name.local.sh" -j "$jobs" || rc=$?
+    if [ "$rc" -eq 2 ]; then
+        echo "run.sh: $name: runs refused their input (exit 2, listed above): not results; fix and run again" >&2
+        exit 2
+    fi
+    [ "$rc" -eq 0 ] || failed+=("$name")
 }
 for task in "$@"; do
     [ -d "jobs/benchmarks/$task" ] || { echo "run.sh: no task $task (the folders of jobs/benchmarks/)" >&2; exit 2; }

@@ -579,9 +579,10 @@ def test_local_script_runs_the_sweep(tmp_path, fakebin):
         assert f"task {0 if seed == 1 else 3}/4 {name}: done, output: out/{name}.h5" in res.stdout
         assert (tmp_path / "jobs" / "logs" / f"{name}.log").is_file()
     assert sorted(p.name for p in (tmp_path / "out").glob("*.h5")) == ["fednest_s1.h5", "lfednest_s2.h5"]
-    # an existing output is the run's usage error: reported, and the script fails
+    # an existing output is the run's usage error: reported as refused, and the script exits 2 (not a result)
     res = subprocess.run(["bash", str(script), "0"], capture_output=True, text=True, timeout=60, env=env)
-    assert res.returncode == 1 and "FAILED with exit 2" in res.stderr and "failed tasks: 0" in res.stderr
+    assert res.returncode == 2 and "FAILED with exit 2" in res.stderr and "failed tasks: 0" in res.stderr
+    assert "refused (exit 2, a usage error, not a result" in res.stderr
 
 
 @needs_mpi

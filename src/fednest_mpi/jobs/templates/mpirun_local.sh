@@ -6,8 +6,10 @@
 # usage: bash THIS_FILE [-j PARALLEL] [TASK_ID ...]
 #   TASK_ID   runs only these tasks (0-based line numbers of the tasks file); default: all
 #   -j N      N runs at once (default 1, or $FEDNEST_MAX_PARALLEL); mind ranks x N <= cores
-# Each run logs to {{log_dir}}/NAME.log; one status line per run here. Exit status 1 when a
-# run failed. The tasks file has one run per line: NAME RANKS --set F=V ... --output PATH.
+# Each run logs to {{log_dir}}/NAME.log; one status line per run here. Exit status 2 when a
+# run refused its input (exit 2: a usage error, e.g. a config a seed cannot run, or an existing
+# output: fix it, it is not a result), else 1 when a run failed (diverged, killed). The tasks
+# file has one run per line: NAME RANKS --set F=V ... --output PATH.
 # Environment: FEDNEST_RANKS=N runs every task on N ranks instead of the sweep's count;
 # FEDNEST_RUN_ARGS="--set algorithm.outer_iterations=40" adds arguments to every run (after the
 # task's own, so its --set win), e.g. for a shortened figure.
@@ -49,7 +51,8 @@ if ! command -v "$MPIEXEC" > /dev/null; then
 fi
 
 FAILED_FILE=$(mktemp "${TMPDIR:-/tmp}/fednest-failed.XXXXXX") || exit 2
-trap 'rm -f "$FAILED_FILE"' EXIT
+REFUSED_FILE=$(mktemp "${TMPDIR:-/tmp}/fednest-refused.XXXXXX") || exit 2
+trap 'rm -f "$FAILED_FILE" "$REFUSED_FILE"' EXIT
 
 run_task() {   # run_task ID: the run on line ID of the tasks file
     local id=$1 line name ranks log rc
@@ -74,6 +77,7 @@ run_task() {   # run_task ID: the run on line ID of the tasks file
         echo "task $id/$N_TASKS $name: FAILED with exit $rc; last lines of $log:" >&2
         tail -n 5 "$log" >&2
         echo "$id" >> "$FAILED_FILE"
+        [ "$rc" -ne 2 ] || echo "$id" >> "$REFUSED_FILE"
     fi
 }
 
@@ -109,6 +113,11 @@ fi
 
 if [ -s "$FAILED_FILE" ]; then
     echo "failed tasks: $(sort -n "$FAILED_FILE" | tr '\n' ' ')(of ${#ids[@]})" >&2
+    if [ -s "$REFUSED_FILE" ]; then
+        echo "refused (exit 2, a usage error, not a result: fix the input and run them again):" \
+            "$(sort -n "$REFUSED_FILE" | tr '\n' ' ')" >&2
+        exit 2
+    fi
     exit 1
 fi
 echo "all ${#ids[@]} tasks done"
