@@ -223,3 +223,47 @@ def test_a_run_written_before_a_config_field_existed_reads_with_the_value_that_r
     assert run_config(old) == run_config(new)
     assert run_config(old)["federation.group_clients"] == ADDED_FIELDS["federation.group_clients"]
     assert "federation.group_clients" not in run_config({"problem": {"name": "quadratic"}})  # not a run's config
+
+
+def _edit_record(path: Path, file: str, change) -> None:
+    """Rewrite the records file ``path`` with ``change(record)`` applied to the record of run file ``file``."""
+    header, kept = records._load(path)
+    for record in kept:
+        if record["file"] == file:
+            change(record)
+    path.write_bytes(records.records_text(header["task"], header["metric"], kept))
+
+
+def test_verify_runs_the_reported_records_again_and_tells_a_changed_bit(tmp_path, capsys):
+    from fednest_mpi import numerics
+
+    path = _bench(tmp_path)
+    post.benchmark.archive(path)
+    shutil.rmtree(tmp_path / "runs")  # the records alone, as in a fresh clone
+    verify = ["report", "--benchmark", str(path), "--verify", "quadratic/lfednest"]
+    assert cli.main(verify) == 0
+    out = capsys.readouterr().out
+    assert out.count(": same bits") == 3 and "3 of 3 records of quadratic/lfednest give the same bits again" in out
+    kept = tmp_path / "records" / "quadratic" / "lfednest.jsonl.gz"
+    one = "lfednest_lr0.2_s1.h5"
+
+    def nudge(record):  # one value of the series, one ulp up
+        record["data"]["x_error"][3] = float(np.nextafter(record["data"]["x_error"][3], np.inf))
+
+    _edit_record(kept, one, nudge)
+    assert cli.main(verify) == 1
+    assert f"{one}: DIFFERS (recorded on an unknown CPU class): x_error at iteration 3" in capsys.readouterr().out
+    here = numerics.in_force()
+    _edit_record(kept, one, lambda r: r.update(numerics=json.dumps(here)))
+    assert cli.main(verify) == 1
+    assert f"{one}: DIFFERS (on the same CPU class)" in capsys.readouterr().out
+    elsewhere = {**here, "mkl": "AUTO,STRICT", "cpu_vendor": "SomeOtherVendor"}
+    _edit_record(kept, one, lambda r: r.update(numerics=json.dumps(elsewhere)))
+    assert cli.main(verify) == 0  # the default mode's bits are a CPU class's own: a difference there is expected
+    out = capsys.readouterr().out
+    assert f"{one}: DIFFERS (expected: recorded on 'SomeOtherVendor; MKL AUTO,STRICT" in out
+    assert "2 of 3 records of quadratic/lfednest give the same bits again; 0 differ unexpectedly" in out
+    with pytest.raises(UsageError, match="no task 'nosuch'"):
+        post.benchmark.records_to_verify(path, "nosuch")
+    with pytest.raises(UsageError, match="no records of algorithm 'fedmsa' of task 'quadratic'"):
+        post.benchmark.records_to_verify(path, "quadratic/fedmsa")

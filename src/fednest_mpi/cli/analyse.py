@@ -105,6 +105,13 @@ def _benchmark_arguments(rep) -> None:
         help="with --follow-up: no grid extension, only the chosen settings on the reported seeds",
     )
     rep.add_argument(
+        "--verify",
+        metavar="TASK[/ALGORITHM]",
+        help="with --benchmark: instead of the table, run again from its config every record of TASK (or of one "
+        "ALGORITHM of it) on the task's reported seeds, one rank, in a temporary folder, and compare the new run "
+        "with the record bit for bit; exit 1 when one differs",
+    )
+    rep.add_argument(
         "--archive",
         action="store_true",
         help="with --benchmark: instead of the table, write the benchmark records of the closed run files of its "
@@ -185,33 +192,33 @@ def execute(args) -> int:
         if args.smooth < 1:
             raise UsageError(f"--smooth: expected a window of at least 1 iteration, got {args.smooth}")
         if args.command == "report":
-            _report(args)
-        else:
-            _plot(args)
+            return _report(args)
+        _plot(args)
     except UsageError as exc:
         return usage_error(exc)
     return 0
 
 
-def _report(args) -> None:
+def _report(args) -> int:
     """``report``: the benchmark table (or its follow-up sweeps), the table at iterations ``--at`` or the summary."""
     from fednest_mpi import post
 
     if args.benchmark:
-        _benchmark(args)
-    elif not args.runs:
+        return _benchmark(args)
+    if not args.runs:
         raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
-    elif args.configs_dir or args.follow_up or args.no_extend or args.archive:
-        raise UsageError("--configs-dir, --follow-up, --no-extend and --archive go with --benchmark FILE")
-    elif args.at:
+    if args.configs_dir or args.follow_up or args.no_extend or args.archive or args.verify:
+        raise UsageError("--configs-dir, --follow-up, --no-extend, --archive and --verify go with --benchmark FILE")
+    if args.at:
         metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
         print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))
     else:
         text = post.report(args.runs, args.metrics, width=args.width, group_by=args.group_by, smooth=args.smooth)
         print(text, end="")
+    return 0
 
 
-def _benchmark(args) -> None:
+def _benchmark(args) -> int:
     """``report --benchmark FILE``: its table, or with ``--follow-up DIR`` the paths of the sweeps written there."""
     from fednest_mpi import post
 
@@ -219,6 +226,10 @@ def _benchmark(args) -> None:
         raise UsageError("--benchmark reads the runs its file names; drop the run files from the command")
     if args.archive and (args.follow_up or args.configs_dir):
         raise UsageError("--archive writes the records only; run --follow-up or --configs-dir in another command")
+    if args.verify and (args.archive or args.follow_up or args.configs_dir):
+        raise UsageError("--verify runs the records again only; run --archive, --follow-up or --configs-dir apart")
+    if args.verify:
+        return _verify(args.benchmark, args.verify)
     if args.archive:
         for done in post.benchmark.archive(args.benchmark):
             for why in done.skipped:
@@ -232,6 +243,58 @@ def _benchmark(args) -> None:
     else:
         base = Path(args.configs_dir).parent if args.configs_dir else None
         print(post.benchmark_table(args.benchmark, args.configs_dir, link_base=base), end="")
+    return 0
+
+
+def _verify(benchmark: str, which: str) -> int:
+    """``report --benchmark FILE --verify TASK[/ALGORITHM]``: each record on the reported seeds run again (one rank,
+    a temporary folder) and compared bit for bit; a line per record, then the count. Exit 1 when one differs on the
+    CPU class it was recorded on (or on an unknown one); a difference between classes in a mode whose bits are a
+    class's own (the default, ``reproducible``) is reported as such and expected."""
+    import contextlib
+    import io
+    import json
+    import logging
+    import tempfile
+
+    from fednest_mpi import config as configuration
+    from fednest_mpi import post
+    from fednest_mpi.comm import SerialComm
+    from fednest_mpi.errors import RunFailed
+    from fednest_mpi.session import Session
+
+    quiet = logging.getLogger("fednest_mpi.verify")
+    quiet.setLevel(logging.WARNING)
+    records = post.benchmark.records_to_verify(benchmark, which)
+    same = failures = 0
+    with tempfile.TemporaryDirectory(prefix="fednest-verify-") as folder:
+        for record in records:
+            output = str(Path(folder) / record.path.name)
+            data = json.loads(record.attrs["config_json"])
+            data["run"] = {**data.get("run", {}), "output": output, "progress": "never", "checkpoint_dir": ""}
+            cfg = configuration.from_dict(data)
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # its "output: PATH" line: a temporary file
+                    Session(cfg, SerialComm(), log=quiet).run_to_file()
+            except (UsageError, RunFailed) as exc:
+                failures += 1
+                print(f"{record.path.name}: the run failed: {exc}", flush=True)
+                continue
+            rerun = post.load.read_runs([output])[0]
+            difference = post.benchmark.series_difference(record, rerun)
+            was, now = post.benchmark.cpu_class_of(record), post.benchmark.cpu_class_of(rerun)
+            if difference is None:
+                same += 1
+                print(f"{record.path.name}: same bits", flush=True)
+                continue
+            if was is not None and was != now and cfg.run.numerics != "portable":
+                where = f"expected: recorded on {was!r}, run on {now!r}, in mode {cfg.run.numerics!r}"
+            else:
+                failures += 1
+                where = "on the same CPU class" if was == now else "recorded on an unknown CPU class"
+            print(f"{record.path.name}: DIFFERS ({where}): {difference}", flush=True)
+    print(f"{same} of {len(records)} records of {which} give the same bits again; {failures} differ unexpectedly")
+    return 1 if failures else 0
 
 
 def _plot(args) -> None:

@@ -68,6 +68,9 @@ __all__ = [
     "grid_edges",
     "has_runs",
     "read_benchmark_file",
+    "cpu_class_of",
+    "records_to_verify",
+    "series_difference",
     "task_rows",
     "task_runs",
     "ties",
@@ -711,3 +714,53 @@ def archive(path: str | Path) -> list[Archived]:
         if skipped:
             out.append(Archived(task.records, 0, 0, False, tuple(skipped)))
     return out
+
+
+def records_to_verify(path: str | Path, which: str) -> list[Run]:
+    """The records of ``which`` = TASK or TASK/ALGORITHM of the benchmark file ``path`` on the task's reported
+    seeds (the runs behind the table's numbers), to be run again from their configs and compared bit for bit
+    (``fednest-mpi report --benchmark FILE --verify TASK[/ALGORITHM]``)."""
+    name, _, algorithm = which.partition("/")
+    tasks = {t.name: t for t in read_benchmark_file(path)}
+    if name not in tasks:
+        raise UsageError(f"--verify: {path} has no task {name!r}; its tasks: {', '.join(tasks)}")
+    task = tasks[name]
+    chosen = [
+        r
+        for r in _records(task)
+        if r.attrs.get("seed") in task.report_seeds and (not algorithm or r.config.get("algorithm.name") == algorithm)
+    ]
+    if not chosen:
+        what = f"algorithm {algorithm!r} of task {name!r}" if algorithm else f"task {name!r}"
+        raise UsageError(
+            f"--verify: no records of {what} on its reported seeds {list(task.report_seeds)} in {task.records}; "
+            "archive its runs first (--archive)"
+        )
+    return chosen
+
+
+def cpu_class_of(run: Run) -> str | None:
+    """The CPU class (:func:`fednest_mpi.numerics.cpu_class`) a run file or record says it ran on, or None (a record
+    archived before records kept it)."""
+    from fednest_mpi.numerics import cpu_class
+
+    try:
+        return cpu_class(json.loads(run.attrs["numerics"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def series_difference(record: Run, rerun: Run) -> str | None:
+    """Where ``rerun`` (a run file) first differs from ``record`` in the columns the record holds, bit for bit
+    (NaN equal to NaN), or None when every value is the same."""
+    for column, values in sorted(record.data.items()):
+        again = rerun.data.get(column)
+        if again is None:
+            return f"{column}: not in the new run"
+        if again.shape != values.shape:
+            return f"{column}: {again.shape[0]} iterations, the record {values.shape[0]}"
+        same = (again == values) | (np.isnan(again) & np.isnan(values))
+        if not same.all():
+            i = int(np.flatnonzero(~same)[0])
+            return f"{column} at iteration {i}: {float(again[i])!r}, the record {float(values[i])!r}"
+    return None

@@ -16,14 +16,18 @@ header (format, version, task, metric); then one line per run file, in file-name
      "iterations": 300, "outer_iterations": 300,         # the last recorded iteration, the config's count
      "columns": {"x_error": {"description": ..., "units": ..., ...}, ...},   # as the run file declares them
      "dtypes": {"x_error": "float64", ...},
-     "data": {"comm_rounds": [...], "comm_bytes": [...], "x_error": [...]}}  # every recorded iteration
+     "data": {"comm_rounds": [...], "comm_bytes": [...], "x_error": [...]},  # every recorded iteration
+     "numerics": "{...}", "git_commit": "..."}  # where it ran: the run file's code paths (CPU class) and commit
 
-``data`` holds exactly the columns the table reads (``comm_rounds``, ``comm_bytes`` and the task's metric), at
-every recorded iteration, as JSON numbers (Python's shortest round-trip repr of each float64, ``NaN`` and
-``Infinity`` included), so a record read back is the same numbers, bit for bit. The files are written
-deterministically (sorted keys, a gzip header without time or name): archiving unchanged runs again rewrites
-nothing. :func:`read_records` gives the records back as :class:`~fednest_mpi.post.load.Run` objects, which
-:func:`fednest_mpi.post.benchmark.task_rows` takes wherever a task's run file of the same name is absent.
+``numerics`` and ``git_commit`` (records archived from 2026-12-07 on; absent before) say where the run ran, so that
+``report --verify`` can tell a difference between CPU classes (expected in the default mode, whose bits are a
+class's own: docs/design.md) from one on the same class. ``data`` holds exactly the columns the table reads
+(``comm_rounds``, ``comm_bytes`` and the task's metric), at every recorded iteration, as JSON numbers (Python's
+shortest round-trip repr of each float64, ``NaN`` and ``Infinity`` included), so a record read back is the same
+numbers, bit for bit. The files are written deterministically (sorted keys, a gzip header without time or name):
+archiving unchanged runs again rewrites nothing. :func:`read_records` gives the records back as
+:class:`~fednest_mpi.post.load.Run` objects, which :func:`fednest_mpi.post.benchmark.task_rows` takes wherever a
+task's run file of the same name is absent.
 
 No HDF5 here: the run files are read by :mod:`fednest_mpi.post.load` (through :mod:`fednest_mpi.io`).
 """
@@ -84,6 +88,8 @@ def record_of(run: Run, metric: str) -> dict:
         "columns": {c: info[c] for c in columns if c in info},
         "dtypes": {c: np.asarray(run.data[c]).dtype.str for c in columns},
         "data": {c: np.asarray(run.data[c]).tolist() for c in columns},
+        "numerics": run.attrs.get("numerics"),
+        "git_commit": run.attrs.get("git_commit"),
     }
 
 
@@ -164,6 +170,9 @@ def _run(record: dict, runs: Path) -> Run:
         "seed": record.get("seed"),
         "record": True,
     }
+    for key in ("numerics", "git_commit"):
+        if record.get(key) is not None:
+            attrs[key] = record[key]
     if record.get("primary_metric") is not None:
         attrs["primary_metric"] = record["primary_metric"]
     flat = run_config(config)
