@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tuning protocol of docs/benchmarks.md for the named algorithms of the quadratic tasks, one algorithm after the
-# other, resumable across sessions: a run whose run file or benchmark record (docs/benchmarks/records) exists is not
-# run again, and an algorithm whose chosen setting has run on the reported seeds is complete and skipped.
+# other, resumable across sessions: a run with a benchmark record (docs/benchmarks/records) or a finished run file is
+# not run again (--skip-finished: a run file left by a killed run continues from its checkpoint, or starts afresh),
+# and an algorithm whose chosen setting has run on the reported seeds is complete and skipped.
 # Usage: bash jobs/benchmarks/protocol.sh TASK/ALG ...   (a sweep jobs/benchmarks/TASK/ALG.toml of table.toml's tasks;
 #   the MNIST tasks of mnist.toml: TABLE=jobs/benchmarks/mnist.toml FEDNEST_DATA=../shared/data bash ...)
 # Example: nice -n 19 bash jobs/benchmarks/protocol.sh quadratic_local/fedmsa quadratic_uneven/fedmbo
@@ -17,22 +18,25 @@ if [ $# -eq 0 ] || [ "${1:-}" = "-h" ]; then sed -n '2,9p' "$0"; exit 2; fi
 failed=()
 done_names() {   # done_names TASK: the names of the runs of TASK that have a run file or a record
     ls runs/benchmarks/"$1"/ 2> /dev/null | sed -n 's/\.h5$//p'
+    recorded_names "$1"
+}
+recorded_names() {   # recorded_names TASK: the names of the runs of TASK that have a record
     for f in "$RECORDS/$1"/*.jsonl.gz; do
         [ -e "$f" ] && gzip -dc "$f" | grep -o '"file":"[^"]*\.h5"' | sed 's/^"file":"//; s/\.h5"$//'
     done
     true
 }
-run_sweep() {   # run_sweep TASK SWEEP_FILE OUT_DIR: render, then run the tasks without a run file or record
-    local name ids
+run_sweep() {   # run_sweep TASK SWEEP_FILE OUT_DIR: render, then run the tasks without a record (a finished run file
+    local name ids   # is skipped by the run itself, --skip-finished; a killed run's file continues or starts again)
     name=$(basename "$2" .toml)
     "$FEDNEST" jobs render "$2" --site local -o "$3/$name" > /dev/null
     ids=$(awk 'NR == FNR { done[$1] = 1; next } !($1 in done) { print FNR - 1 }' \
-        <(echo "#"; done_names "$1") "$3/$name/$name.tasks" | tr '\n' ' ')
-    echo "== $name: $(wc -l < "$3/$name/$name.tasks") runs, to run: ${ids:-none}"
+        <(echo "#"; recorded_names "$1") "$3/$name/$name.tasks" | tr '\n' ' ')
+    echo "== $name: $(wc -l < "$3/$name/$name.tasks") runs, without a record: ${ids:-none}"
     [ -n "$ids" ] && [ -z "${DRY_RUN:-}" ] || return 0
     # shellcheck disable=SC2086  # the task ids, one word each
     local rc=0
-    bash "$3/$name/$name.local.sh" -j 1 $ids || rc=$?
+    FEDNEST_RUN_ARGS="--skip-finished" bash "$3/$name/$name.local.sh" -j 1 $ids || rc=$?
     if [ "$rc" -eq 2 ]; then   # a run refused its input (a usage error): not a result, so the protocol stops
         echo "protocol.sh: $name: runs refused their input (exit 2, listed above): not results; fix and run again" >&2
         exit 2
