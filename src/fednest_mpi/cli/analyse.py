@@ -292,7 +292,7 @@ def _verify(benchmark: str, which: str) -> int:
             else:
                 failures += 1
                 where = "on the same CPU class" if was == now else "recorded on an unknown CPU class"
-            print(f"{record.path.name}: DIFFERS ({where}): {difference}", flush=True)
+            print(f"{record.path.name}: DIFFERS ({where}): {difference}, the record's value first", flush=True)
     print(f"{same} of {len(records)} records of {which} give the same bits again; {failures} differ unexpectedly")
     return 1 if failures else 0
 

@@ -752,15 +752,8 @@ def cpu_class_of(run: Run) -> str | None:
 
 def series_difference(record: Run, rerun: Run) -> str | None:
     """Where ``rerun`` (a run file) first differs from ``record`` in the columns the record holds, bit for bit
-    (NaN equal to NaN), or None when every value is the same."""
-    for column, values in sorted(record.data.items()):
-        again = rerun.data.get(column)
-        if again is None:
-            return f"{column}: not in the new run"
-        if again.shape != values.shape:
-            return f"{column}: {again.shape[0]} iterations, the record {values.shape[0]}"
-        same = (again == values) | (np.isnan(again) & np.isnan(values))
-        if not same.all():
-            i = int(np.flatnonzero(~same)[0])
-            return f"{column} at iteration {i}: {float(again[i])!r}, the record {float(values[i])!r}"
-    return None
+    (:func:`fednest_mpi.checking.first_difference`: "column at iteration k (the record's value vs the new one)",
+    NaN equal to NaN), or None when every value is the same."""
+    from fednest_mpi.checking import first_difference
+
+    return first_difference(dict(sorted(record.data.items())), rerun.data)
