@@ -25,30 +25,11 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
+from fednest_mpi.bitwise import first_difference
 
 #: exit status of ``fednest-mpi check``: every check ran and agreed; a usage error or a broken contract; a
 #: check ran and differs; a check could not run (and none differs)
 EXIT = {"ok": 0, "usage": 2, "differs": 3, "not run": 4}
-#: columns that measure time, not the computation: never compared
-TIMING = frozenset({"wall_time", "algorithm_time", "evaluation_time", "comm_seconds"})
-
-
-def first_difference(a: dict, b: dict) -> str | None:
-    """``column at iteration k (A vs B)`` for the first value that differs between two records (name ->
-    values per iteration; NaN equals NaN), a column missing from one, or None when they agree."""
-    names = [name for name in a if name not in TIMING]
-    for name in names:
-        if name not in b:
-            return f"column {name} missing"
-        x, y = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
-        if x.shape != y.shape:
-            return f"{name}: {x.size} vs {y.size} iterations"
-        same = (x == y) | (np.isnan(x) & np.isnan(y))
-        if not same.all():
-            k = int(np.flatnonzero(~same)[0])
-            return f"{name} at iteration {k} ({float(x[k])!r} vs {float(y[k])!r})"
-    return None
 
 
 def _with(cfg, section: str, **fields):

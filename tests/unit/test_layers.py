@@ -18,7 +18,7 @@ SRC = Path(fednest_mpi.__file__).resolve().parent
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": tuple(
         "fednest_mpi errors text pathkind atomic logs stop allocator lock native failure registry numerics exactsum "
-        "rng consistency memory callbacks comm".split()
+        "rng consistency memory callbacks comm bitwise".split()
     ),
     "config": ("config",),
     "io": ("io",),

@@ -249,13 +249,31 @@ def _benchmark(args) -> int:
 def _verify(benchmark: str, which: str) -> int:
     """``report --benchmark FILE --verify TASK[/ALGORITHM]``: each record on the reported seeds run again (one rank,
     a temporary folder) and compared bit for bit; a line per record, then the count. Exit 1 when one differs on the
-    CPU class it was recorded on (or on an unknown one); a difference between classes in a mode whose bits are a
-    class's own (the default, ``reproducible``) is reported as such and expected."""
+    CPU class it was recorded on (or on an unknown one), or a run fails; a difference between classes in a mode whose
+    bits are a class's own (the default, ``reproducible``) is reported as such and expected."""
+    import tempfile
+
+    from fednest_mpi import post
+
+    records = post.benchmark.records_to_verify(benchmark, which)
+    same = failures = 0
+    with tempfile.TemporaryDirectory(prefix="fednest-verify-") as folder:
+        for record in records:
+            outcome, unexpected = _verify_record(record, Path(folder) / record.path.name)
+            same += outcome == "same bits"
+            failures += unexpected
+            print(f"{record.path.name}: {outcome}", flush=True)
+    print(f"{same} of {len(records)} records of {which} give the same bits again; {failures} differ unexpectedly")
+    return 1 if failures else 0
+
+
+def _verify_record(record, output: Path) -> tuple[str, bool]:
+    """(what the run of ``record``'s config, written to ``output``, gives against the record; whether that is
+    unexpected): "same bits", a difference and where, or the run's failure."""
     import contextlib
     import io
     import json
     import logging
-    import tempfile
 
     from fednest_mpi import config as configuration
     from fednest_mpi import post
@@ -263,38 +281,27 @@ def _verify(benchmark: str, which: str) -> int:
     from fednest_mpi.errors import RunFailed
     from fednest_mpi.session import Session
 
+    data = json.loads(record.attrs["config_json"])
+    data["run"] = {**data.get("run", {}), "output": str(output), "progress": "never", "checkpoint_dir": ""}
+    cfg = configuration.from_dict(data)
     quiet = logging.getLogger("fednest_mpi.verify")
     quiet.setLevel(logging.WARNING)
-    records = post.benchmark.records_to_verify(benchmark, which)
-    same = failures = 0
-    with tempfile.TemporaryDirectory(prefix="fednest-verify-") as folder:
-        for record in records:
-            output = str(Path(folder) / record.path.name)
-            data = json.loads(record.attrs["config_json"])
-            data["run"] = {**data.get("run", {}), "output": output, "progress": "never", "checkpoint_dir": ""}
-            cfg = configuration.from_dict(data)
-            try:
-                with contextlib.redirect_stdout(io.StringIO()):  # its "output: PATH" line: a temporary file
-                    Session(cfg, SerialComm(), log=quiet).run_to_file()
-            except (UsageError, RunFailed) as exc:
-                failures += 1
-                print(f"{record.path.name}: the run failed: {exc}", flush=True)
-                continue
-            rerun = post.load.read_runs([output])[0]
-            difference = post.benchmark.series_difference(record, rerun)
-            was, now = post.benchmark.cpu_class_of(record), post.benchmark.cpu_class_of(rerun)
-            if difference is None:
-                same += 1
-                print(f"{record.path.name}: same bits", flush=True)
-                continue
-            if was is not None and was != now and cfg.run.numerics != "portable":
-                where = f"expected: recorded on {was!r}, run on {now!r}, in mode {cfg.run.numerics!r}"
-            else:
-                failures += 1
-                where = "on the same CPU class" if was == now else "recorded on an unknown CPU class"
-            print(f"{record.path.name}: DIFFERS ({where}): {difference}, the record's value first", flush=True)
-    print(f"{same} of {len(records)} records of {which} give the same bits again; {failures} differ unexpectedly")
-    return 1 if failures else 0
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its "output: PATH" line: a temporary file
+            Session(cfg, SerialComm(), log=quiet).run_to_file()
+    except (UsageError, RunFailed) as exc:
+        return f"the run failed: {exc}", True
+    rerun = post.load.read_runs([str(output)])[0]
+    difference = post.benchmark.series_difference(record, rerun)
+    if difference is None:
+        return "same bits", False
+    was, now = post.benchmark.cpu_class_of(record), post.benchmark.cpu_class_of(rerun)
+    if was is not None and was != now and cfg.run.numerics != "portable":
+        return f"DIFFERS (expected: recorded on {was!r}, run on {now!r}, in mode {cfg.run.numerics!r}): " + (
+            f"{difference}, the record's value first"
+        ), False
+    where = "on the same CPU class" if was == now else "recorded on an unknown CPU class"
+    return f"DIFFERS ({where}): {difference}, the record's value first", True
 
 
 def _plot(args) -> None:

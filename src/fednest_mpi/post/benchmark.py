@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fednest_mpi.bitwise import first_difference
 from fednest_mpi.errors import UsageError
 from fednest_mpi.post import records as records_io
 from fednest_mpi.post.load import IGNORED_FIELDS, Run, check_columns, read_runs
@@ -752,8 +753,6 @@ def cpu_class_of(run: Run) -> str | None:
 
 def series_difference(record: Run, rerun: Run) -> str | None:
     """Where ``rerun`` (a run file) first differs from ``record`` in the columns the record holds, bit for bit
-    (:func:`fednest_mpi.checking.first_difference`: "column at iteration k (the record's value vs the new one)",
+    (:func:`fednest_mpi.bitwise.first_difference`: "column at iteration k (the record's value vs the new one)",
     NaN equal to NaN), or None when every value is the same."""
-    from fednest_mpi.checking import first_difference
-
     return first_difference(dict(sorted(record.data.items())), rerun.data)
