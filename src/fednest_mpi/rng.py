@@ -103,10 +103,11 @@ The values do not depend on it (tested with blocks that end inside streams)."""
 _FEW_DROPS = 32  # up to this many odd streams ending in a block, their dropped numbers are cut by slice copies
 
 
-def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+def stream_normals(keys: np.ndarray, lengths: np.ndarray, skip: int = 0) -> torch.Tensor:
     """Standard normals (float32) of many keyed streams at once, concatenated: the first
-    ``lengths[i]`` numbers of stream ``keys[i]``, for every i, in one vectorised pass (no loop over
-    streams). Stream k's j-th 64-bit word is the SplitMix64 output ``mix(k + (j + 1) * golden)``;
+    ``lengths[i]`` numbers of stream ``keys[i]`` after its first ``skip`` (even: whole words), for every i, in one
+    vectorised pass (no loop over streams); a number is the same bits whether it is drawn with or without the
+    numbers before it. Stream k's j-th 64-bit word is the SplitMix64 output ``mix(k + (j + 1) * golden)``;
     each word gives two normals by Box-Muller (radius from its high 23 bits, angle from its low
     half's; values within about 5.7 standard deviations). A stream's numbers depend on its key
     alone, not on which other streams are drawn with it (tested bitwise across groupings).
@@ -118,6 +119,8 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
     block's numbers written into the output, so memory is the output plus O(block). The output is allocated by
     numpy (which asks for transparent huge pages: its first touch costs a third of torch's 4 KiB pages here) and
     shared with the returned tensor."""
+    if skip % 2 or skip < 0:
+        raise ValueError(f"stream_normals: skip={skip}: a whole number of words (an even count of numbers)")
     keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     flat = np.empty(int(lengths.sum()), dtype=np.float32)
@@ -130,7 +133,7 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
     odd = lengths % 2 == 1
     block = min(STREAM_BLOCK, total)
     with np.errstate(over="ignore"):  # word g of stream i is mix(base[i] + g * golden), all mod 2^64
-        base = keys + (np.uint64(1) - starts.astype(np.uint64)) * _GOLDEN
+        base = keys + (np.uint64(1 + skip // 2) - starts.astype(np.uint64)) * _GOLDEN
         step = np.arange(block, dtype=np.uint64) * _GOLDEN
     buffers = _NormalBuffers(block, pairs=bool(odd.any()))
     o = 0  # output position of the block's first number

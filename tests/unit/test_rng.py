@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from fednest_mpi import rng
 
@@ -53,6 +54,17 @@ def test_stream_normals_depend_on_the_key_alone_and_are_standard_normal():
     z = rng.stream_normals(rng.key(9, np.arange(100)), np.full(100, 10000)).double()
     assert abs(float(z.mean())) < 5 / 1000 and abs(float(z.std()) - 1) < 0.005
     assert abs(float((z**3).mean())) < 0.02 and abs(float((z**4).mean()) - 3) < 0.05
+
+
+def test_stream_normals_after_a_skip_are_the_streams_later_numbers():
+    keys = rng.key(3, np.arange(30))
+    lengths = np.arange(30) * 5 % 17  # odd and even lengths, one empty stream
+    whole = rng.stream_normals(keys, lengths + 6).split((lengths + 6).tolist())
+    later = rng.stream_normals(keys, lengths, skip=6).split(lengths.tolist())
+    for w, z in zip(whole, later):
+        assert torch.equal(w[6:], z)
+    with pytest.raises(ValueError, match="skip=3"):
+        rng.stream_normals(keys, lengths, skip=3)  # half a word
 
 
 def _mix(z: int) -> int:

@@ -8,7 +8,8 @@ import torch
 from mpi4py import MPI
 
 from fednest_mpi import config, rng
-from fednest_mpi.data.synthetic import SyntheticSpec, client_model, generate, sample_counts
+from fednest_mpi.data import synthetic as synthetic_data
+from fednest_mpi.data.synthetic import KnownLabels, SyntheticSpec, client_model, generate, sample_counts
 from fednest_mpi.problems import build_problem, synthetic
 from fednest_mpi.problems.base import Sample
 
@@ -44,6 +45,35 @@ def test_a_clients_data_depend_only_on_seed_and_id():
     assert torch.equal(labels[start : start + counts[1]], alone_labels)
     other_seed, _, _ = generate(spec, 5, [9], counts[1:2])
     assert not torch.equal(other_seed, alone)
+
+
+def test_known_labels_give_the_generated_bits_and_spare_the_teachers():
+    spec = SyntheticSpec(n_inputs=7, n_classes=4, size_distribution="lognormal", samples_per_client=12, max_samples=40)
+    known = KnownLabels(slots=5, width=40, classes=4)
+    calls = []
+    real = synthetic_data._models
+    for ids in ([3, 9, 17, 20], [9, 17, 8, 3], [0, 3, 9, 45, 20, 46], [], [9, 20], [3, 8, 0, 20, 45]):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(
+                synthetic_data,
+                "_models",
+                lambda spec, seed, clients: calls.append(clients.tolist()) or real(spec, seed, clients),
+            )
+            got = generate(spec, 4, ids, pad_to=40, known=known)
+        want = generate(spec, 4, ids, pad_to=40)
+        assert all(torch.equal(g, w) for g, w in zip(got[:2], want[:2])) and np.array_equal(got[2], want[2])
+    # only the clients whose slot does not hold them draw their teachers (slot = id mod 5; of two new clients
+    # sharing a slot, the first keeps it)
+    assert calls == [[3, 9, 17, 20], [8], [0, 3, 45, 46], [], [20], [8, 0, 45]]
+    assert known.owner.tolist() == [0, 46, 17, 8, 9]
+    with pytest.raises(ValueError, match="width 40"):
+        generate(spec, 4, [1], pad_to=50, known=known)
+
+
+def test_input_means_alone_are_the_models():
+    spec = SyntheticSpec(alpha=0.5, beta=2.0)
+    clients = np.array([5, 1, 77])
+    assert torch.equal(synthetic_data._input_means(spec, 3, clients), synthetic_data._models(spec, 3, clients)[2])
 
 
 def test_labels_are_the_teacher_argmax_and_inputs_have_the_stated_moments():

@@ -77,13 +77,71 @@ def _models(spec: SyntheticSpec, seed: int, clients: np.ndarray) -> tuple[torch.
     return (u[:, :, None] + z[:, : C * d].view(-1, C, d)), u + z[:, C * d : C * d + C], B + z[:, C * d + C : -2]
 
 
+def _input_means(spec: SyntheticSpec, seed: int, clients: np.ndarray) -> torch.Tensor:
+    """v_i (B, d) alone, the same bits as :func:`_models`'s: the model stream's last d + 2 numbers only (C d + C is
+    even, so they start at a word)."""
+    C, d = spec.n_classes, spec.n_inputs
+    z = rng.stream_normals(_keys(seed, clients, _MODEL), np.full(clients.size, d + 2), skip=C * d + C)
+    z = z.view(clients.size, d + 2)
+    return z[:, -1:] * spec.beta + z[:, :-2]
+
+
 def client_model(spec: SyntheticSpec, seed: int, client: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Client ``client``'s teacher (W_i (C, d), b_i (C,)) and input mean v_i (d,), float32."""
     W, b, v = _models(spec, seed, np.array([client], dtype=np.int64))
     return W[0], b[0], v[0]
 
 
-def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int = 0, pad_to: int = 0):
+class KnownLabels:
+    """The labels of clients generated before, kept so that generating a client again draws only its samples'
+    normals (and its d + 2 input-mean numbers) instead of its teacher's C d + C + d + 2 and the labels' batched
+    product: a direct-mapped store of ``slots`` rows of ``width`` labels (client i in slot i mod ``slots``; a client
+    whose slot another holds is generated in full). One byte per label up to 256 classes: 10^5 clients of 100
+    samples in 10 MB. Labels of stream ``stream`` at padded width ``width`` only; the values do not depend on what
+    it holds."""
+
+    def __init__(self, slots: int, width: int, classes: int, stream: int = 0):
+        self.width, self.stream = width, stream
+        self.owner = np.full(slots, -1, dtype=np.int64)
+        self.labels = torch.empty(slots, width, dtype=torch.uint8 if classes <= 256 else torch.int64)
+
+    @classmethod
+    def within(cls, budget: int, n_clients: int, width: int, classes: int) -> KnownLabels:
+        """A store of at most ``budget`` bytes, no larger than the population needs."""
+        row = 8 + width * (1 if classes <= 256 else 8)
+        return cls(max(1, min(n_clients, budget // row)), width, classes)
+
+    def find(self, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, held): each client's slot and whether the slot holds its labels."""
+        slots = clients % self.owner.size
+        return slots, self.owner[slots] == clients
+
+    def keep(self, clients: np.ndarray, slots: np.ndarray, labels: torch.Tensor) -> None:
+        """Store ``labels`` (one padded row per client); of clients sharing a slot, the first."""
+        slots, first = np.unique(slots, return_index=True)
+        self.owner[slots] = clients[first]
+        self.labels[torch.from_numpy(slots)] = labels[torch.from_numpy(first)].to(self.labels.dtype)
+
+
+def _labels(W: torch.Tensor, b: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+    """argmax_c (W_i a + b_i)_c of each padded row (B, width) in float32, one batched product over the clients."""
+    return torch.baddbmm(b[:, None, :], padded, W.transpose(1, 2)).argmax(-1)
+
+
+def _padded(inputs: torch.Tensor, counts: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the clients' rows padded to ``width`` (B, width, d), the padded positions of the rows, or None when every
+    client has ``width`` rows and the padded block is ``inputs`` itself)."""
+    n, d = counts.size, inputs.shape[1]
+    if np.all(counts == width):
+        return inputs.view(n, width, d), None
+    owner = np.repeat(np.arange(n), counts)
+    rows = torch.from_numpy(
+        np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + owner * width
+    )
+    return inputs.new_zeros(n * width, d).index_copy_(0, rows, inputs).view(n, width, d), rows
+
+
+def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int = 0, pad_to: int = 0, known=None):
     """All samples of ``clients``, concatenated in the given order: (inputs (sum n_i, d) float32
     tensor, labels (sum n_i,) int64 tensor, n_i numpy array).
 
@@ -92,24 +150,38 @@ def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int =
     float32 by one batched product over the clients, padded to the largest n_i or to ``pad_to``
     when larger: a caller that passes the population's largest n_i gets labels that do not depend
     on which clients are generated together (the product's rounding can depend on its padded shape).
+    ``known`` (:class:`KnownLabels` of this stream and padded width): labels kept from earlier calls are taken from
+    it, and the new ones kept in it; the same bits.
     """
     clients = np.asarray(clients, dtype=np.int64).reshape(-1)
     counts = sample_counts(spec, seed, clients) if counts is None else np.asarray(counts, dtype=np.int64)
     d = spec.n_inputs
-    W, b, v = _models(spec, seed, clients)
+    width = max(int(counts.max()) if clients.size else 0, pad_to)
+    if known is not None and (known.stream, known.width) != (stream, width):
+        raise ValueError(f"generate: labels kept of stream {known.stream}, width {known.width}; not {stream}, {width}")
+    slots, held = known.find(clients) if known is not None else (clients, np.zeros(clients.size, dtype=bool))
+    new = np.flatnonzero(~held)
+    W, b, means = _models(spec, seed, clients[new])
+    if new.size < clients.size:  # held clients: only their input means
+        every = torch.empty(clients.size, d)
+        every[torch.from_numpy(new)] = means
+        every[torch.from_numpy(np.flatnonzero(held))] = _input_means(spec, seed, clients[held])
+        means = every
     inputs = rng.stream_normals(_keys(seed, clients, _SAMPLES, stream), counts * d).view(-1, d)
     inputs.mul_(torch.arange(1, d + 1, dtype=torch.float32) ** -0.6)  # sqrt of Sigma_jj = j^-1.2
-    width = max(int(counts.max()), pad_to) if clients.size else 0
-    if np.all(counts == width):  # equal clients: v_i broadcast over each client's rows
-        padded, rows = inputs.view(clients.size, width, d), None
-        padded.add_(v[:, None, :])
+    if clients.size and np.all(counts == counts[0]):  # equal clients: v_i broadcast over each client's rows
+        inputs.view(clients.size, -1, d).add_(means[:, None, :])
     else:
-        owner = torch.from_numpy(np.repeat(np.arange(clients.size), counts))
-        inputs.add_(v[owner])
-        rows = (
-            torch.from_numpy(np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
-            + owner * width
-        )
-        padded = inputs.new_zeros(clients.size * width, d).index_copy_(0, rows, inputs).view(clients.size, width, d)
-    labels = torch.baddbmm(b[:, None, :], padded, W.transpose(1, 2)).argmax(-1).reshape(-1)
+        inputs.add_(means[torch.from_numpy(np.repeat(np.arange(clients.size), counts))])
+    padded, rows = _padded(inputs, counts, width)
+    if new.size == clients.size:
+        labels = _labels(W, b, padded)
+    else:
+        labels = torch.empty(clients.size, width, dtype=torch.int64)
+        labels[torch.from_numpy(held)] = known.labels[torch.from_numpy(slots[held])].to(torch.int64)
+        if new.size:
+            labels[torch.from_numpy(new)] = _labels(W, b, padded[torch.from_numpy(new)])
+    if known is not None and new.size:
+        known.keep(clients[new], slots[new], labels[torch.from_numpy(new)] if new.size < clients.size else labels)
+    labels = labels.reshape(-1)
     return inputs, labels if rows is None else labels[rows], counts

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fednest_mpi.data.synthetic import SyntheticSpec, generate, sample_counts
+from fednest_mpi.data.synthetic import KnownLabels, SyntheticSpec, generate, sample_counts
 from fednest_mpi.problems.clientdata import ClientSplit
 from fednest_mpi.problems.representation import RepresentationProblem
 
@@ -40,6 +40,10 @@ from fednest_mpi.problems.representation import RepresentationProblem
 #: same CPU per iteration (9.58 -> 9.53 s; a set of 10,000 clients, 240 MB, never fitted either budget), while
 #: sets up to ~2,500 clients are still kept whole (docs/lab/issue34.md, sixth session). Values do not depend on it.
 DATA_BUDGET_BYTES = 64 * 2**20
+#: the clients' labels kept for their next generation (:class:`~fednest_mpi.data.synthetic.KnownLabels`, one byte
+#: per sample: 10^5 clients of 100 samples in 10 MB), which then draws only the samples' normals: about -1 s of
+#: ~8 s per iteration at 10,000 of 100,000 clients (docs/lab/issue34.md, tenth session). Values do not depend on it.
+LABELS_BUDGET_BYTES = 32 * 2**20
 _TEST_STREAM = 1
 
 
@@ -122,6 +126,7 @@ class SyntheticProblem(RepresentationProblem):
         self._sets: OrderedDict[bytes, _ClientSet] = OrderedDict()
         self.kept = KeptClients(cfg.kept_clients_memory * 2**20) if cfg.kept_clients_memory else None
         self.widths = self._split_widths()
+        self.known = KnownLabels.within(LABELS_BUDGET_BYTES, cfg.n_clients, sum(self.widths), cfg.n_classes)
 
     def _outer_counts(self, counts: np.ndarray) -> np.ndarray:
         """Each client's outer (validation) samples; the rest are its inner ones. Both grow with n_i."""
@@ -140,7 +145,7 @@ class SyntheticProblem(RepresentationProblem):
 
     def _generate(self, ids: np.ndarray) -> _ClientSet:
         def make(clients):
-            return generate(self.spec, self.seed, clients, pad_to=sum(self.widths))
+            return generate(self.spec, self.seed, clients, pad_to=sum(self.widths), known=self.known)
 
         inputs, labels, counts = make(ids) if self.kept is None else self.kept.samples(ids, make)
         n_outer = self._outer_counts(counts)
