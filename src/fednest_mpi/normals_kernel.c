@@ -14,6 +14,7 @@
 
 #define M1 UINT64_C(0xBF58476D1CE4E5B9)
 #define M2 UINT64_C(0x94D049BB133111EB)
+#define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
 #define LN2 0.6931471805599453
 #define HALF_PI 1.5707963267948966
 #define SQRT2 1.4142135623730951
@@ -49,31 +50,47 @@ static inline double own_log(double t, const double *log_series) {
     return e * LN2 + (2.0 * s) * horner(log_series, 11, s * s);
 }
 
-/* For i < n: word z = mix(firsts[i * first_stride] + step[i]) (SplitMix64's mix, mod 2^64), u_low and u_high its
+/* The two numbers of the word w (before the mix): z = mix(w) (SplitMix64's mix, mod 2^64), u_low and u_high its
  * low and high 32-bit halves as units (unit_of); radius = sqrt(-2 log(2 - u_high)); the angle in quarter turns
  * y = 4 (u_low - 1) (exact), k = rint(y), x = (y - k) pi/2 in [-pi/4, pi/4], (cos, sin) of x by their series and
- * of the angle by the quadrant k; out[2 i] = (float)(radius cos), out[2 i + 1] = (float)(radius sin).
- * first_stride: 1, or 0 for one first word for all. The series' coefficients, highest power first: log_series[11]
- * (1/(2k+1), k = 10..0), sin_series[9] ((-1)^k/(2k+1)!, k = 8..0), cos_series[10] ((-1)^k/(2k)!, k = 9..0). */
-void normal_numbers(const uint64_t *firsts, int64_t first_stride, const uint64_t *step, int64_t n,
-                    const double *log_series, const double *sin_series, const double *cos_series,
-                    float *restrict out) {
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t z = firsts[i * first_stride] + step[i];
-        z = (z ^ (z >> 30)) * M1;
-        z = (z ^ (z >> 27)) * M2;
-        z = z ^ (z >> 31);
-        double radius = __builtin_sqrt(-2.0 * own_log(2.0 - unit_of((uint32_t)(z >> 32)), log_series));
-        double y = (unit_of((uint32_t)z) - 1.0) * 4.0;
-        double k = __builtin_rint(y);
-        double x = (y - k) * HALF_PI;
-        double x2 = x * x;
-        double sn = horner(sin_series, 9, x2) * x;
-        double cs = horner(cos_series, 10, x2);
-        int q = (int)k & 3; /* angle = q quarter turns + x */
-        double c = q == 0 ? cs : q == 1 ? -sn : q == 2 ? -cs : sn;
-        double s = q == 0 ? sn : q == 1 ? cs : q == 2 ? -sn : -cs;
-        out[2 * i] = (float)(radius * c);
-        out[2 * i + 1] = (float)(radius * s);
+ * of the angle by the quadrant k; *c = (float)(radius cos), *s = (float)(radius sin). The series' coefficients,
+ * highest power first: log_series[11] (1/(2k+1), k = 10..0), sin_series[9] ((-1)^k/(2k+1)!, k = 8..0),
+ * cos_series[10] ((-1)^k/(2k)!, k = 9..0). */
+static inline void word_numbers(uint64_t z, const double *log_series, const double *sin_series,
+                                const double *cos_series, float *c_out, float *s_out) {
+    z = (z ^ (z >> 30)) * M1;
+    z = (z ^ (z >> 27)) * M2;
+    z = z ^ (z >> 31);
+    double radius = __builtin_sqrt(-2.0 * own_log(2.0 - unit_of((uint32_t)(z >> 32)), log_series));
+    double y = (unit_of((uint32_t)z) - 1.0) * 4.0;
+    double k = __builtin_rint(y);
+    double x = (y - k) * HALF_PI;
+    double x2 = x * x;
+    double sn = horner(sin_series, 9, x2) * x;
+    double cs = horner(cos_series, 10, x2);
+    int q = (int)k & 3; /* angle = q quarter turns + x */
+    double c = q == 0 ? cs : q == 1 ? -sn : q == 2 ? -cs : sn;
+    double s = q == 0 ? sn : q == 1 ? cs : q == 2 ? -sn : -cs;
+    *c_out = (float)(radius * c);
+    *s_out = (float)(radius * s);
+}
+
+/* Stream i < n_streams: its words firsts[i] + j GOLDEN (mod 2^64), j = 0, 1, ..., each giving two numbers
+ * (word_numbers), written to out in order: lengths[i] numbers of stream i (an odd length drops its last word's
+ * second number), then stream i + 1's. One call for every stream of rng.stream_normals: no per-word arrays. */
+void stream_numbers(const uint64_t *firsts, const int64_t *lengths, int64_t n_streams, const double *log_series,
+                    const double *sin_series, const double *cos_series, float *restrict out) {
+    for (int64_t i = 0; i < n_streams; i++) {
+        int64_t pairs = lengths[i] / 2;
+        uint64_t first = firsts[i];
+        for (int64_t j = 0; j < pairs; j++)
+            word_numbers(first + (uint64_t)j * GOLDEN, log_series, sin_series, cos_series, out + 2 * j,
+                         out + 2 * j + 1);
+        out += 2 * pairs;
+        if (lengths[i] % 2) {
+            float dropped;
+            word_numbers(first + (uint64_t)pairs * GOLDEN, log_series, sin_series, cos_series, out, &dropped);
+            out += 1;
+        }
     }
 }

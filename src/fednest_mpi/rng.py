@@ -115,15 +115,22 @@ def stream_normals(keys: np.ndarray, lengths: np.ndarray, skip: int = 0) -> torc
     Exactly, with a half's 23 high bits as the mantissa of u in [1, 2): the numbers (r cos a, r sin a), r =
     sqrt(-2 log(2 - u_high)), a = 2 pi (u_low - 1), by :func:`box_muller` (the project's own log, cos and sin in
     float64, rounded once to float32: the same bits on every CPU); an odd-length stream drops the second number of
-    its last word. The words are made :data:`STREAM_BLOCK` at a time in buffers allocated once per call and each
-    block's numbers written into the output, so memory is the output plus O(block). The output is allocated by
+    its last word. The compiled kernel (:func:`kernel`) writes every stream's numbers straight into the output in one
+    call; without it, numpy's passes make the words :data:`STREAM_BLOCK` at a time in buffers allocated once per
+    call, so memory is the output plus O(block). The output is allocated by
     numpy (which asks for transparent huge pages: its first touch costs a third of torch's 4 KiB pages here) and
     shared with the returned tensor."""
     if skip % 2 or skip < 0:
         raise ValueError(f"stream_normals: skip={skip}: a whole number of words (an even count of numbers)")
     keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
-    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
     flat = np.empty(int(lengths.sum()), dtype=np.float32)
+    lib = kernel()
+    if lib is not None:  # one compiled call for every stream (normals_kernel.c), from each stream's first word
+        with np.errstate(over="ignore"):
+            firsts = np.ascontiguousarray(keys + np.uint64(1 + skip // 2) * _GOLDEN)
+        lib.stream_numbers(firsts.ctypes.data, lengths.ctypes.data, keys.size, *_SERIES_POINTERS, flat.ctypes.data)
+        return torch.from_numpy(flat)
     words = (lengths + 1) // 2
     total = int(words.sum())
     if total == 0:
@@ -169,7 +176,7 @@ def kernel() -> ctypes.CDLL | None:
         _KERNEL_SOURCE,
         KERNEL_VARIABLE,
         "normals (numpy's passes compute them, slower)",
-        {"normal_numbers": ([ptr, i64, ptr, i64, ptr, ptr, ptr, ptr], None)},
+        {"stream_numbers": ([ptr, ptr, i64, ptr, ptr, ptr, ptr], None)},
         vector_bits=512,  # 4.3 against 7.5 ns per word on the AMD EPYC here (docs/lab/issue34.md)
     )
 
@@ -183,6 +190,7 @@ _LOG_SERIES = _series(Fraction(1, 2 * k + 1) for k in range(11))  # 1 + z/3 + ..
 _SIN_SERIES = _series(Fraction((-1) ** k, math.factorial(2 * k + 1)) for k in range(9))  # x - x^3/3! ... + x^17/17!
 _COS_SERIES = _series(Fraction((-1) ** k, math.factorial(2 * k)) for k in range(10))  # 1 - x^2/2! ... - x^18/18!
 _SERIES_ARRAYS = tuple(np.array(c, dtype=np.float64) for c in (_LOG_SERIES, _SIN_SERIES, _COS_SERIES))  # for the C loop
+_SERIES_POINTERS = tuple(c.ctypes.data for c in _SERIES_ARRAYS)
 _EXPONENT_MASK, _MANTISSA_MASK, _ONE_BITS = np.uint64(0x7FF), np.uint64(0x000FFFFFFFFFFFFF), np.uint64(0x3FF << 52)
 
 
@@ -241,8 +249,6 @@ class _NormalBuffers:
 
     def __init__(self, block: int, pairs: bool):
         self.pairs = np.empty((block, 2), dtype=np.float32) if pairs else None
-        if kernel() is not None:
-            return
         self.z = np.empty(block, dtype=np.uint64)
         self.tmp = np.empty(block, dtype=np.uint64)
         self.halves = self.z.view(np.uint32).reshape(block, 2)  # little-endian: (low, high) 32-bit halves
@@ -251,14 +257,8 @@ class _NormalBuffers:
 
     def numbers(self, firsts: np.ndarray, step: np.ndarray, n: int, out: np.ndarray) -> None:
         """``out`` (n, 2) float32 = the two normals of each of the block's ``n`` words ``firsts + step``
-        (``firsts``: one per word, or one for all): SplitMix64's mix, then :func:`box_muller`, compiled
-        (:func:`kernel`) or numpy's passes, the same bits."""
-        lib = kernel()
-        if lib is not None:  # the C loop reads firsts and step as contiguous uint64 (no copy when they are)
-            firsts, step = np.ascontiguousarray(firsts, np.uint64), np.ascontiguousarray(step, np.uint64)
-            series = (c.ctypes.data for c in _SERIES_ARRAYS)
-            lib.normal_numbers(firsts.ctypes.data, int(firsts.size > 1), step.ctypes.data, n, *series, out.ctypes.data)
-            return
+        (``firsts``: one per word, or one for all): SplitMix64's mix, then :func:`box_muller` (numpy's passes; the
+        compiled kernel computes the same bits per stream, without blocks)."""
         zb, tb = (self.z, self.tmp) if n == self.z.shape[0] else (self.z[:n], self.tmp[:n])
         np.add(firsts, step[:n], out=zb)
         np.right_shift(zb, np.uint64(30), out=tb)  # SplitMix64's mix, in place
