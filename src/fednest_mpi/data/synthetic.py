@@ -17,7 +17,9 @@ stream tag) with :func:`fednest_mpi.rng.stream_normals`, so any rank can produce
 with 10^6 clients costs memory only for the clients being evaluated, and the data do not depend
 on the number of ranks or on which clients are generated together (tested bitwise). Generation
 is vectorised over a whole block of clients: one pass for the teachers, one for the samples, one
-batched product for the labels (about 0.1 s of CPU for 6 M normals here).
+batched product for the labels (about 0.1 s of CPU for 6 M normals here). A caller that generates the same
+clients again can keep their labels (:class:`KnownLabels`): a known client then costs its samples' normals and the
+d + 2 numbers of its input mean only, the same bits.
 
 Sample counts are ``fixed`` (n_i = n) or ``lognormal`` (n_i = clip(round(n exp(sigma z_i)), 2,
 max), z_i ~ N(0, 1): a heavy-tailed, power-law-like spread with median n; FedProx uses
