@@ -22,9 +22,11 @@ multiply-adds as 2 FLOP; bias, activation and loss terms are ignored as lower or
 
 Generation floor (generated data, Synthetic): a fresh client set has no data until it is generated, and FedNest
 draws ``T + N + 2`` sets per round (FedInn's T, FedIHGP's S_0 ... S_N, FedOut's), so a round generates each member's
-keyed normals that many times: its samples' n_i d and its teacher's C d + C + d + 2 (data.synthetic). Seconds =
-normals x the project's best measured time per keyed normal (``machine_rates``'s ``normal_seconds``). The floor
-an implementation without kept clients cannot go below (issue 34: "within 1.5x of its generation + FLOP floor").
+keyed normals that many times: its samples' n_i d and its input mean's d + 2 (data.synthetic; the teacher's C d + C
+and the labels' product once per client, not counted: an implementation that keeps the labels, one byte a sample,
+as :class:`~fednest_mpi.data.synthetic.KnownLabels` does, pays them once per run). Seconds = normals x the
+project's best measured time per keyed normal (``machine_rates``'s ``normal_seconds``). The floor an implementation
+without kept samples cannot go below (issue 34: "within 1.5x of its generation + FLOP floor").
 
 Memory-traffic floor: every local SGD step reads and writes the client's y (2 P_y elements) and
 reads its minibatch (b d0); every other oracle reads x and y, writes one vector of its variable and
@@ -154,7 +156,7 @@ def shape_of(cfg, n_inner: float, n_outer: float) -> RoundShape:
     d, C = (784, 10) if p.name == "hyper_representation" else (p.n_inputs, p.n_classes)
     if p.name == "synthetic" and a.name != "fedavg":
         sets = common["inner_rounds"] + common["neumann"] + 2  # FedInn's T, FedIHGP's S_0 ... S_N, FedOut's
-        common["generated_normals"] = sets * ((n_inner + n_outer) * d + C * d + C + d + 2)
+        common["generated_normals"] = sets * ((n_inner + n_outer) * d + d + 2)
     return RoundShape(widths=(d, p.hidden, C), x_layers=1, dim_x=d * p.hidden + p.hidden, **common)
 
 

@@ -178,7 +178,7 @@ def test_synthetic_generation_floor_counts_every_set_of_a_fednest_round():
         "algorithm": {"name": "fednest", "inner_rounds": 2, "neumann_steps": 3, "clients_per_round": 5},
     }
     shape = floors.shape_of(config.from_dict(data), 8.0, 2.0)
-    per_set = 10 * 6 + 3 * 6 + 3 + 6 + 2  # the samples' n_i d, then the teacher W_i, b_i, the mean v_i, u_i and B_i
+    per_set = 10 * 6 + 6 + 2  # the samples' n_i d, then the mean v_i and B_i (the teacher's labels are kept)
     assert shape.generated_normals == (2 + 3 + 2) * per_set  # FedInn's T sets, FedIHGP's S_0 ... S_3, FedOut's
     assert floors.generation_seconds(shape, 1e-9) == pytest.approx(5 * 7 * per_set * 1e-9)
     data["problem"] = {"name": "hyper_representation"}
