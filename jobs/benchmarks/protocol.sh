@@ -57,7 +57,7 @@ for pair in "$@"; do
         echo "== $task/$alg: complete (the chosen setting has run on the reported seeds)"
         continue
     fi
-    for pass in $(seq 0 "$EXTENSIONS"); do
+    for pass in $(seq 0 $((EXTENSIONS + 1))); do   # EXTENSIONS extending passes, then the local-step line, the report
         flag=$([ "$pass" -lt "$EXTENSIONS" ] && echo "" || echo "--no-extend")
         sweeps=$(follow_up "$task" "$alg" "$dir/$pass" $flag)
         [ -n "$sweeps" ] || break

@@ -33,7 +33,8 @@ for task in "$@"; do
     for sweep in jobs/benchmarks/"$task"/*.toml; do run_sweep "$sweep" "runs/jobs/benchmarks/$task"; done
 done
 for table in jobs/benchmarks/table.toml jobs/benchmarks/mnist.toml; do
-    for pass in $(seq 0 "$EXTENSIONS"); do   # extend the grids at most EXTENSIONS times, then report the chosen
+    # extend the grids at most EXTENSIONS times; then, without extension, the local-step line and the reported seeds
+    for pass in $(seq 0 $((EXTENSIONS + 1))); do
         flag=$([ "$pass" -lt "$EXTENSIONS" ] && echo "" || echo "--no-extend")
         dir=runs/jobs/benchmarks/follow-up/$(basename "$table" .toml)/$pass
         rm -rf "$dir"

@@ -515,7 +515,7 @@ def test_a_report_sweep_of_real_runs_reruns_the_chosen_config_into_its_row(tmp_p
     path.write_text(
         f'[[task]]\nname = "q"\nruns = "{runs}"\nmetric = "x_error"\ntarget = {TARGET}\nbudget_rounds = 20\n'
     )
-    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f", extend=False)
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f", extend=False, local_steps=False)
     for task in jobs.expand(jobs.load_sweep(sweep)):
         cfg = config.load(task.config, [*task.overrides, f"run.output={json.dumps(task.output)}"])
         write_run(task.output, cfg)
@@ -523,7 +523,59 @@ def test_a_report_sweep_of_real_runs_reruns_the_chosen_config_into_its_row(tmp_p
     rows = post.benchmark.task_rows(task)
     (chosen,) = post.benchmark.chosen_rows(rows, task)
     assert len(rows) == 2 and [r.config["seed"] for r in rows[chosen].report.runs] == [0, 1, 2]
-    assert post.benchmark.follow_up_sweeps(path, tmp_path / "g", extend=False) == []
+    assert post.benchmark.follow_up_sweeps(path, tmp_path / "g", extend=False, local_steps=False) == []
+    (line,) = post.benchmark.follow_up_sweeps(path, tmp_path / "h", extend=False)  # the protocol's local steps
+    assert line.name == "q_lfednest_local_steps.toml"
+
+
+def _line_points(sweep: Path, field: str = "algorithm.local_steps") -> list[tuple]:
+    from fednest_mpi import jobs
+
+    tasks = jobs.expand(jobs.load_sweep(sweep))
+    return sorted({(t.values["algorithm.outer_lr"], t.values[field], t.values["seed"]) for t in tasks})
+
+
+def test_the_local_step_count_is_a_line_at_the_chosen_steps_then_extends_as_an_edge(tmp_path):
+    """After the step-size grid, half and twice the local step count at the chosen step size, on the tuning
+    seeds (named by the count); a count chosen at the line's end extends by itself, at the chosen step size only
+    (not over the grid of step sizes); without extension, the new choice on the reported seeds."""
+    slow, fast, fastest = (
+        _both([1.0, 1e-2, 1e-3, 1e-5, 1e-7]),
+        _both([1.0, 1e-3, 1e-5, 1e-6, 1e-8]),
+        _both([1.0, 1e-5, 1e-6, 1e-7, 1e-9]),
+    )
+    grid = {(0.1, 3): slow, (0.2, 3): fast, (0.4, 3): slow}
+    path = _curve_runs(tmp_path / "r", grid, key=("outer_lr", "local_steps"))
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f1")
+    assert sweep.name == "t_fedmsa_local_steps.toml"
+    assert _line_points(sweep) == [(0.2, c, s) for c in (2, 6) for s in (100, 101)]
+    assert "local_steps{algorithm.local_steps}" in sweep.read_text()  # the new runs' names carry the count
+    path = _curve_runs(tmp_path / "r2", grid | {(0.2, 2): slow, (0.2, 6): fastest}, key=("outer_lr", "local_steps"))
+    (task,) = post.read_benchmark_file(path)
+    rows = post.benchmark.task_rows(task)
+    (i,) = post.benchmark.chosen_rows(rows, task)
+    assert rows[i].setting == {"algorithm.local_steps": 6, "algorithm.outer_lr": 0.2}
+    assert post.benchmark.grid_edges(rows, i, task) == {"algorithm.local_steps": "largest"}
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f2")
+    assert sweep.name == "t_fedmsa_extend.toml" and _line_points(sweep) == [(0.2, 12, 100), (0.2, 12, 101)]
+    assert "12.0" not in sweep.read_text()  # a count stays an integer (a config refuses 12.0)
+    (report,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f3", extend=False)
+    assert report.name == "t_fedmsa_report.toml" and _line_points(report) == [(0.2, 6, 0), (0.2, 6, 1)]
+
+
+def test_one_local_step_has_only_a_longer_neighbour_and_is_no_edge(tmp_path):
+    slow, fast = _both([1.0, 1e-2, 1e-3, 1e-5, 1e-7]), _both([1.0, 1e-3, 1e-5, 1e-6, 1e-8])
+    grid = {(0.1, 1): slow, (0.2, 1): fast, (0.4, 1): slow}
+    path = _curve_runs(tmp_path / "r", grid, key=("outer_lr", "sync_period"), algorithm="fedbio")
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f1")
+    assert _line_points(sweep, "algorithm.sync_period") == [(0.2, 2, 100), (0.2, 2, 101)]
+    path = _curve_runs(tmp_path / "r2", grid | {(0.2, 2): slow}, key=("outer_lr", "sync_period"), algorithm="fedbio")
+    (task,) = post.read_benchmark_file(path)
+    rows = post.benchmark.task_rows(task)
+    (i,) = post.benchmark.chosen_rows(rows, task)
+    assert rows[i].setting["algorithm.sync_period"] == 1 and post.benchmark.grid_edges(rows, i, task) == {}
+    (report,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f2")
+    assert report.name == "t_fedbio_report.toml"
 
 
 def test_report_follow_up_prints_the_sweeps_it_writes(tmp_path, capsys):

@@ -97,12 +97,14 @@ def _benchmark_arguments(rep) -> None:
         "--follow-up",
         metavar="DIR",
         help="with --benchmark: instead of the table, write to DIR the sweeps that carry the tuning protocol on "
-        "(a grid extended past an edge, the chosen setting on the reported seeds) and print their paths",
+        "(a grid extended past an edge, the local step count's line at the chosen step sizes, the chosen setting "
+        "on the reported seeds) and print their paths",
     )
     rep.add_argument(
         "--no-extend",
         action="store_true",
-        help="with --follow-up: no grid extension, only the chosen settings on the reported seeds",
+        help="with --follow-up: no grid extension, only the local step counts' lines (where not run) and the "
+        "chosen settings on the reported seeds",
     )
     rep.add_argument(
         "--verify",

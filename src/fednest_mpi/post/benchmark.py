@@ -86,6 +86,9 @@ TUNE_SEEDS = (100, 101, 102)
 REPORT_SEEDS = (0, 1, 2)
 #: two values tie when they differ by at most this fraction of the larger one (or the task's tie_tolerance)
 TIE_RTOL = 1e-9
+#: each algorithm's local step count (FedInn's tau, the single-round methods' tau, FedBiO's I): the protocol's third
+#: kind of hyper-parameter, tuned by a line at the chosen step sizes (half and twice the count, at least 1)
+LOCAL_STEP_FIELDS = ("algorithm.inner_local_steps", "algorithm.local_steps", "algorithm.sync_period")
 
 
 @dataclass(frozen=True)
@@ -411,6 +414,8 @@ def grid_edges(rows: Sequence[TaskRow], index: int, task: BenchmarkTask) -> dict
             continue
         tried = {r.setting[key] for r in _tried(rows, row, task) if not _order(r.setting.get(key))[0]}
         if len(tried) > 1 and value in (min(tried), max(tried)):
+            if key in LOCAL_STEP_FIELDS and value == min(tried) == 1:
+                continue  # one local step: there is none fewer
             out[key] = "smallest" if value == min(tried) else "largest"
     return out
 
@@ -419,7 +424,7 @@ def _edges_text(edges: dict[str, str]) -> str:
     return "edge of grid: " + ", ".join(f"{k.rsplit('.', 1)[-1]} {side}" for k, side in edges.items())
 
 
-def _beyond(tried: Sequence[float], value: float) -> float:
+def _beyond(tried: Sequence[float], value: float) -> float | int:
     """The next value past ``value``, an end of the sorted ``tried``, at the grid's ratio (or step) there."""
     low = value == tried[0]
     inner = tried[1] if low else tried[-2]
@@ -427,6 +432,8 @@ def _beyond(tried: Sequence[float], value: float) -> float:
         nxt = value * (value / inner)
     else:
         nxt = value + (value - inner)
+    if isinstance(value, int) and isinstance(inner, int):  # a count stays a count
+        return max(1, round(nxt))
     return float(f"{nxt:.12g}")
 
 
@@ -437,7 +444,8 @@ def _toml(value) -> str:
 def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict, what: str, points=None) -> str:
     """A sweep of ``row``'s config over ``grid`` (a cartesian product) and, when given, ``points`` (a ``[zip]``:
     field -> values that vary together, laid over every combination of the grid)."""
-    pattern = "_".join([row.algorithm, *(f"{k.rsplit('.', 1)[-1]}{{{k}}}" for k in row.setting), "seed{seed}"])
+    fields = [k for k in {**grid, **(points or {})} if k != "seed"]
+    pattern = "_".join([row.algorithm, *(f"{k.rsplit('.', 1)[-1]}{{{k}}}" for k in fields), "seed{seed}"])
     lines = [
         f"# Written by fednest-mpi report --benchmark --follow-up (docs/benchmarks.md): task {task.name}, "
         f"{row.algorithm}: {what}",
@@ -458,7 +466,7 @@ def _sweep_text(task: BenchmarkTask, row: TaskRow, config_file: Path, grid: dict
     return "\n".join(lines) + "\n"
 
 
-def _beyond_edge(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, key: str) -> float:
+def _beyond_edge(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, key: str) -> float | int:
     """The value one step past ``row``'s value of ``key``, an edge of what its algorithm tried."""
     return _beyond(sorted({r.setting[key] for r in _tried(rows, row, task)}), row.setting[key])
 
@@ -468,9 +476,14 @@ def _extension(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, edges
     next value (:func:`_beyond_edge`), and every setting of the extended grid (the product of each field's
     tried values and new value) that its algorithm has not tried, as ``[zip]`` lists (field -> values).
     With one field at an edge, that is the new value with every tried value of the others; with two, both
-    new values with every tried value of the other field, and the corner."""
+    new values with every tried value of the other field, and the corner. The local step count is a line, not a
+    grid axis: the step sizes extend at the chosen count, the count at the chosen step sizes."""
     tried = _tried(rows, row, task)
     values = {k: sorted({r.setting[k] for r in tried}, key=_order) for k in row.setting}
+    line = [k for k in edges if k in LOCAL_STEP_FIELDS]
+    for key in values:
+        if (key in LOCAL_STEP_FIELDS and key not in edges) or (line and key not in edges):
+            values[key] = [row.setting[key]]
     for key in edges:
         values[key] = sorted([*values[key], _beyond_edge(rows, row, task, key)], key=_order)
     done = {json.dumps([r.setting[k] for k in values], default=str) for r in tried}
@@ -478,14 +491,48 @@ def _extension(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, edges
     return {k: [p[j] for p in points] for j, k in enumerate(values)}
 
 
-def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) -> list[Path]:
+def _local_steps_line(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask) -> tuple[str, list[int]] | None:
+    """(the local-step field of ``row``'s algorithm, its line: half (at least 1) and twice the chosen count), or
+    None when the algorithm has no such field or its rows have tried more than one count on every tuning seed
+    (after the line, the count moves on only by the extensions of an edge, as a step size does)."""
+    first = (row.tuning.runs or row.report.runs)[0].config
+    field = next((k for k in LOCAL_STEP_FIELDS if isinstance(first.get(k), int)), None)
+    if field is None or len({r.setting.get(field) for r in _tried(rows, row, task)}) > 1:
+        return None
+    count = first[field]
+    return field, [c for c in dict.fromkeys((max(1, (count + 1) // 2), 2 * count)) if c != count]
+
+
+def _next_sweep(rows: Sequence[TaskRow], i: int, task: BenchmarkTask, extend: bool, local_steps: bool):
+    """(kind, grid, points, what) of the next sweep of row ``i``'s algorithm (see :func:`follow_up_sweeps`), or
+    None when its protocol is complete."""
+    row = rows[i]
+    edges = grid_edges(rows, i, task) if extend else {}
+    line = _local_steps_line(rows, row, task) if local_steps and not edges else None
+    if line:
+        field, counts = line
+        grid = {k: [v] for k, v in row.setting.items() if k != field} | {field: counts, "seed": list(task.tune_seeds)}
+        return "local_steps", grid, None, f"local steps {field} at {counts}, the other fields chosen, tuning seeds"
+    if edges:
+        beyond = ", ".join(f"{k} to {_beyond_edge(rows, row, task, k)}" for k in edges)
+        what = f"extended past the edge of its grid: {beyond}, tuning seeds"
+        return "extend", {"seed": list(task.tune_seeds)}, _extension(rows, row, task, edges), what
+    missing = [s for s in task.report_seeds if s not in {r.config.get("seed", 0) for r in row.report.runs}]
+    if not missing:
+        return None
+    grid = {k: [v] for k, v in row.setting.items()} | {"seed": missing}
+    return "report", grid, None, "the chosen setting on the reported seeds"
+
+
+def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True, local_steps: bool = True) -> list[Path]:
     """The sweep files that carry the tuning protocol of docs/benchmarks.md on from the runs of the benchmark
     file ``path`` (tasks whose runs folder does not exist yet are skipped), written to ``folder``; none when
     it is complete. For each algorithm with a chosen row: with ``extend``, where tuned values are at an edge
     of the grid (:func:`grid_edges`), the next value beyond each (the grid's ratio there) in one sweep, every
-    setting of the grid so extended that was not tried (:func:`_extension`), on the tuning seeds; otherwise
-    the chosen setting on the reported seeds it has not run. Each sweep runs the chosen row's own config
-    (written beside it as JSON)."""
+    setting of the grid so extended that was not tried (:func:`_extension`), on the tuning seeds; else, with
+    ``local_steps``, the line of the algorithm's local step count not yet run at the chosen setting
+    (:func:`_local_steps_line`); otherwise the chosen setting on the reported seeds it has not run. Each sweep
+    runs the chosen row's own config (written beside it as JSON)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
@@ -494,27 +541,15 @@ def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True) 
             continue
         rows = task_rows(task)
         for i in sorted(chosen_rows(rows, task)):
-            row = rows[i]
-            stem = f"{task.name}_{row.algorithm}"
+            following = _next_sweep(rows, i, task, extend, local_steps)
+            if following is None:
+                continue
+            kind, grid, points, what = following
+            stem = f"{task.name}_{rows[i].algorithm}"
             config_file = folder / f"{stem}.json"
-            edges = grid_edges(rows, i, task) if extend else {}
-            points = None
-            if edges:
-                points = _extension(rows, row, task, edges)
-                grid = {"seed": list(task.tune_seeds)}
-                beyond = ", ".join(f"{k} to {_beyond_edge(rows, row, task, k)}" for k in edges)
-                what = f"extended past the edge of its grid: {beyond}, tuning seeds"
-                sweep = folder / f"{stem}_extend.toml"
-            else:
-                missing = [s for s in task.report_seeds if s not in {r.config.get("seed", 0) for r in row.report.runs}]
-                if not missing:
-                    continue
-                grid = {k: [v] for k, v in row.setting.items()}
-                grid["seed"] = missing
-                what = "the chosen setting on the reported seeds"
-                sweep = folder / f"{stem}_report.toml"
-            _write_config(row.tuning.runs[0], config_file)
-            sweep.write_text(_sweep_text(task, row, config_file, grid, what, points), encoding="utf-8")
+            _write_config(rows[i].tuning.runs[0], config_file)
+            sweep = folder / f"{stem}_{kind}.toml"
+            sweep.write_text(_sweep_text(task, rows[i], config_file, grid, what, points), encoding="utf-8")
             out.append(sweep)
     return out
 
