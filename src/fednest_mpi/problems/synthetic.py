@@ -15,8 +15,9 @@ clients of a round (10^4 - 10^6 clients are fine), and **any rank can evaluate a
 ``problem.kept_clients_memory`` (MiB) the clients themselves are also kept, across sets and
 iterations, least recently used first out (:class:`KeptClients`): FedNest draws 8 fresh sets per
 outer iteration, so without it every set is generated anew; with a budget that holds the clients a
-rank sees, generation is paid once per client. The data are the same bits either way (a client's
-samples depend on (seed, i) only).
+rank sees, generation is paid once per client. Without it, each client's labels are still kept (one
+byte a sample, within :data:`LABELS_BUDGET_BYTES`), so a client generated again draws only its samples.
+The data are the same bits either way (a client's samples depend on (seed, i) only).
 
 Evaluation: accuracy and cross-entropy on ``eval_samples`` fresh samples (a separate stream) of
 each of the clients 0 .. ``eval_clients`` - 1 (client ids are exchangeable, so these are a
