@@ -45,7 +45,7 @@ run_sweep() {   # run_sweep TASK SWEEP_FILE OUT_DIR: render, then run the tasks 
 }
 follow_up() {   # follow_up TASK ALG DIR [--no-extend]: the printed sweeps of ALG on TASK
     rm -rf "$3"
-    "$FEDNEST" report --benchmark "$TABLE" --follow-up "$3" ${4:-} | grep "/${1}_${2}_" || true
+    "$FEDNEST" report --benchmark "$TABLE" --follow-up "$3" --task "$1" ${4:-} | grep "/${1}_${2}_" || true
 }
 for pair in "$@"; do
     task=${pair%%/*}; alg=${pair#*/}

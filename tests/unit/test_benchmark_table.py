@@ -588,3 +588,19 @@ def test_report_follow_up_prints_the_sweeps_it_writes(tmp_path, capsys):
     assert capsys.readouterr().out.split() == [str(tmp_path / "g" / "t_fedmsa_report.toml")]
     assert cli.main(["report", str(path), "--follow-up", str(tmp_path / "h")]) == 2
     assert "--follow-up" in capsys.readouterr().err
+
+
+def test_report_follow_up_of_one_task_reads_only_that_task(tmp_path, capsys):
+    path = _curve_runs(
+        tmp_path / "r", {0.1: _both([1.0, 1e-5, 1e-6, 1e-7, 1e-8]), 0.2: _both([1.0, 1e-2, 1e-3, 1e-5, 1e-6])}
+    )
+    other = 'name = "broken"\nruns = "absent"\nmetric = "x_error"\ntarget = 1e-4\nbudget_rounds = 40\n'
+    path.write_text(path.read_text() + "\n[[task]]\n" + other)  # its runs folder absent: skipped anyway
+    (tmp_path / "absent").mkdir()  # now present and empty: reading it is an error
+    argv = ["report", "--benchmark", str(path), "--follow-up", str(tmp_path / "f")]
+    assert cli.main(argv) == 2 and "absent" in capsys.readouterr().err
+    assert cli.main([*argv, "--task", "t"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "f" / "t_fedmsa_extend.toml")]
+    assert cli.main([*argv, "--task", "u"]) == 2 and "not a task" in capsys.readouterr().err
+    assert cli.main(["report", "--benchmark", str(path), "--task", "t"]) == 2  # the table reads every task
+    assert "--task NAME goes with --follow-up" in capsys.readouterr().err

@@ -101,6 +101,11 @@ def _benchmark_arguments(rep) -> None:
         "on the reported seeds) and print their paths",
     )
     rep.add_argument(
+        "--task",
+        metavar="NAME",
+        help="with --follow-up: only this task of the benchmark file (the others' runs are not read)",
+    )
+    rep.add_argument(
         "--no-extend",
         action="store_true",
         help="with --follow-up: no grid extension, only the local step counts' lines (where not run) and the "
@@ -209,8 +214,10 @@ def _report(args) -> int:
         return _benchmark(args)
     if not args.runs:
         raise UsageError("report: name run files (.h5) or folders of them, or a benchmark file with --benchmark")
-    if args.configs_dir or args.follow_up or args.no_extend or args.archive or args.verify:
-        raise UsageError("--configs-dir, --follow-up, --no-extend, --archive and --verify go with --benchmark FILE")
+    if args.configs_dir or args.follow_up or args.no_extend or args.archive or args.verify or args.task:
+        raise UsageError(
+            "--configs-dir, --follow-up, --task, --no-extend, --archive and --verify go with --benchmark FILE"
+        )
     if args.at:
         metric = args.metrics[0] if args.metrics else None  # None: the runs' primary metric
         print(post.checkpoint_table(args.runs, metric, args.at, group_by=args.group_by, smooth=args.smooth))
@@ -230,6 +237,8 @@ def _benchmark(args) -> int:
         raise UsageError("--archive writes the records only; run --follow-up or --configs-dir in another command")
     if args.verify and (args.archive or args.follow_up or args.configs_dir):
         raise UsageError("--verify runs the records again only; run --archive, --follow-up or --configs-dir apart")
+    if args.task and not args.follow_up:
+        raise UsageError("--task NAME goes with --follow-up DIR (the table and --archive read every task)")
     if args.verify:
         return _verify(args.benchmark, args.verify)
     if args.archive:
@@ -240,7 +249,10 @@ def _benchmark(args) -> int:
                 what = f"{done.changed} new or changed" if done.written else "unchanged"
                 print(f"{os.path.normpath(done.path)}: {done.runs} runs ({what})")
     elif args.follow_up:
-        for sweep in post.benchmark.follow_up_sweeps(args.benchmark, args.follow_up, not args.no_extend):
+        sweeps = post.benchmark.follow_up_sweeps(
+            args.benchmark, args.follow_up, not args.no_extend, task_name=args.task
+        )
+        for sweep in sweeps:
             print(sweep)
     else:
         base = Path(args.configs_dir).parent if args.configs_dir else None

@@ -524,7 +524,9 @@ def _next_sweep(rows: Sequence[TaskRow], i: int, task: BenchmarkTask, extend: bo
     return "report", grid, None, "the chosen setting on the reported seeds"
 
 
-def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True, local_steps: bool = True) -> list[Path]:
+def follow_up_sweeps(
+    path: str | Path, folder: str | Path, extend: bool = True, local_steps: bool = True, task_name: str | None = None
+) -> list[Path]:
     """The sweep files that carry the tuning protocol of docs/benchmarks.md on from the runs of the benchmark
     file ``path`` (tasks whose runs folder does not exist yet are skipped), written to ``folder``; none when
     it is complete. For each algorithm with a chosen row: with ``extend``, where tuned values are at an edge
@@ -532,12 +534,15 @@ def follow_up_sweeps(path: str | Path, folder: str | Path, extend: bool = True, 
     setting of the grid so extended that was not tried (:func:`_extension`), on the tuning seeds; else, with
     ``local_steps``, the line of the algorithm's local step count not yet run at the chosen setting
     (:func:`_local_steps_line`); otherwise the chosen setting on the reported seeds it has not run. Each sweep
-    runs the chosen row's own config (written beside it as JSON)."""
+    runs the chosen row's own config (written beside it as JSON). ``task_name``: that task of the file only."""
+    tasks = read_benchmark_file(path)
+    if task_name is not None and task_name not in {t.name for t in tasks}:
+        raise UsageError(f"--task {task_name}: not a task of {path} ({', '.join(t.name for t in tasks)})")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
-    for task in read_benchmark_file(path):
-        if not has_runs(task):
+    for task in tasks:
+        if not has_runs(task) or task_name not in (None, task.name):
             continue
         rows = task_rows(task)
         for i in sorted(chosen_rows(rows, task)):
