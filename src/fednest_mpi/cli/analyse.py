@@ -93,6 +93,25 @@ def _benchmark_arguments(rep) -> None:
         metavar="DIR",
         help="with --benchmark: write each row's config there as JSON and link it from the table",
     )
+    _follow_up_arguments(rep)
+    rep.add_argument(
+        "--verify",
+        metavar="TASK[/ALGORITHM]",
+        help="with --benchmark: instead of the table, run again from its config every record of TASK (or of one "
+        "ALGORITHM of it) on the task's reported seeds, one rank, in a temporary folder, and compare the new run "
+        "with the record bit for bit; exit 1 when one differs",
+    )
+    rep.add_argument(
+        "--archive",
+        action="store_true",
+        help="with --benchmark: instead of the table, write the benchmark records of the closed run files of its "
+        "tasks to the records folder that FILE names (one .jsonl.gz per task and algorithm, to commit: the table "
+        "reads them where run files are absent) and print what was written",
+    )
+
+
+def _follow_up_arguments(rep) -> None:
+    """``report --benchmark FILE --follow-up DIR`` and the options that go with it."""
     rep.add_argument(
         "--follow-up",
         metavar="DIR",
@@ -110,20 +129,6 @@ def _benchmark_arguments(rep) -> None:
         action="store_true",
         help="with --follow-up: no grid extension, only the local step counts' lines (where not run) and the "
         "chosen settings on the reported seeds",
-    )
-    rep.add_argument(
-        "--verify",
-        metavar="TASK[/ALGORITHM]",
-        help="with --benchmark: instead of the table, run again from its config every record of TASK (or of one "
-        "ALGORITHM of it) on the task's reported seeds, one rank, in a temporary folder, and compare the new run "
-        "with the record bit for bit; exit 1 when one differs",
-    )
-    rep.add_argument(
-        "--archive",
-        action="store_true",
-        help="with --benchmark: instead of the table, write the benchmark records of the closed run files of its "
-        "tasks to the records folder that FILE names (one .jsonl.gz per task and algorithm, to commit: the table "
-        "reads them where run files are absent) and print what was written",
     )
 
 

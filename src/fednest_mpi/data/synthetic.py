@@ -130,17 +130,23 @@ def _labels(W: torch.Tensor, b: torch.Tensor, padded: torch.Tensor) -> torch.Ten
     return torch.baddbmm(b[:, None, :], padded, W.transpose(1, 2)).argmax(-1)
 
 
-def _padded(inputs: torch.Tensor, counts: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(the clients' rows padded to ``width`` (B, width, d), the padded positions of the rows, or None when every
-    client has ``width`` rows and the padded block is ``inputs`` itself)."""
-    n, d = counts.size, inputs.shape[1]
+def _pad_rows(counts: np.ndarray, width: int) -> torch.Tensor | None:
+    """The positions of the clients' rows in their block padded to ``width`` rows each, or None when every client has
+    ``width`` rows (the block is the rows themselves)."""
     if np.all(counts == width):
-        return inputs.view(n, width, d), None
-    owner = np.repeat(np.arange(n), counts)
-    rows = torch.from_numpy(
+        return None
+    owner = np.repeat(np.arange(counts.size), counts)
+    return torch.from_numpy(
         np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + owner * width
     )
-    return inputs.new_zeros(n * width, d).index_copy_(0, rows, inputs).view(n, width, d), rows
+
+
+def _padded(inputs: torch.Tensor, rows: torch.Tensor | None, n: int, width: int) -> torch.Tensor:
+    """The ``n`` clients' rows padded with zeros to ``width`` (n, width, d) (``rows``: :func:`_pad_rows`)."""
+    d = inputs.shape[1]
+    if rows is None:
+        return inputs.view(n, width, d)
+    return inputs.new_zeros(n * width, d).index_copy_(0, rows, inputs).view(n, width, d)
 
 
 def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int = 0, pad_to: int = 0, known=None):
@@ -175,14 +181,15 @@ def generate(spec: SyntheticSpec, seed: int, clients, counts=None, stream: int =
         inputs.view(clients.size, -1, d).add_(means[:, None, :])
     else:
         inputs.add_(means[torch.from_numpy(np.repeat(np.arange(clients.size), counts))])
-    padded, rows = _padded(inputs, counts, width)
+    rows = _pad_rows(counts, width)
     if new.size == clients.size:
-        labels = _labels(W, b, padded)
+        labels = _labels(W, b, _padded(inputs, rows, clients.size, width))
     else:
         labels = torch.empty(clients.size, width, dtype=torch.int64)
         labels[torch.from_numpy(held)] = known.labels[torch.from_numpy(slots[held])].to(torch.int64)
         if new.size:
-            labels[torch.from_numpy(new)] = _labels(W, b, padded[torch.from_numpy(new)])
+            padded = _padded(inputs, rows, clients.size, width)[torch.from_numpy(new)]
+            labels[torch.from_numpy(new)] = _labels(W, b, padded)
     if known is not None and new.size:
         known.keep(clients[new], slots[new], labels[torch.from_numpy(new)] if new.size < clients.size else labels)
     labels = labels.reshape(-1)
