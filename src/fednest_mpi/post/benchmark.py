@@ -51,6 +51,7 @@ import numpy as np
 
 from fednest_mpi.bitwise import first_difference
 from fednest_mpi.errors import UsageError
+from fednest_mpi.numerics import cpu_class
 from fednest_mpi.post import records as records_io
 from fednest_mpi.post.load import IGNORED_FIELDS, Run, check_columns, read_runs
 from fednest_mpi.post.stats import higher_is_better
@@ -783,8 +784,6 @@ def records_to_verify(path: str | Path, which: str) -> list[Run]:
 def cpu_class_of(run: Run) -> str | None:
     """The CPU class (:func:`fednest_mpi.numerics.cpu_class`) a run file or record says it ran on, or None (a record
     archived before records kept it)."""
-    from fednest_mpi.numerics import cpu_class
-
     try:
         return cpu_class(json.loads(run.attrs["numerics"]))
     except (KeyError, TypeError, ValueError):
