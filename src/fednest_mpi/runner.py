@@ -20,6 +20,7 @@ import torch
 
 from fednest_mpi import checkpoint as ckpt_io
 from fednest_mpi import consistency, contract, failure, numerics, rng
+from fednest_mpi import stop as stop_module
 from fednest_mpi.algorithms import build_algorithm
 from fednest_mpi.algorithms.server import PREFIX as SERVER_STATE
 from fednest_mpi.algorithms.server import ServerOptimizer
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 # "rank:iteration[:kind]" injects a fault on that rank in that iteration (tests): raise (default) an
 # exception before the step; nan: a NaN in x after the step; kill: SIGKILL itself after the step
-# (mid-iteration); term: send itself SIGTERM before the step (a preemption notice)
+# (mid-iteration); term: send itself SIGTERM before the step (a preemption notice); term2: twice (ends at once)
 FAULT_ENV = "FEDNEST_MPI_INJECT_FAULT"
 
 BOOKKEEPING = {
@@ -496,8 +497,12 @@ class RunLoop:
         k, (fault_at, fault_kind) = self.k, self.fault
         if fault_at == k and fault_kind == "raise":
             raise RuntimeError(f"fault injected by {FAULT_ENV} at iteration {k}")
-        if fault_at == k and fault_kind == "term":
+        if fault_at == k and fault_kind in ("term", "term2"):
             self._signal_self()
+        if fault_at == k and fault_kind == "term2":  # a second signal, not the first's repeat: ends the run at once
+            time.sleep(stop_module.SAME_NOTICE_SECONDS)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10.0)
         t0, rounds, versions = time.perf_counter(), fed.stats.rounds, contract.versions(self.x, self.y)
         failure.hook_entered(f"{contract.plugin_of(sim.algorithm)} hook step")  # named by a fatal signal's line
         try:

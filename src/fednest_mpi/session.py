@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import traceback as _traceback
@@ -136,6 +137,8 @@ class RunFiles(Callback):
         self.running = False  # between the run's start and its end or error
         self.lost: str | None = None
         self.shut_down = False
+        self.rows: int | None = None  # rank 0: the rows of the closed run file
+        self.ended_by: str | None = None  # the signal that ended the run at once (end_now), if one did
 
     def open(self, sim, resume) -> None:
         """Create the files of ``sim`` (``resume``: keep the rows its checkpoint recorded) and, under MPI, the
@@ -196,7 +199,10 @@ class RunFiles(Callback):
 
     def on_end(self, result) -> None:
         self.running = False
-        self.shut()
+        if not self.shut() and result.stopped_by and self.rows and self.writer is not None:  # rank 0: interrupted
+            from fednest_mpi.io.h5 import mark_stopped
+
+            mark_stopped(self.writer.path, result.stopped_by, self.rows - 1)
 
     def on_error(self, error: BaseException) -> None:
         self.running = False  # the simulation tells the callbacks after this one itself
@@ -206,6 +212,10 @@ class RunFiles(Callback):
         while this rank was running (by another rank's failure, a second signal, a timeout): the writers and
         the session's callbacks are told ``on_error``."""
         kept = self.writer.close() if self.writer is not None else rows  # rank 0: the rows of the run file
+        if self.writer is not None and self.ended_by and kept:  # rank 0, ended at once by a signal: interrupted
+            from fednest_mpi.io.h5 import mark_stopped
+
+            mark_stopped(self.writer.path, self.ended_by, kept - 1)
         if self.series is not None:
             self.series.close(kept if kept is not None else self.series.completed)
         if self.running:
@@ -218,6 +228,8 @@ class RunFiles(Callback):
         from fednest_mpi import failure
 
         folder_note = f"; the files are closed; continue from the last checkpoint ({self.folder}) with --resume"
+        if code > 128:  # a second signal, or run.stop_timeout after the first: the run is continued, not a result
+            self.ended_by = f"{signal.Signals(code - 128).name} (ended at once)"
         if self.watch is not None:
             self.watch.end(code, message + folder_note)
         elif failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
@@ -262,7 +274,7 @@ class RunFiles(Callback):
         if self.series is not None:
             self.series.close()
         if self.writer is not None:
-            self.writer.close()
+            self.rows = self.writer.close()
         return lost
 
 

@@ -267,3 +267,40 @@ def test_verify_runs_the_reported_records_again_and_tells_a_changed_bit(tmp_path
         post.benchmark.records_to_verify(path, "nosuch")
     with pytest.raises(UsageError, match="no records of algorithm 'fedmsa' of task 'quadratic'"):
         post.benchmark.records_to_verify(path, "quadratic/fedmsa")
+
+
+
+def _names(path: Path) -> set[str]:
+    with gzip.open(path, "rt") as f:
+        return {json.loads(line).get("file") for line in f}
+
+
+def test_a_run_stopped_by_a_signal_is_not_a_result_until_resumed(tmp_path, capsys, monkeypatch):
+    """A run stopped by SIGTERM at a checkpoint is marked in its file (``stopped``): the table leaves it out and
+    --archive skips it (a diverged run, which also ends early, is a result); --resume drops the mark."""
+    from fednest_mpi.io.h5 import read_run
+
+    path = _bench(tmp_path)
+    cut = tmp_path / "runs" / "quadratic" / "lfednest_lr0.1_s100.h5"
+    cfg = make_config(seed=100, algorithm={"name": "lfednest", "outer_lr": 0.1, "outer_iterations": 12})
+    data = {**json.loads(cfg.to_json()), "run": {"output": str(cut), "progress": "never"}}
+    (tmp_path / "cut.json").write_text(json.dumps(data))
+    monkeypatch.setenv("FEDNEST_MPI_INJECT_FAULT", "0:4:term")
+    assert cli.main(["run", str(tmp_path / "cut.json"), "-q"]) == 0
+    monkeypatch.delenv("FEDNEST_MPI_INJECT_FAULT")
+    assert "stopped by SIGTERM after iteration 4" in capsys.readouterr().err
+    assert json.loads(read_run(cut)[0]["stopped"])["iteration"] == 4
+    (task,) = post.benchmark.read_benchmark_file(path)
+    assert cut.name not in {run.path.name for run in post.benchmark.task_runs(task)}
+    assert cli.main(["report", "--benchmark", str(path), "--archive"]) == 0
+    err = capsys.readouterr().err
+    assert f"{cut.name}: stopped by SIGTERM after iteration 4: an interrupted run, not a result" in err
+    records_file = tmp_path / "records" / "quadratic" / "lfednest.jsonl.gz"
+    assert cut.name not in _names(records_file)
+    assert cli.main(["run", str(tmp_path / "cut.json"), "-q", "--resume"]) == 0
+    attrs, data = read_run(cut)
+    assert "stopped" not in attrs and data["iteration"][-1] == 12
+    assert cut.name in {run.path.name for run in post.benchmark.task_runs(task)}
+    assert cli.main(["report", "--benchmark", str(path), "--archive"]) == 0
+    assert "lfednest.jsonl.gz: 10 runs (1 new or changed)" in capsys.readouterr().out
+    assert cut.name in _names(records_file)

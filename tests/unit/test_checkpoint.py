@@ -316,6 +316,21 @@ def test_sigkill_mid_iteration_then_resume_equals_the_uninterrupted_run(tmp_path
     assert_file_equals(tmp_path / "out.h5", _reference(cfg))
 
 
+def test_a_run_ended_at_once_by_a_second_signal_is_marked_stopped_until_resumed(tmp_path):
+    """The file of a run that a second SIGTERM ended at once (exit 143, no safe point) says so (the attribute
+    ``stopped``, which tells a reader it is no result: post.benchmark), and the resume drops the mark."""
+    cfg = _cli_config(tmp_path, iterations=8, every=2)
+    res = run_cli("run", cfg, "-q", env={"FEDNEST_MPI_INJECT_FAULT": "0:5:term2"})
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
+    assert "stopped at once by a second SIGTERM after iteration 4" in res.stderr
+    attrs, data = read_run(tmp_path / "out.h5")
+    assert json.loads(attrs["stopped"])["by"] == "SIGTERM (ended at once)" and data["iteration"][-1] == 4
+    res = run_cli("run", cfg, "-q", "--resume")
+    assert res.returncode == 0, res.stderr
+    assert "stopped" not in read_run(tmp_path / "out.h5")[0]
+    assert_file_equals(tmp_path / "out.h5", _reference(cfg))
+
+
 @pytest.mark.processes  # starts mpiexec: make test-processes
 def test_sigterm_on_one_rank_of_two_checkpoints_and_stops_all(tmp_path):
     cfg = _cli_config(tmp_path)

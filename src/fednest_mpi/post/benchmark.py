@@ -271,7 +271,8 @@ def has_runs(task: BenchmarkTask) -> bool:
 
 def task_runs(task: BenchmarkTask) -> list[Run]:
     """The task's runs, in file-name order: its run files, and the records (:mod:`.records`) of the run files
-    that are absent."""
+    that are absent. A run file that a signal stopped (:attr:`~fednest_mpi.post.load.Run.stopped_by`) is not a
+    result: it stands for no run (its record, if any, stands instead) until ``--resume`` has continued it."""
     files = _run_files(task)
     records = _records(task)
     if not files and not records:
@@ -281,8 +282,9 @@ def task_runs(task: BenchmarkTask) -> list[Run]:
                 "first (docs/benchmarks.md)"
             )
         return read_runs(task.runs)  # the error that says the folder holds no run files
-    present = {p.name for p in files}
-    runs = (read_runs(files) if files else []) + [r for r in records if r.path.name not in present]
+    results = [run for run in (read_runs(files) if files else []) if not run.stopped_by]
+    present = {run.path.name for run in results}
+    runs = results + [r for r in records if r.path.name not in present]
     return sorted(runs, key=lambda r: r.path.name)
 
 

@@ -98,6 +98,16 @@ class Run:
     def problem(self) -> str:
         return str(self.attrs.get("problem", self.config.get("problem.name", "?")))
 
+    @property
+    def stopped_by(self) -> str | None:
+        """``"SIGTERM after iteration K"`` for a run stopped by a signal before its last iteration (the file
+        attribute ``stopped``: an interrupted run, which ``--resume`` continues, not a result), else None."""
+        note = self.attrs.get("stopped")
+        if not note:
+            return None
+        info = json.loads(note)
+        return f"{info.get('by', 'a signal')} after iteration {info.get('iteration', '?')}"
+
 
 def _as_paths(paths) -> list[Path]:
     """Normalise ``paths`` (one path, or an iterable of paths; a directory stands for its ``*.h5``)."""

@@ -13,6 +13,7 @@ header (format, version, task, metric); then one line per run file, in file-name
      "config_json": "{...}",                             # the run file's config, as stored there
      "mpi_size": 1, "problem": "quadratic", "primary_metric": "outer_objective",
      "status": "finished",                               # or "stopped": fewer iterations than outer_iterations
+                                                         # (diverged; never a run a signal stopped: not archived)
      "iterations": 300, "outer_iterations": 300,         # the last recorded iteration, the config's count
      "columns": {"x_error": {"description": ..., "units": ..., ...}, ...},   # as the run file declares them
      "dtypes": {"x_error": "float64", ...},
@@ -67,6 +68,11 @@ def record_of(run: Run, metric: str) -> dict:
     the columns ``comm_rounds``, ``comm_bytes`` and ``metric`` at every recorded iteration."""
     config_json = str(run.attrs.get("config_json", json.dumps(run.attrs.get("config", {}))))
     columns = [*COUNTERS, metric]
+    if run.stopped_by:
+        raise UsageError(
+            f"stopped by {run.stopped_by}: an interrupted run, not a result; continue it with the same command "
+            "and --resume (jobs/benchmarks/protocol.sh does), then archive"
+        )
     missing = [c for c in columns if c not in run.data]
     if missing:
         raise UsageError(f"{str(run.path)!r} does not record {', '.join(missing)}; it is not a run of this task")
