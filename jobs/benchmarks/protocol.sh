@@ -11,6 +11,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 FEDNEST=${FEDNEST:-.venv/bin/fednest-mpi}
+# a complete algorithm (its chosen setting run on the reported seeds) is extended again only when EXTENSIONS is given
+[ -n "${EXTENSIONS:-}" ] && [ "$EXTENSIONS" -gt 0 ] && recheck="" || recheck="--no-extend"
 EXTENSIONS=${EXTENSIONS:-2}   # at most this many grid extensions per algorithm (per call: see docs/benchmarks.md)
 TABLE=${TABLE:-jobs/benchmarks/table.toml}   # the MNIST tasks: TABLE=jobs/benchmarks/mnist.toml (and FEDNEST_DATA)
 RECORDS=docs/benchmarks/records
@@ -53,7 +55,7 @@ for pair in "$@"; do
     dir=runs/jobs/benchmarks/protocol/follow-up/${task}_$alg
     echo "== $task/$alg ($(date -u +%H:%M:%S) UTC)"
     run_sweep "$task" "jobs/benchmarks/$task/$alg.toml" "runs/jobs/benchmarks/protocol/$task"
-    if [ -z "$(follow_up "$task" "$alg" "$dir/check" --no-extend)" ] && done_names "$task" | grep -q "^${alg}_.*_seed${REPORT_SEED:-0}$"; then
+    if [ -z "$(follow_up "$task" "$alg" "$dir/check" $recheck)" ] && done_names "$task" | grep -q "^${alg}_.*_seed${REPORT_SEED:-0}$"; then
         echo "== $task/$alg: complete (the chosen setting has run on the reported seeds)"
         continue
     fi

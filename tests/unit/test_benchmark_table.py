@@ -604,3 +604,24 @@ def test_report_follow_up_of_one_task_reads_only_that_task(tmp_path, capsys):
     assert cli.main([*argv, "--task", "u"]) == 2 and "not a task" in capsys.readouterr().err
     assert cli.main(["report", "--benchmark", str(path), "--task", "t"]) == 2  # the table reads every task
     assert "--task NAME goes with --follow-up" in capsys.readouterr().err
+
+
+def test_a_step_size_and_the_local_step_count_at_their_edges_extend_apart(tmp_path):
+    """A choice at the edge of both its step size and its local step count: the step size extends at the chosen
+    count, the count at the chosen step size; the two are not crossed (nor the grid run again at the new count)."""
+    slow, fast, fastest = (
+        _both([1.0, 1e-2, 1e-3, 1e-5, 1e-7]),
+        _both([1.0, 1e-3, 1e-5, 1e-6, 1e-8]),
+        _both([1.0, 1e-5, 1e-6, 1e-7, 1e-9]),
+    )
+    grid = {(0.1, 3): slow, (0.2, 3): slow, (0.4, 3): fast, (0.4, 2): slow, (0.4, 6): fastest}
+    path = _curve_runs(tmp_path / "r", grid, key=("outer_lr", "local_steps"))
+    (task,) = post.read_benchmark_file(path)
+    rows = post.benchmark.task_rows(task)
+    (i,) = post.benchmark.chosen_rows(rows, task)
+    assert rows[i].setting == {"algorithm.local_steps": 6, "algorithm.outer_lr": 0.4}
+    edges = post.benchmark.grid_edges(rows, i, task)
+    assert edges == {"algorithm.local_steps": "largest", "algorithm.outer_lr": "largest"}
+    (sweep,) = post.benchmark.follow_up_sweeps(path, tmp_path / "f")
+    assert sweep.name == "t_fedmsa_extend.toml"
+    assert _line_points(sweep) == [(0.4, 12, s) for s in (100, 101)] + [(0.8, 6, s) for s in (100, 101)]

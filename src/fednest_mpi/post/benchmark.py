@@ -475,23 +475,31 @@ def _beyond_edge(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, key
 
 
 def _extension(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask, edges: dict[str, str]) -> dict:
-    """The settings that extend ``row``'s grid past **every** field at an edge at once: each such field gets its
-    next value (:func:`_beyond_edge`), and every setting of the extended grid (the product of each field's
-    tried values and new value) that its algorithm has not tried, as ``[zip]`` lists (field -> values).
-    With one field at an edge, that is the new value with every tried value of the others; with two, both
-    new values with every tried value of the other field, and the corner. The local step count is a line, not a
-    grid axis: the step sizes extend at the chosen count, the count at the chosen step sizes."""
+    """The settings that extend ``row``'s grid past **every** field at an edge at once, as ``[zip]`` lists (field
+    -> values), leaving out what its algorithm has tried. The step sizes form a grid at the chosen local step
+    count: each one at an edge gets its next value (:func:`_beyond_edge`), and the extended grid is the product of
+    each step size's values tried at that count and its new value: with one step size at an edge, the new value
+    with every tried value of the others; with two, both new values with every tried value of the other, and the
+    corner. The local step count is a line, not a grid axis: at its edge it gets its next value at the chosen step
+    sizes alone (so a count that moved after the grid is not crossed with the whole grid again)."""
     tried = _tried(rows, row, task)
-    values = {k: sorted({r.setting[k] for r in tried}, key=_order) for k in row.setting}
-    line = [k for k in edges if k in LOCAL_STEP_FIELDS]
-    for key in values:
-        if (key in LOCAL_STEP_FIELDS and key not in edges) or (line and key not in edges):
-            values[key] = [row.setting[key]]
-    for key in edges:
-        values[key] = sorted([*values[key], _beyond_edge(rows, row, task, key)], key=_order)
-    done = {json.dumps([r.setting[k] for k in values], default=str) for r in tried}
-    points = [p for p in itertools.product(*values.values()) if json.dumps(list(p), default=str) not in done]
-    return {k: [p[j] for p in points] for j, k in enumerate(values)}
+    chosen = {k: [v] for k, v in row.setting.items()}
+    counts = [k for k in row.setting if k in LOCAL_STEP_FIELDS]
+    parts = []
+    if any(k not in LOCAL_STEP_FIELDS for k in edges):
+        here = [r for r in tried if all(r.setting[k] == row.setting[k] for k in counts)]
+        grid = {k: sorted({r.setting[k] for r in here}, key=_order) for k in row.setting}
+        for key in grid:
+            if key in LOCAL_STEP_FIELDS:
+                grid[key] = chosen[key]
+            elif key in edges:
+                grid[key] = sorted([*grid[key], _beyond_edge(rows, row, task, key)], key=_order)
+        parts.append(grid)
+    parts += [chosen | {k: [_beyond_edge(rows, row, task, k)]} for k in edges if k in LOCAL_STEP_FIELDS]
+    done = {json.dumps([r.setting[k] for k in row.setting], default=str) for r in tried}
+    points = [p for part in parts for p in itertools.product(*part.values())]
+    points = [p for p in dict.fromkeys(points) if json.dumps(list(p), default=str) not in done]
+    return {k: [p[j] for p in points] for j, k in enumerate(row.setting)}
 
 
 def _local_steps_line(rows: Sequence[TaskRow], row: TaskRow, task: BenchmarkTask) -> tuple[str, list[int]] | None:
