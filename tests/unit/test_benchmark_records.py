@@ -290,6 +290,9 @@ def test_a_run_stopped_by_a_signal_is_not_a_result_until_resumed(tmp_path, capsy
     monkeypatch.delenv("FEDNEST_MPI_INJECT_FAULT")
     assert "stopped by SIGTERM after iteration 4" in capsys.readouterr().err
     assert json.loads(read_run(cut)[0]["stopped"])["iteration"] == 4
+    assert cli.main(["report", str(cut)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "--resume (interrupted, not ended): lfednest_lr0.1_s100 (by SIGTERM after iteration 4)" in printed
     (task,) = post.benchmark.read_benchmark_file(path)
     assert cut.name not in {run.path.name for run in post.benchmark.task_runs(task)}
     assert cli.main(["report", "--benchmark", str(path), "--archive"]) == 0

@@ -277,6 +277,11 @@ def _footer(runs, fields: list[str], n_rows: int, smooth: int, hidden: list[str]
         + "; time/iteration = median over iterations 1..K (algorithm on rank 0); "
         "communication = final totals, bytes per rank" + (", mean over the group" if fields else "") + "."
     )
+    stopped = [f"{r.name} (by {r.stopped_by})" for r in runs if r.stopped_by]
+    if stopped:
+        footer += (
+            f" Stopped by a signal, to be continued with --resume (interrupted, not ended): {', '.join(stopped)}."
+        )
     if hidden:
         footer += (
             f" Not shown: {len(hidden)} config field(s) that only some of the runs have, with one value among "
@@ -297,7 +302,8 @@ def report(
 
     Columns: run name (or the group's values and its run count); the config fields that differ between
     the runs (a field that only some runs have is shown where it takes several values among them);
-    iterations done (``k/K`` when the run stopped before its ``outer_iterations``); final and best value
+    iterations done (``k/K`` when the run stopped before its ``outer_iterations``; one a signal stopped, to be
+    continued with ``--resume``, is named in the footer); final and best value
     of each metric (best = max where the run file declares higher is better, else min), of its trailing
     ``smooth``-iteration running mean; median ``algorithm_time`` and ``evaluation_time`` per iteration;
     final ``comm_rounds`` and ``comm_bytes`` (per rank). Tables wider than ``width`` characters are
