@@ -200,12 +200,23 @@ class RunFiles(Callback):
     def on_end(self, result) -> None:
         self.running = False
         if not self.shut() and result.stopped_by and self.rows and self.writer is not None:  # rank 0: interrupted
-            from fednest_mpi.io.h5 import mark_stopped
-
-            mark_stopped(self.writer.path, result.stopped_by, self.rows - 1)
+            self._mark_stopped(result.stopped_by, self.rows - 1)
 
     def on_error(self, error: BaseException) -> None:
         self.running = False  # the simulation tells the callbacks after this one itself
+
+    def _mark_stopped(self, by: str, iteration: int) -> None:
+        """Mark the closed run file as a stopped run (rank 0); a file that refuses the mark (a full disk) is one
+        warning: the run and its checkpoint are fine, only a reader takes the file for one that ended there."""
+        from fednest_mpi.io.h5 import mark_stopped
+
+        assert self.writer is not None
+        try:
+            mark_stopped(self.writer.path, by, iteration)
+        except OSError as exc:
+            self.session.log.warning(
+                "could not mark %s as stopped (%s): a reader takes it for a run that ended", self.writer.path, exc
+            )
 
     def close(self, rows=None):
         """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept. A run ended
@@ -213,9 +224,7 @@ class RunFiles(Callback):
         the session's callbacks are told ``on_error``."""
         kept = self.writer.close() if self.writer is not None else rows  # rank 0: the rows of the run file
         if self.writer is not None and self.ended_by and kept:  # rank 0, ended at once by a signal: interrupted
-            from fednest_mpi.io.h5 import mark_stopped
-
-            mark_stopped(self.writer.path, self.ended_by, kept - 1)
+            self._mark_stopped(self.ended_by, kept - 1)
         if self.series is not None:
             self.series.close(kept if kept is not None else self.series.completed)
         if self.running:
