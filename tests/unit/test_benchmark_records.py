@@ -307,3 +307,19 @@ def test_a_run_stopped_by_a_signal_is_not_a_result_until_resumed(tmp_path, capsy
     assert cli.main(["report", "--benchmark", str(path), "--archive"]) == 0
     assert "lfednest.jsonl.gz: 10 runs (1 new or changed)" in capsys.readouterr().out
     assert cut.name in _names(records_file)
+
+
+def test_a_file_that_refuses_the_stopped_mark_is_a_warning_not_a_failed_stop(tmp_path, capfd, monkeypatch):
+    from fednest_mpi.io import h5
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    cfg = make_config(algorithm={"outer_iterations": 8})
+    data = {**json.loads(cfg.to_json()), "run": {"output": str(tmp_path / "o.h5"), "progress": "never"}}
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    monkeypatch.setattr(h5, "mark_stopped", full_disk)
+    monkeypatch.setenv("FEDNEST_MPI_INJECT_FAULT", "0:3:term")
+    assert cli.main(["run", str(tmp_path / "c.json")]) == 0
+    err = capfd.readouterr().err
+    assert "could not mark" in err and "No space left on device" in err and "stopped by SIGTERM after iteration 3" in err
