@@ -592,3 +592,17 @@ def test_constant_runs_are_drawn_as_a_dashed_line_at_their_final_value(runs):
     assert _texts(fig)["legend"] == ["FedNest", "LFedNest (final value)"]
     with pytest.raises(UsageError, match=r"constant: expected FIELD=VALUE"):
         post.plot(runs, metric="x_error", constant=["lfednest"])
+
+
+def test_mean_and_sd_of_huge_values_are_finite_and_quiet():
+    """A diverging run's 1e200 makes numpy's square overflow (a RuntimeWarning on the table's stderr): the sd is
+    then taken on the values scaled by their largest magnitude, and equals the plain one where both exist."""
+    import warnings
+
+    from fednest_mpi.post.tables import format_mean_sd, sample_sd
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert format_mean_sd([1e200, -1e200, 1e200]) == "3.333e+199 ± 1.155e+200"
+        assert sample_sd(np.array([1e200, 3e200])) == pytest.approx(np.sqrt(2) * 1e200, rel=1e-15)
+    assert sample_sd(np.array([1.0, 2.0, 4.0])) == np.array([1.0, 2.0, 4.0]).std(ddof=1)

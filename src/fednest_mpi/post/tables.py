@@ -164,6 +164,17 @@ def _config_groups(fields_values: dict[str, list]) -> list[_Group]:
     return groups
 
 
+def sample_sd(v: np.ndarray) -> float:
+    """The sample standard deviation of the finite ``v`` (2 or more), without numpy's overflow warning where their
+    squares overflow (a diverging run's 1e200): then computed on ``v`` scaled by its largest magnitude."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        sd = float(v.std(ddof=1))
+        if not math.isfinite(sd):
+            scale = float(np.abs(v).max())
+            sd = scale * float((v / scale).std(ddof=1))
+    return sd
+
+
 def format_mean_sd(values: Sequence[float], fmt=format_number) -> str:
     """The finite ``values`` as 'm' (one), 'm ± sd' (several; sample sd) or '-' (none), numbers in ``fmt``."""
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
@@ -171,7 +182,7 @@ def format_mean_sd(values: Sequence[float], fmt=format_number) -> str:
         return "-"
     if v.size == 1:
         return fmt(v[0])
-    return f"{fmt(v.mean())} ± {fmt(v.std(ddof=1))}"
+    return f"{fmt(v.mean())} ± {fmt(sample_sd(v))}"
 
 
 def _iterations_done(r) -> tuple[int | None, object]:
@@ -374,7 +385,7 @@ def checkpoint_table(
             elif values.size == 1:
                 cells.append(f" {format_number(values[0])}{short} ")
             else:
-                cells.append(f" {format_number(values.mean())} ± {format_number(values.std(ddof=1))}{short} ")
+                cells.append(f" {format_number(values.mean())} ± {format_number(sample_sd(values))}{short} ")
         per_it = [
             float(np.nanmedian(np.diff(np.asarray(r.data["wall_time"], dtype=float))))
             for r in members
