@@ -137,8 +137,7 @@ class RunFiles(Callback):
         self.running = False  # between the run's start and its end or error
         self.lost: str | None = None
         self.shut_down = False
-        self.rows: int | None = None  # rank 0: the rows of the closed run file
-        self.ended_by: str | None = None  # the signal that ended the run at once (end_now), if one did
+        self.stopped_by: str | None = None  # the signal that stopped the run before its last iteration, if one did
 
     def open(self, sim, resume) -> None:
         """Create the files of ``sim`` (``resume``: keep the rows its checkpoint recorded) and, under MPI, the
@@ -199,32 +198,35 @@ class RunFiles(Callback):
 
     def on_end(self, result) -> None:
         self.running = False
-        if not self.shut() and result.stopped_by and self.rows and self.writer is not None:  # rank 0: interrupted
-            self._mark_stopped(result.stopped_by, self.rows - 1)
+        self.stopped_by = result.stopped_by
+        self.shut()
 
     def on_error(self, error: BaseException) -> None:
         self.running = False  # the simulation tells the callbacks after this one itself
 
-    def _mark_stopped(self, by: str, iteration: int) -> None:
-        """Mark the closed run file as a stopped run (rank 0); a file that refuses the mark (a full disk) is one
+    def _close_writer(self, mark: bool = True) -> int | None:
+        """Close rank 0's run file; the rows kept. A run stopped by a signal (:attr:`stopped_by`) is marked so in
+        the closed file (``mark``: unless the file was lost); a file that refuses the mark (a full disk) is one
         warning: the run and its checkpoint are fine, only a reader takes the file for one that ended there."""
         from fednest_mpi.io.h5 import mark_stopped
 
         assert self.writer is not None
+        rows = self.writer.close()
+        if not (mark and rows and self.stopped_by):
+            return rows
         try:
-            mark_stopped(self.writer.path, by, iteration)
+            mark_stopped(self.writer.path, self.stopped_by, rows - 1)
         except OSError as exc:
             self.session.log.warning(
                 "could not mark %s as stopped (%s): a reader takes it for a run that ended", self.writer.path, exc
             )
+        return rows
 
     def close(self, rows=None):
         """Close this rank's files, all cut to the same iterations (failure.Watch); the rows kept. A run ended
         while this rank was running (by another rank's failure, a second signal, a timeout): the writers and
         the session's callbacks are told ``on_error``."""
-        kept = self.writer.close() if self.writer is not None else rows  # rank 0: the rows of the run file
-        if self.writer is not None and self.ended_by and kept:  # rank 0, ended at once by a signal: interrupted
-            self._mark_stopped(self.ended_by, kept - 1)
+        kept = self._close_writer() if self.writer is not None else rows  # rank 0: the rows of the run file
         if self.series is not None:
             self.series.close(kept if kept is not None else self.series.completed)
         if self.running:
@@ -238,7 +240,7 @@ class RunFiles(Callback):
 
         folder_note = f"; the files are closed; continue from the last checkpoint ({self.folder}) with --resume"
         if code > 128:  # a second signal, or run.stop_timeout after the first: the run is continued, not a result
-            self.ended_by = f"{signal.Signals(code - 128).name} (ended at once)"
+            self.stopped_by = f"{signal.Signals(code - 128).name} (ended at once)"
         if self.watch is not None:
             self.watch.end(code, message + folder_note)
         elif failure._GUARD.acquire(timeout=failure.GUARD_SECONDS):
@@ -283,7 +285,7 @@ class RunFiles(Callback):
         if self.series is not None:
             self.series.close()
         if self.writer is not None:
-            self.rows = self.writer.close()
+            self._close_writer(mark=lost is None)
         return lost
 
 

@@ -42,6 +42,7 @@ from fednest_mpi.io.schema import (  # names live in one module
     SCHEMA_VERSION,
     SNAPSHOT_SCALE,
     SNAPSHOTS,
+    STOPPED,
 )
 from fednest_mpi.pathkind import not_a_file
 
@@ -288,19 +289,18 @@ def row_digests(columns, rows: range) -> list[int]:
 TRACKING_ATTRS = frozenset({"mlflow_run_id"})
 #: file attributes that change without a checkpoint: a resume appends to ``resumes`` (and may be stopped before
 #: its first checkpoint), ``fednest-mpi recover`` adds its record, a resume may record another tracking run
-_UNCHECKED_ATTRS = frozenset({"resumes", "recovered", "stopped"}) | TRACKING_ATTRS
-#: the file attribute of a run stopped by a signal at a checkpoint before its last iteration (:func:`mark_stopped`):
-#: JSON ``{"by": SIGNAL, "iteration": K, "utc": TIME}``; the resume that continues the run drops it
-STOPPED_ATTR = "stopped"
+_UNCHECKED_ATTRS = frozenset({"resumes", "recovered", STOPPED}) | TRACKING_ATTRS
 
 
 def mark_stopped(path: str | Path, by: str, iteration: int) -> None:
     """Record in the closed run file ``path`` that its run was stopped by ``by`` (a signal) after ``iteration``,
     before its last one: a reader then knows the file as an interrupted run, to be continued with ``--resume``,
-    not a result that ended there (a diverged run also ends early, and is one). Rank 0, holding the output's lock."""
+    not a result that ended there (a diverged run also ends early, and is one): the attribute ``stopped``, JSON
+    ``{"by": SIGNAL, "iteration": K, "utc": TIME}``, which the resume that continues the run drops. Rank 0, holding
+    the output's lock."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with h5py.File(path, "r+") as f:
-        f.attrs[STOPPED_ATTR] = json.dumps({"by": by, "iteration": int(iteration), "utc": now})
+        f.attrs[STOPPED] = json.dumps({"by": by, "iteration": int(iteration), "utc": now})
 
 
 def stored_attributes(path: str | Path, names) -> dict[str, str]:
@@ -438,7 +438,7 @@ def _write_attrs(f, attrs: dict, now: str, kept_attrs: dict, keep_rows: int | No
         return
     resumes = json.loads(kept_attrs.pop("resumes", "[]"))
     if recovered is None:  # a resume: the run goes on, no longer a stopped one (a recovered file stays as it was)
-        kept_attrs.pop(STOPPED_ATTR, None)
+        kept_attrs.pop(STOPPED, None)
     for name in TRACKING_ATTRS & attrs.keys():  # the resume's record in the tracker, not the file's old one
         kept_attrs.pop(name, None)
     if recovered is None:

@@ -18,6 +18,8 @@ HIGHER_IS_BETTER = "higher_is_better"  # bool attribute of a metric column that 
 COLUMN_INFO = "columns"  # read_run's attrs: column -> {description, units[, higher_is_better]} (not a file attribute)
 PRIMARY_METRIC = "primary_metric"  # root attribute: the problem's primary metric
 METRICS = "metrics"  # root attribute: JSON list of the metrics the problem declares (BilevelProblem.metric_info)
+#: root attribute of a run stopped by a signal before its last iteration (io.h5.mark_stopped): JSON {by, iteration, utc}
+STOPPED = "stopped"
 #: the headline metrics, where a problem declares them: after its primary metric, what ``report`` shows by
 #: default and the progress lines show
 DEFAULT_METRICS = ("x_error", "outer_objective", "hypergradient_norm", "test_accuracy", "test_loss")

@@ -102,7 +102,9 @@ class Run:
     def stopped_by(self) -> str | None:
         """``"SIGTERM after iteration K"`` for a run stopped by a signal before its last iteration (the file
         attribute ``stopped``: an interrupted run, which ``--resume`` continues, not a result), else None."""
-        note = self.attrs.get("stopped")
+        from fednest_mpi.io.schema import STOPPED
+
+        note = self.attrs.get(STOPPED)
         if not note:
             return None
         info = json.loads(note)
